@@ -1,0 +1,56 @@
+# farm — `make run` starts a farm, `make test` checks it. Both set themselves up first.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.farm-setup
+PROTOS := $(wildcard protos/farm/v1/*.proto)
+GEN := clients/farm/v1
+PIP := $(BIN)/pip install --disable-pip-version-check -q
+# torch first, pinned: on these machines 2.13.0 is a CPU build already on disk;
+# anything that pulls an unpinned torch first would download a multi-GB CUDA build.
+TORCH := torch==2.13.0
+
+.PHONY: setup test test-fast run lint bench protos clean doctor
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml $(PROTOS) Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) --upgrade pip
+	$(PIP) $(TORCH)
+	$(PIP) grpcio-tools==1.85.1 mypy-protobuf==5.1.0
+	$(MAKE) --no-print-directory protos
+	$(PIP) -e '.[dev]'
+	$(BIN)/python -m farmd.sandbox.boxsite $(VENV)/box-site
+	touch $(STAMP)
+
+# Generated code: built from protos/, never edited (clients/farm/ is git-ignored).
+protos:
+	mkdir -p $(GEN)
+	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=clients --grpc_python_out=clients \
+		--plugin=protoc-gen-mypy=$(BIN)/protoc-gen-mypy --mypy_out=clients \
+		--plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc --mypy_grpc_out=clients $(PROTOS)
+	touch clients/farm/__init__.py $(GEN)/__init__.py
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+run: setup
+	$(BIN)/python -m farmd.cli.main_job
+
+doctor: setup
+	$(BIN)/farmctl doctor
+
+lint: setup
+	$(BIN)/ruff check farmd clients/farm_client tests bench
+	$(BIN)/mypy
+
+bench: setup
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) clients/farm .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,3 @@
+from bench.sandbox_bench import main
+
+main()

@@ -1,0 +1,5 @@
+"""farm_client: what a trainer installs to consume a farm. Imports protos only, never farmd."""
+
+from farm_client.client import FarmClient
+
+__all__ = ["FarmClient"]

@@ -1,0 +1,36 @@
+"""The one place farm's errors become gRPC status codes, with a message a person can act on."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from farmd.errors import ConfigError, FarmError, IsolationUnavailable, PolicyError, SandboxError
+
+T = TypeVar("T")
+
+_CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
+    (PolicyError, grpc.StatusCode.INVALID_ARGUMENT),
+    (ConfigError, grpc.StatusCode.FAILED_PRECONDITION),
+    (IsolationUnavailable, grpc.StatusCode.FAILED_PRECONDITION),
+    (SandboxError, grpc.StatusCode.UNAVAILABLE),
+    (FarmError, grpc.StatusCode.INTERNAL),
+]
+
+
+def status_for(exc: BaseException) -> grpc.StatusCode:
+    for kind, code in _CODES:
+        if isinstance(exc, kind):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+async def guarded(context: grpc.aio.ServicerContext[Any, Any], call: Callable[[], Awaitable[T]]) -> T:
+    """Run ``call``; a farm error aborts the RPC with its mapped code instead of a traceback."""
+    try:
+        return await call()
+    except FarmError as exc:
+        await context.abort(status_for(exc), str(exc))
+        raise  # abort raises; this keeps type checkers honest

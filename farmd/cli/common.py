@@ -1,0 +1,61 @@
+"""What every command shares: the context object, JSON output, running coroutines, exit codes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeVar
+
+import click
+from rich.console import Console
+
+from farmd.config import Config
+from farmd.errors import ConfigError, FarmError, IsolationUnavailable, PolicyError, SandboxError
+
+T = TypeVar("T")
+
+# Exit codes a script can rely on.
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NO_ISOLATION = 3
+EXIT_INFRA = 4
+
+
+@dataclass
+class CliState:
+    config: Config
+    addr: str
+    token: str | None
+
+
+def console() -> Console:
+    return Console(stderr=False, highlight=False, soft_wrap=True)
+
+
+def emit_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def fail(message: str, code: int) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine on uvloop, turning farm's errors into a message and an exit code."""
+    import uvloop
+
+    try:
+        return uvloop.run(coro)
+    except IsolationUnavailable as exc:
+        fail(str(exc), EXIT_NO_ISOLATION)
+    except (PolicyError, ConfigError) as exc:
+        fail(str(exc), EXIT_USAGE)
+    except SandboxError as exc:
+        fail(f"the sandbox failed (an infrastructure failure, not the program's): {exc}", EXIT_INFRA)
+    except FarmError as exc:
+        fail(str(exc), EXIT_FAILED)

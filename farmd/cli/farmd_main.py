@@ -1,0 +1,49 @@
+"""``farmd``: the daemon's command line."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+
+from farmd import __version__
+from farmd.cli.common import EXIT_USAGE, fail, run_async
+from farmd.config import load
+from farmd.errors import ConfigError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="farmd")
+def cli() -> None:
+    """farmd: one node of a farm."""
+
+
+@cli.command()
+@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Data directory (default ./farm-data).")
+@click.option("--listen", metavar="HOST:PORT", help="gRPC address (default 127.0.0.1:7431; port 0: any).")
+@click.option("--workers", type=click.IntRange(min=0), help="Rollout workers (default: one per core; 0: none).")
+@click.option("--token", envvar="FARM_TOKEN", help="Shared secret every call must carry (or FARM_TOKEN).")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="farm.toml with [farm] and [sandbox] settings.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)
+def serve(data_dir: Path | None, listen: str | None, workers: int | None, token: str | None,
+          config_path: Path | None, log_level: str | None) -> None:
+    """Run this node: the gRPC API and, unless --workers 0, boxes for untrusted code."""
+    try:
+        config = load(config_path, data_dir=data_dir, listen=listen, workers=workers, token=token,
+                      log_level=log_level)
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE)
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from farmd.daemon import serve as serve_forever
+
+    run_async(serve_forever(config))
+
+
+def main() -> None:
+    cli()

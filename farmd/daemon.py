@@ -1,0 +1,144 @@
+"""farmd: wiring, start-up and graceful shutdown of one node.
+
+``Daemon.start()`` checks isolation, starts the sandbox (when this node runs
+rollouts) and the gRPC server; ``stop()`` stops intake, waits a grace period and
+closes everything it started, in that order. Signal handlers only set a flag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from farm.v1 import farm_pb2, farm_pb2_grpc
+from farmd.api.auth import TokenInterceptor
+from farmd.api.farm_service import FarmService
+from farmd.config import Config
+from farmd.errors import ConfigError, IsolationUnavailable
+from farmd.node import NodeInfo
+from farmd.sandbox import Sandbox, check_host
+from farmd.sandbox.host import missing
+
+log = logging.getLogger("farmd.daemon")
+
+_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class Daemon:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.port = 0
+        self.sandbox: Sandbox | None = None
+        self._server: grpc.aio.Server | None = None
+        self._health: health.aio.HealthServicer | None = None
+        self._stopping = asyncio.Event()
+
+    @property
+    def workers(self) -> int:
+        if self.config.workers is not None:
+            return self.config.workers
+        return os.cpu_count() or 1
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        checks = await loop.run_in_executor(None, check_host, self.config.sandbox)
+        gaps = missing(checks)
+        if gaps and self.workers:
+            raise IsolationUnavailable(gaps)
+        if gaps:
+            log.warning("this host cannot isolate untrusted code; serving as coordinator only: %s", "; ".join(gaps))
+        if self.workers:
+            self.sandbox = Sandbox(self.config.sandbox)
+            await self.sandbox.start()
+        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+
+        node = NodeInfo(workers=self.workers, max_boxes=self.config.sandbox.boxes, isolation=checks)
+        interceptors = [TokenInterceptor(self.config.token)] if self.config.token else []
+        server = grpc.aio.server(
+            interceptors=interceptors,
+            options=[
+                ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        farm_pb2_grpc.add_FarmServicer_to_server(FarmService(node), server)
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        services = (
+            farm_pb2.DESCRIPTOR.services_by_name["Farm"].full_name,
+            health.SERVICE_NAME,
+            reflection.SERVICE_NAME,
+        )
+        reflection.enable_server_reflection(services, server)
+        try:
+            self.port = server.add_insecure_port(self.config.listen)
+        except RuntimeError as exc:
+            raise ConfigError(f"cannot listen on {self.config.listen}: {exc}") from exc
+        if self.port == 0:
+            raise ConfigError(f"cannot listen on {self.config.listen}: address in use or invalid")
+        await server.start()
+        self._server = server
+        for name in ("", "farm.v1.Farm"):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        host = self.config.listen.rsplit(":", 1)[0]
+        self._write_runfile(f"{host}:{self.port}")
+        log.info("farmd listening on %s:%d (workers=%d, data=%s)", host, self.port, self.workers,
+                 self.config.data_dir)
+
+    def _write_runfile(self, addr: str) -> None:
+        """Where a local farmctl or a test finds this farmd when it listens on port 0."""
+        path = self.config.data_dir / "farmd.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"pid": os.getpid(), "addr": addr}))
+        tmp.rename(path)
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def wait(self) -> None:
+        await self._stopping.wait()
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        log.info("farmd stopping: no new calls, %gs grace for those in flight", grace_s)
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(grace_s)
+        if self.sandbox is not None:
+            await self.sandbox.close()
+        with contextlib.suppress(FileNotFoundError):
+            Path(self.config.data_dir / "farmd.json").unlink()
+        log.info("farmd stopped")
+
+
+async def serve(config: Config) -> None:
+    """Run a node until SIGTERM or SIGINT; a second signal exits at once."""
+    daemon = Daemon(config)
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal() -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen > 1:
+            log.warning("second signal: exiting now")
+            os._exit(130)
+        daemon.request_stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        await daemon.start()
+        await daemon.wait()
+    finally:
+        await daemon.stop()

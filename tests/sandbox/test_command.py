@@ -1,0 +1,89 @@
+"""Policy + layout -> bwrap command line: a pure function, checked without running anything."""
+
+from __future__ import annotations
+
+import pytest
+
+from farmd.sandbox import command
+from farmd.sandbox.command import BoxFds, HostLayout
+from farmd.sandbox.policy import SandboxPolicy
+
+LAYOUT = HostLayout(
+    bwrap="/run/farm/runtime/bwrap-x/bwrap",
+    ro_binds=(("/usr/bin", "/usr/bin"), ("/usr/lib", "/usr/lib")),
+    symlinks=(("usr/bin", "/bin"), ("usr/lib", "/lib")),
+    etc_dir="/run/farm/runtime/etc",
+    etc_binds=(("/etc/ld.so.cache", "/etc/ld.so.cache"),),
+    site_dir="/run/farm/runtime/box-site-x",
+)
+FDS = BoxFds(info=10, block=11, seccomp=12, control=13)
+
+
+def _pairs(args: list[str], flag: str, n: int) -> list[tuple[str, ...]]:
+    return [tuple(args[i + 1 : i + 1 + n]) for i, a in enumerate(args) if a == flag]
+
+
+def test_every_namespace_and_no_nested_userns() -> None:
+    args = command.bwrap_args(SandboxPolicy(), LAYOUT, "/run/farm/boxes/1-0", FDS)
+    for flag in ("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                 "--disable-userns", "--die-with-parent", "--new-session"):
+        assert flag in args, flag
+    assert "--share-net" not in args
+    assert args.index("--unshare-user") < args.index("--disable-userns")
+    assert _pairs(args, "--cap-drop", 1) == [("ALL",)]
+    assert _pairs(args, "--uid", 1) == [(str(command.BOX_UID),)]
+
+
+def test_filesystem_is_minimal_and_read_only() -> None:
+    args = command.bwrap_args(SandboxPolicy(), LAYOUT, "/run/farm/boxes/1-0", FDS)
+    ro = _pairs(args, "--ro-bind", 2)
+    assert ("/run/farm/runtime/etc", "/etc") in ro
+    assert ("/run/farm/runtime/box-site-x", command.BOX_SITE) in ro
+    assert ("/usr/bin", "/usr/bin") in ro
+    # The only writable host bind is the box's own scratch directory.
+    assert _pairs(args, "--bind", 2) == [("/run/farm/boxes/1-0", command.BOX_WORKDIR)]
+    assert not any(src in ("/", "/home", "/root", "/etc", "/run", "/tmp") for src, _ in ro)
+    assert "--dev-bind" not in args
+    assert args[args.index("--remount-ro") + 1] == "/"
+    assert args.index("--remount-ro") > max(i for i, a in enumerate(args) if a in ("--bind", "--ro-bind"))
+    assert _pairs(args, "--chdir", 1) == [(command.BOX_WORKDIR,)]
+
+
+def test_tmpfs_sizes_come_from_the_policy() -> None:
+    args = command.bwrap_args(SandboxPolicy(tmp_mb=3, shm_mb=2), LAYOUT, "/s", FDS)
+    # --size BYTES --tmpfs DEST
+    sizes = {args[i + 3]: int(args[i + 1]) for i, a in enumerate(args) if a == "--size"}
+    assert all(args[i + 2] == "--tmpfs" for i, a in enumerate(args) if a == "--size")
+    assert sizes == {"/dev/shm": 2 * 2**20, "/tmp": 3 * 2**20}
+
+
+def test_descriptors_and_environment() -> None:
+    args = command.bwrap_args(SandboxPolicy(env=(("SEED", "7"),)), LAYOUT, "/s", FDS)
+    assert _pairs(args, "--seccomp", 1) == [("12",)]
+    assert _pairs(args, "--info-fd", 1) == [("10",)]
+    assert _pairs(args, "--block-fd", 1) == [("11",)]
+    env = dict(_pairs(args, "--setenv", 2))  # type: ignore[arg-type]
+    assert env["SEED"] == "7" and env["HOME"] == command.BOX_WORKDIR and env["PATH"] == command.BOX_PATH
+    assert not any(k.startswith(("FARM", "LD_", "SSH", "AWS")) for k in env)
+
+
+def test_host_paths_stay_out_of_the_visible_argv() -> None:
+    argv = command.launch_argv(LAYOUT, 2_000_000_001, 2_000_000_001, 5, 6, 7)
+    assert argv[:5] == ["/usr/bin/setpriv", "--reuid=2000000001", "--regid=2000000001", "--clear-groups", "--"]
+    bwrap = argv[5:]
+    assert bwrap[:4] == [LAYOUT.bwrap, "--args", "5", "--"]
+    visible = " ".join(bwrap[1:])
+    for host_path in ("/run/farm/boxes", "/run/farm/runtime/etc", LAYOUT.site_dir or ""):
+        assert host_path not in visible
+    assert bwrap[4:8] == [LAYOUT.python, "-I", "-S", "-B"]
+
+
+def test_args_payload_is_nul_separated_and_refuses_nul() -> None:
+    assert command.args_payload(["--a", "b"]) == b"--a\0b\0"
+    with pytest.raises(ValueError):
+        command.args_payload(["a\0b"])
+
+
+def test_unprivileged_launch_has_no_setpriv() -> None:
+    layout = HostLayout(**{**{f: getattr(LAYOUT, f) for f in LAYOUT.__slots__}, "setpriv": None})  # type: ignore[arg-type]
+    assert command.launch_argv(layout, 1, 1, 5, 6, 7)[0] == LAYOUT.bwrap

@@ -1,0 +1,119 @@
+"""Sandbox.run through the Python API: results, warm boxes, concurrency, and nothing left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from farmd.errors import IsolationUnavailable, PolicyError
+from farmd.sandbox import Sandbox, SandboxConfig, SandboxPolicy
+from farmd.sandbox.runtime import default_run_dir
+from tests.conftest import processes_with
+
+pytestmark = pytest.mark.sandbox
+
+TINY = SandboxPolicy(wall_time_s=5, cpu_time_s=5, memory_mb=128, pids=16, disk_mb=8, tmp_mb=8, shm_mb=4)
+
+
+def _leftovers() -> list[str]:
+    mine = f"{os.getpid()}-"
+    found = [p.name for p in (default_run_dir() / "boxes").iterdir() if p.name.startswith(mine)]
+    for root in Path("/sys/fs/cgroup").glob("**/farm.boxes"):
+        found += [p.name for p in root.iterdir() if p.name.startswith(f"box-{mine}")]
+    return found
+
+
+async def test_output_exit_status_and_signal_come_back_exactly() -> None:
+    async with Sandbox() as sandbox:
+        ok = await sandbox.run(["python3", "-c", "import sys; print('héllo'); print('e', file=sys.stderr); sys.exit(3)"],
+                               TINY)
+        killed = await sandbox.run(["python3", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGABRT)"],
+                                   TINY)
+        shell = await sandbox.run(["sh", "-c", "echo $HOME $PWD; exit 7"], TINY)
+    assert (ok.stdout, ok.stderr, ok.exit_code, ok.signal) == ("héllo\n".encode(), b"e\n", 3, None)
+    assert ok.violations == [] and not ok.timed_out and not ok.oom
+    assert (killed.exit_code, killed.signal) == (None, 6)
+    assert (shell.stdout, shell.exit_code) == (b"/box /box\n", 7)
+
+
+async def test_traceback_and_script_files() -> None:
+    files = {"main.py": b"import helper\nhelper.go()\n", "helper.py": b"def go():\n    raise ValueError('boom')\n"}
+    async with Sandbox() as sandbox:
+        res = await sandbox.run(["python3", "main.py"], TINY, files=files)
+    assert res.exit_code == 1
+    assert b"Traceback (most recent call last):" in res.stderr
+    assert b'File "/box/helper.py", line 2, in go' in res.stderr and b"ValueError: boom" in res.stderr
+    assert b"farm-box-init" not in res.stderr  # the init's own frames are not the program's
+
+
+async def test_keep_harvests_regular_files(tmp_path: Path) -> None:
+    code = "open('out.bin','wb').write(bytes(range(256))*3); import os; os.mkdir('d'); open('d/x','w').write('x')"
+    async with Sandbox() as sandbox:
+        res = await sandbox.run(["python3", "-c", code], TINY, keep=tmp_path / "out")
+    assert (tmp_path / "out" / "out.bin").read_bytes() == bytes(range(256)) * 3
+    assert (tmp_path / "out" / "d" / "x").read_text() == "x"
+    assert res.harvest is not None and sorted(res.harvest.copied) == ["d/x", "out.bin"]
+
+
+async def test_warm_boxes_serve_requests_and_share_nothing() -> None:
+    async with Sandbox(SandboxConfig(warm_boxes=2)) as sandbox:
+        first = await sandbox.run(["python3", "-c", "open('/box/mark','w').write('1'); open('/tmp/mark','w')"])
+        await asyncio.sleep(0.5)  # let the pool refill
+        second = await sandbox.run(
+            ["python3", "-c", "import os; print(os.path.exists('/box/mark'), os.path.exists('/tmp/mark'))"]
+        )
+    assert first.exit_code == 0 and second.exit_code == 0
+    assert second.warm, "a started box should have served the second request"
+    assert second.stdout == b"False False\n"
+    assert second.start_latency_s < first.start_latency_s
+
+
+async def test_concurrent_boxes() -> None:
+    async with Sandbox() as sandbox:
+        results = await asyncio.gather(
+            *[sandbox.run(["python3", "-c", f"print({i} * {i})"], TINY) for i in range(8)]
+        )
+    assert [r.stdout for r in results] == [f"{i * i}\n".encode() for i in range(8)]
+
+
+async def test_nothing_left_behind() -> None:
+    marker = f"farm-leftover-{os.getpid()}"
+    async with Sandbox(SandboxConfig(warm_boxes=1)) as sandbox:
+        await sandbox.run(["python3", "-c", "import subprocess; subprocess.Popen(['sleep', '100'])", marker], TINY)
+        await sandbox.run(["python3", "-c", "import time; time.sleep(100)", marker],
+                          TINY.with_overrides(wall_time_s=0.5))
+    assert _leftovers() == []
+    assert processes_with(marker) == [] and processes_with("sleep\x00100") == []
+
+
+async def test_bad_commands_are_refused_before_running() -> None:
+    async with Sandbox() as sandbox:
+        with pytest.raises(PolicyError):
+            await sandbox.run([], TINY)
+        with pytest.raises(PolicyError):
+            await sandbox.run(["python3", "-c", "a\0b"], TINY)
+        missing = await sandbox.run(["no-such-program"], TINY)
+    assert missing.exit_code == 127 and b"command not found" in missing.stderr
+
+
+async def test_refuses_when_isolation_is_missing(tmp_path: Path) -> None:
+    sandbox = Sandbox(SandboxConfig(box_python=tmp_path / "no-python"))
+    with pytest.raises(IsolationUnavailable) as err:
+        await sandbox.run(["true"])
+    assert "box python" in str(err.value) and str(tmp_path / "no-python") in str(err.value)
+
+
+async def test_sweeps_leftovers_of_a_dead_farmd() -> None:
+    from farmd.sandbox import scratch
+
+    boxes = default_run_dir() / "boxes"
+    boxes.mkdir(parents=True, exist_ok=True)
+    dead = boxes / "999999999-0"  # no such pid
+    dead.mkdir()
+    scratch.mount_tmpfs(dead, 1 << 20, 16, 0, 0)
+    async with Sandbox() as sandbox:
+        await sandbox.run(["true"], TINY)
+    assert not dead.exists()

@@ -1,0 +1,82 @@
+"""farmd serve: a real daemon on a real socket, reached by farmctl, grpc health and reflection."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from farm.v1 import farm_pb2, farm_pb2_grpc
+
+pytestmark = pytest.mark.sandbox
+
+
+def test_status_health_and_reflection(running_farm) -> None:  # type: ignore[no-untyped-def]
+    farm = running_farm("--workers", "1")
+    status = json.loads(farm.farmctl("status", "--json").stdout)
+    assert status["isolation_ok"] is True and status["workers"] == 1
+    assert {c["name"] for c in status["isolation"]} >= {"bwrap", "seccomp", "cgroups", "user namespaces"}
+
+    with grpc.insecure_channel(farm.addr) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "farm.v1.Farm"):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        refl = reflection_pb2_grpc.ServerReflectionStub(channel)
+        replies = list(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+        names = {s.name for s in replies[0].list_services_response.service}
+        assert {"farm.v1.Farm", "grpc.health.v1.Health"} <= names
+
+    human = farm.farmctl("status").stdout.decode()
+    assert "isolation: yes" in human
+
+
+def test_token_is_required_when_set(running_farm) -> None:  # type: ignore[no-untyped-def]
+    farm = running_farm("--workers", "0", "--token", "s3cret")
+    denied = farm.farmctl("status", "--json", check=False)
+    assert denied.returncode != 0 and b"UNAUTHENTICATED" in denied.stderr and b"token" in denied.stderr
+    wrong = farm.farmctl("--token", "nope", "status", "--json", check=False)
+    assert wrong.returncode != 0 and b"UNAUTHENTICATED" in wrong.stderr
+    ok = farm.farmctl("--token", "s3cret", "status", "--json")
+    assert json.loads(ok.stdout)["workers"] == 0
+    env = {**os.environ, "FARM_TOKEN": "s3cret"}
+    assert json.loads(farm.farmctl("status", "--json", env=env).stdout)["workers"] == 0
+    with grpc.insecure_channel(farm.addr) as channel:  # health stays open for load balancers
+        health = health_pb2_grpc.HealthStub(channel)
+        assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == 1
+        with pytest.raises(grpc.RpcError) as err:
+            farm_pb2_grpc.FarmStub(channel).Status(farm_pb2.StatusRequest(), timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_graceful_stop(running_farm, sig: int) -> None:  # type: ignore[no-untyped-def]
+    farm = running_farm("--workers", "1")
+    assert farm.stop(sig) == 0
+    assert not (farm.data_dir / "farmd.json").exists()
+    assert "farmd stopped" in farm.log.read_text()
+
+
+def test_bad_flags_and_busy_port(running_farm, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tests.conftest import FARMD
+
+    import subprocess
+
+    bad = subprocess.run([FARMD, "serve", "--workers", "-1"], capture_output=True, timeout=30)
+    assert bad.returncode == 2
+    farm = running_farm("--workers", "0")
+    busy = subprocess.run([FARMD, "serve", "--listen", farm.addr, "--data", str(tmp_path / "other"),
+                           "--workers", "0"], capture_output=True, timeout=60)
+    assert busy.returncode != 0 and b"cannot listen" in busy.stderr
+
+
+def test_unreachable_farm_is_a_clear_error() -> None:
+    from tests.conftest import farmctl
+
+    res = farmctl("--addr", "127.0.0.1:1", "status", check=False, timeout=60)
+    assert res.returncode == 1 and b"127.0.0.1:1" in res.stderr and b"UNAVAILABLE" in res.stderr
