@@ -16,10 +16,11 @@ import signal
 from pathlib import Path
 
 import grpc
+from farm.v1 import farm_pb2, farm_pb2_grpc
+from grpc_health.v1 import _async as health_aio  # what grpc_health.v1.health.aio re-exports
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from farm.v1 import farm_pb2, farm_pb2_grpc
 from farmd.api.auth import TokenInterceptor
 from farmd.api.farm_service import FarmService
 from farmd.config import Config
@@ -39,7 +40,7 @@ class Daemon:
         self.port = 0
         self.sandbox: Sandbox | None = None
         self._server: grpc.aio.Server | None = None
-        self._health: health.aio.HealthServicer | None = None
+        self._health: health_aio.HealthServicer | None = None
         self._stopping = asyncio.Event()
 
     @property
@@ -72,7 +73,7 @@ class Daemon:
             ],
         )
         farm_pb2_grpc.add_FarmServicer_to_server(FarmService(node), server)
-        self._health = health.aio.HealthServicer()
+        self._health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         services = (
             farm_pb2.DESCRIPTOR.services_by_name["Farm"].full_name,
@@ -102,6 +103,10 @@ class Daemon:
         tmp.write_text(json.dumps({"pid": os.getpid(), "addr": addr}))
         tmp.rename(path)
 
+    def _remove_runfile(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            Path(self.config.data_dir / "farmd.json").unlink()
+
     def request_stop(self) -> None:
         self._stopping.set()
 
@@ -116,8 +121,7 @@ class Daemon:
             await self._server.stop(grace_s)
         if self.sandbox is not None:
             await self.sandbox.close()
-        with contextlib.suppress(FileNotFoundError):
-            Path(self.config.data_dir / "farmd.json").unlink()
+        await asyncio.get_running_loop().run_in_executor(None, self._remove_runfile)
         log.info("farmd stopped")
 
 

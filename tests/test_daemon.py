@@ -8,10 +8,9 @@ import signal
 
 import grpc
 import pytest
+from farm.v1 import farm_pb2, farm_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-
-from farm.v1 import farm_pb2, farm_pb2_grpc
 
 pytestmark = pytest.mark.sandbox
 
@@ -63,9 +62,9 @@ def test_graceful_stop(running_farm, sig: int) -> None:  # type: ignore[no-untyp
 
 
 def test_bad_flags_and_busy_port(running_farm, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from tests.conftest import FARMD
-
     import subprocess
+
+    from tests.conftest import FARMD
 
     bad = subprocess.run([FARMD, "serve", "--workers", "-1"], capture_output=True, timeout=30)
     assert bad.returncode == 2

@@ -12,7 +12,7 @@ import grpc
 _OPEN_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 
-class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     def __init__(self, token: str) -> None:
         self._expected = f"Bearer {token}".encode()
 
@@ -24,9 +24,9 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
         details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         if details.method.startswith(_OPEN_PREFIXES):
             return await continuation(details)
         for key, value in details.invocation_metadata or ():

@@ -5,16 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
-
 from farm.v1 import farm_pb2, farm_pb2_grpc
+
 from farmd.node import NodeInfo
 
 
-class FarmService(farm_pb2_grpc.FarmServicer):  # type: ignore[misc]
+class FarmService(farm_pb2_grpc.FarmServicer):
     def __init__(self, node: NodeInfo) -> None:
         self._node = node
 
-    async def Status(  # noqa: N802 (gRPC method name)
+    async def Status(
         self, request: farm_pb2.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> farm_pb2.StatusReply:
         node = self._node

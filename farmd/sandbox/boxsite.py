@@ -28,7 +28,7 @@ def install(target: Path, python: Path) -> str:
     import numpy
 
     box_version = _box_python_version(python)
-    own_version = "%d.%d" % sys.version_info[:2]
+    own_version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

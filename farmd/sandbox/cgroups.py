@@ -14,6 +14,7 @@ import errno
 import os
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,8 +128,22 @@ class BoxCgroup:
         self.dirs: dict[str, Path] = {}
 
     def add(self, pid: int) -> None:
+        """Move a whole process in (the slow path: it can wait for an RCU grace period)."""
         for d in self.dirs.values():
             _write(d / "cgroup.procs", str(pid))
+
+    @contextlib.contextmanager
+    def joined_by_this_thread(self) -> Iterator[None]:
+        """Put the calling thread in this cgroup for the block, so that what it forks is born inside.
+
+        Only on cgroup v1 (``driver.thread_join``), where a thread may sit in a cgroup
+        of its own and moving the calling thread skips the global threadgroup lock.
+        """
+        self._driver.move_this_thread(self.dirs)
+        try:
+            yield
+        finally:
+            self._driver.move_this_thread(self._driver.home_dirs())
 
     def set_limits(self, memory_bytes: int, pids: int, cpus: float) -> None:
         self._driver.set_limits(self, memory_bytes, pids, cpus)
@@ -146,10 +161,10 @@ class BoxCgroup:
         return self._driver.pids_max_hits(self)
 
     def pids(self) -> list[int]:
-        seen: set[int] = set()
+        # Every process of a box is in all its controllers' cgroups: one list is all of them.
         for d in self.dirs.values():
-            seen.update(_pids_in(d / "cgroup.procs"))
-        return sorted(seen)
+            return _pids_in(d / "cgroup.procs")
+        return []
 
     def kill_all(self) -> None:
         """SIGKILL every process in the cgroup (the pid namespace's death usually did it already)."""
@@ -166,6 +181,14 @@ class CgroupDriver:
     """Creates box cgroups under a parent owned by farm."""
 
     version: int = 0
+    thread_join: bool = False
+    """True when a box can be born in its cgroup by forking from a thread that joined it."""
+
+    def move_this_thread(self, dirs: dict[str, Path]) -> None:
+        raise NotImplementedError
+
+    def home_dirs(self) -> dict[str, Path]:
+        raise NotImplementedError
 
     def create(self, name: str) -> BoxCgroup:
         raise NotImplementedError
@@ -212,9 +235,20 @@ class CgroupDriver:
 
 class _V1(CgroupDriver):
     version = 1
+    thread_join = True
 
-    def __init__(self, parents: dict[str, Path]) -> None:
+    def __init__(self, parents: dict[str, Path], home: dict[str, Path]) -> None:
         self._parents = parents
+        self._home = home
+
+    def home_dirs(self) -> dict[str, Path]:
+        return self._home
+
+    def move_this_thread(self, dirs: dict[str, Path]) -> None:
+        # "0" in a v1 tasks file is the calling thread, which the kernel moves without
+        # taking cgroup_threadgroup_rwsem for writing (no RCU grace period to wait for).
+        for d in dirs.values():
+            _write(d / "tasks", "0")
 
     def parents(self) -> list[Path]:
         return list(self._parents.values())
@@ -319,7 +353,9 @@ def detect() -> CgroupDriver:
           if c in _V1_REQUIRED + _V1_OPTIONAL}
     if all(c in v1 for c in _V1_REQUIRED):
         try:
-            return _V1(_v1_parents(v1, own))
+            parents = _v1_parents(v1, own)
+            home = {c: v1[c].path / own.get(c, "/").lstrip("/") for c in parents}
+            return _V1(parents, home)
         except OSError as exc:
             problems.append(f"cgroup v1: cannot create {_PARENT_NAME} ({exc})")
     else:

@@ -23,6 +23,11 @@ BOX_GID = 1000
 BOX_HOSTNAME = "box"
 BOX_PATH = "/usr/bin:/bin"
 BOX_PYTHON = "/usr/bin/python3"
+DEV_NODES = (("null", "/dev/null"), ("zero", "/dev/zero"), ("urandom", "/dev/urandom"), ("random", "/dev/urandom"))
+"""(name in the box's /dev, host device) pairs."""
+DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+             ("stderr", "/proc/self/fd/2"))
+_DEV_TMPFS_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +41,8 @@ class HostLayout:
     symlinks: tuple[tuple[str, str], ...]
     """(target, box path) pairs, e.g. ("usr/bin", "/bin") on merged-/usr hosts."""
     etc_dir: str
-    """A synthetic /etc: passwd, group, hosts, hostname, nsswitch.conf; nothing of the host's."""
-    etc_binds: tuple[tuple[str, str], ...]
-    """Host files bound over placeholders in the synthetic /etc (ld.so.cache, alternatives)."""
+    """A synthetic /etc: farm's passwd, group, hosts, hostname, nsswitch.conf, and copies of the
+    host's ld.so.cache and alternatives; nothing else of the host's."""
     site_dir: str | None
     """Host directory bound at BOX_SITE, or None when the runtime has no extra packages."""
     python: str = BOX_PYTHON
@@ -52,9 +56,9 @@ class BoxFds:
     """Descriptor numbers, as bwrap will see them, of the channels a box is started with."""
 
     info: int
-    """bwrap writes the host pid of the box's pid 1 here, before running anything."""
+    """bwrap writes the host pid of the box's pid 1 here, before running anything (-1: none)."""
     block: int
-    """bwrap waits for a byte here before starting the box's init: time to join the cgroup."""
+    """bwrap waits for a byte here before starting the box's init: time to join the cgroup (-1: none)."""
     seccomp: int
     """The BPF program from ``seccomp.compile_bpf``."""
     control: int
@@ -79,13 +83,17 @@ def bwrap_args(policy: SandboxPolicy, layout: HostLayout, scratch_dir: str, fds:
     for target, box in layout.symlinks:
         args += ["--symlink", target, box]
     args += ["--ro-bind", layout.etc_dir, "/etc"]
-    for host, box in layout.etc_binds:
-        args += ["--ro-bind", host, box]
     if layout.site_dir is not None:
         args += ["--ro-bind", layout.site_dir, BOX_SITE]
+    args += ["--proc", "/proc"]
+    # A minimal /dev, smaller than bwrap's --dev (no tty, pts or full): every bind
+    # costs bwrap a pass over the mount table.
+    args += ["--perms", "0755", "--size", str(_DEV_TMPFS_BYTES), "--tmpfs", "/dev"]
+    for node, host in DEV_NODES:
+        args += ["--dev-bind", host, f"/dev/{node}"]
+    for link, target in DEV_LINKS:
+        args += ["--symlink", target, f"/dev/{link}"]
     args += [
-        "--proc", "/proc",
-        "--dev", "/dev",
         "--perms", "1777", "--size", str(policy.shm_mb * 1024 * 1024), "--tmpfs", "/dev/shm",
         "--perms", "1777", "--size", str(policy.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp",
         "--bind", scratch_dir, BOX_WORKDIR,
@@ -94,11 +102,11 @@ def bwrap_args(policy: SandboxPolicy, layout: HostLayout, scratch_dir: str, fds:
     ]
     for name, value in sorted(box_env(policy).items()):
         args += ["--setenv", name, value]
-    args += [
-        "--seccomp", str(fds.seccomp),
-        "--info-fd", str(fds.info),
-        "--block-fd", str(fds.block),
-    ]
+    args += ["--seccomp", str(fds.seccomp)]
+    if fds.info >= 0:
+        args += ["--info-fd", str(fds.info)]
+    if fds.block >= 0:
+        args += ["--block-fd", str(fds.block)]
     return args
 
 
@@ -107,6 +115,7 @@ def box_env(policy: SandboxPolicy) -> dict[str, str]:
     env = {
         "PATH": BOX_PATH,
         "HOME": BOX_WORKDIR,
+        "PWD": BOX_WORKDIR,
         "TMPDIR": "/tmp",
         "LANG": "C.UTF-8",
         "PYTHONPATH": BOX_SITE,

@@ -1,22 +1,28 @@
 """Starting one box (blocking; runs on the sandbox's spawner threads).
 
 bwrap is started as the box's slot uid, with an empty environment and exactly
-the descriptors it needs. It reports the host pid of its pid 1 on the info fd and
-then waits on the block fd after building the box's root; farm moves pid 1 into
-the box's cgroup and only then lets it go on, so nothing the box runs is ever
-outside its bounds. pid 1 starts the box's init, which waits for a program.
+the descriptors it needs, and nothing the box runs is ever outside its cgroup:
+
+- on cgroup v1 the spawning thread joins the box's cgroups (writing "0" to
+  their ``tasks`` files moves only the calling thread, which the kernel does
+  without the global threadgroup lock), forks, and leaves again: the box is born
+  inside;
+- elsewhere bwrap reports the host pid of its pid 1 on the info fd and waits on
+  the block fd; farm moves pid 1 into the cgroup (``cgroup.procs``, which can
+  wait for an RCU grace period) and only then lets it go on.
+
+pid 1 starts the box's init, which waits for a program.
 
 bwrap is exec'd through setpriv rather than by a fork that switches uid: Python
 can only vfork when it does not change credentials, and a plain fork of a large
 farmd costs milliseconds of page-table copying and copy-on-write faults per box.
 
-The cgroup move takes the kernel's cgroup threadgroup lock, which can wait for an
-RCU grace period (milliseconds): one more reason this is not done on the loop.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import select
@@ -28,13 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from farmd.errors import SandboxError
-from farmd.sandbox import cgroups, command, scratch, seccomp
+from farmd.sandbox import command, scratch, seccomp
+from farmd.sandbox.cgroups import BoxCgroup, CgroupDriver
 from farmd.sandbox.policy import SandboxPolicy
 from farmd.sandbox.slots import Slot
 from farmd.sandbox.watch import Box
 
-INFRA_PIDS = 2
-"""The box's pid 1 and its init: processes that must not eat the program's allowance."""
+INFRA_PIDS = 3
+"""bwrap's monitor, the box's pid 1 and its init: processes that must not eat the program's allowance."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +50,7 @@ class Launcher:
 
     layout: command.HostLayout
     init_code: bytes
-    cgroups: cgroups.CgroupDriver
+    cgroups: CgroupDriver
     boxes_dir: Path
     timeout_s: float
 
@@ -78,8 +85,11 @@ class Launcher:
             fds.extend((r, w))
             return r, w
 
-        info_r, info_w = pipe()
-        block_r, block_w = pipe()
+        # On cgroup v1 the box is born in its cgroup (this thread joins it around the fork).
+        # Elsewhere bwrap reports pid 1 and waits while farm moves it in (the slow path).
+        admit = not self.cgroups.thread_join
+        info_r, info_w = pipe() if admit else (-1, -1)
+        block_r, block_w = pipe() if admit else (-1, -1)
         out_r, out_w = pipe()
         err_r, err_w = pipe()
         host_ctrl, box_ctrl = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -92,23 +102,46 @@ class Launcher:
         fds.append(args_fd)
         code_fd = _memfd("farm-box-init", self.init_code)
         fds.append(code_fd)
-        proc = subprocess.Popen(
-            command.launch_argv(self.layout, slot.uid, slot.gid, args_fd, code_fd, box_ctrl.fileno()),
-            pass_fds=(args_fd, seccomp_fd, info_w, block_r, box_ctrl.fileno(), code_fd),
-            env={},
-            cwd="/",
-            stdin=subprocess.DEVNULL,
-            stdout=out_w,
-            stderr=err_w,
-            close_fds=True,
-            start_new_session=True,
-        )
-        undo.append(lambda: (proc.kill(), proc.wait()))
-        for fd in (args_fd, seccomp_fd, info_w, block_r, out_w, err_w, code_fd):
-            fds.remove(fd)
-            os.close(fd)
-        box_ctrl.close()
+        passed = [fd for fd in (args_fd, seccomp_fd, info_w, block_r, box_ctrl.fileno(), code_fd) if fd >= 0]
+        argv = command.launch_argv(self.layout, slot.uid, slot.gid, args_fd, code_fd, box_ctrl.fileno())
 
+        def spawn() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
+                argv,
+                pass_fds=passed,
+                env={},
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
+                close_fds=True,
+                start_new_session=True,
+            )
+
+        if admit:
+            proc = spawn()
+        else:
+            with cg.joined_by_this_thread():
+                proc = spawn()
+        undo.append(functools.partial(_reap, proc))
+        for fd in [*passed, out_w, err_w]:
+            if fd != box_ctrl.fileno():
+                fds.remove(fd)
+                os.close(fd)
+        box_ctrl.close()
+        pid1_fd = self._admit(proc, cg, info_r, block_w, err_r, fds) if admit else -1
+        host_ctrl.setblocking(False)
+        for fd in (out_r, err_r):
+            os.set_blocking(fd, False)
+        return Box(
+            box_id=box_id, slot=slot, shape=policy.mount_shape(), scratch=scratch_dir, cgroup=cg,
+            proc=proc, pid1_fd=pid1_fd, ctrl=host_ctrl, out_fd=out_r, err_fd=err_r, limits=limits,
+        )
+
+
+    def _admit(self, proc: subprocess.Popen[bytes], cg: BoxCgroup, info_r: int, block_w: int,
+               err_r: int, fds: list[int]) -> int:
+        """Read pid 1 from bwrap, move it into the cgroup, then let the box go on. Returns a pidfd of pid 1."""
         info = _read_until_eof(info_r, self.timeout_s)
         if not info:
             proc.wait(self.timeout_s)
@@ -128,20 +161,13 @@ class Launcher:
         for fd in (info_r, block_w):
             fds.remove(fd)
             os.close(fd)
-        host_ctrl.setblocking(False)
-        for fd in (out_r, err_r):
-            os.set_blocking(fd, False)
-        return Box(
-            box_id=box_id, slot=slot, shape=policy.mount_shape(), scratch=scratch_dir, cgroup=cg,
-            proc=proc, pid1_fd=pid1_fd, ctrl=host_ctrl, out_fd=out_r, err_fd=err_r, limits=limits,
-        )
+        return pid1_fd
 
 
 def teardown(box: Box) -> None:
     """Kill whatever is left of a box and remove every trace of it from the host (blocking)."""
-    box.kill()
-    with contextlib.suppress(ProcessLookupError):
-        box.proc.kill()
+    if box.proc.poll() is None:
+        box.kill()
     box.proc.wait()
     box.ctrl.close()
     for fd in (box.pid1_fd, box.out_fd, box.err_fd):
@@ -149,6 +175,11 @@ def teardown(box: Box) -> None:
             os.close(fd)
     box.cgroup.remove()
     scratch.remove_dir(box.scratch)
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait()
 
 
 def _memfd(name: str, content: bytes) -> int:

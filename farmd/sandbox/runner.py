@@ -26,8 +26,9 @@ import marshal
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from farmd.errors import IsolationUnavailable, PolicyError, SandboxError
 from farmd.sandbox import cgroups, command, scratch, seccomp
@@ -54,6 +55,9 @@ _WARM_SHAPES = 4
 # tying a box to farmd fires when the *thread* that forked it exits.
 _SPAWNER_THREADS = 2
 
+# Unique per process (box names carry the pid), whatever number of Sandboxes it holds.
+_BOX_IDS = itertools.count()
+
 Files = Path | Mapping[str, bytes]
 Shape = tuple[int, int, int, int]
 
@@ -73,11 +77,15 @@ class Sandbox:
         self._launcher: Launcher | None = None
         self._slots: SlotPool | None = None
         self._spawner: concurrent.futures.ThreadPoolExecutor | None = None
-        self._ids = itertools.count()
         self._warm: dict[Shape, list[Box]] = {}
         self._warm_order: list[Shape] = []
-        self._refills: set[asyncio.Task[None]] = set()
+        self._pending: dict[Shape, int] = {}
+        """Warm boxes of each shape being launched right now."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        """Refills and teardowns in flight; close() waits for them."""
         self._live: set[Box] = set()
+        self._all_gone = asyncio.Event()
+        self._all_gone.set()
         self._start_lock = asyncio.Lock()
         self._closing = False
 
@@ -125,20 +133,22 @@ class Sandbox:
     async def close(self) -> None:
         """Stop every box: warm ones are told to exit, running ones are killed."""
         self._closing = True
-        for task in list(self._refills):
-            task.cancel()
-        for task in list(self._refills):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if self._slots is not None:
+            await self._slots.stop()  # whoever waits for a slot gives up now
+        # Refills stop at their next step (they check _closing); teardowns run to the end.
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
         warm = [b for boxes in self._warm.values() for b in boxes]
         self._warm.clear()
         for box in warm:
             await self._destroy(box)
         for box in list(self._live):
             box.kill()
-        deadline = time.monotonic() + _EXIT_GRACE_S
-        while self._live and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        # Killed boxes end their runs, which schedule the boxes' teardowns.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._all_gone.wait(), _EXIT_GRACE_S)
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
         if self._spawner is not None:
             self._spawner.shutdown(wait=True)
         if self._slots is not None:
@@ -173,7 +183,7 @@ class Sandbox:
         if self._closing:
             raise SandboxError("the sandbox is shutting down")
         await self.start()
-        requested_at = asyncio.get_running_loop().time()
+        requested_at = time.monotonic()
         shape = policy.mount_shape()
         box = self._take_warm(shape)
         warm = box is not None
@@ -198,7 +208,7 @@ class Sandbox:
         if self._warm:
             await self._evict_warm_if_full()
         slot = await self._slots.acquire()
-        box_id = f"{os.getpid()}-{next(self._ids)}"
+        box_id = f"{os.getpid()}-{next(_BOX_IDS)}"
         loop = asyncio.get_running_loop()
         try:
             box = await loop.run_in_executor(self._spawner, self._launcher.launch, box_id, slot, policy)
@@ -206,6 +216,7 @@ class Sandbox:
             await self._slots.release(slot)
             raise
         self._live.add(box)
+        self._all_gone.clear()
         return box
 
     # -- warm boxes ---------------------------------------------------------------------------
@@ -216,7 +227,7 @@ class Sandbox:
             box = boxes.pop(0)
             if box.proc.poll() is None:
                 return box
-            asyncio.get_running_loop().create_task(self._destroy(box))
+            self._background(self._destroy(box))
         return None
 
     def _remember_shape(self, shape: Shape) -> None:
@@ -225,24 +236,27 @@ class Sandbox:
         self._warm_order.insert(0, shape)
         for old in self._warm_order[_WARM_SHAPES:]:
             for box in self._warm.pop(old, []):
-                asyncio.get_running_loop().create_task(self._destroy(box))
+                self._background(self._destroy(box))
         del self._warm_order[_WARM_SHAPES:]
 
     def _schedule_refill(self, shape: Shape) -> None:
+        """Start boxes of ``shape`` until the pool holds ``warm_boxes``, as many at once as there are spawners."""
         if self._closing:
             return
-        task = asyncio.get_running_loop().create_task(self._refill(shape))
-        self._refills.add(task)
-        task.add_done_callback(self._refills.discard)
+        missing = self.config.warm_boxes - len(self._warm.get(shape, [])) - self._pending.get(shape, 0)
+        for _ in range(min(missing, _SPAWNER_THREADS - self._pending.get(shape, 0))):
+            self._pending[shape] = self._pending.get(shape, 0) + 1
+            self._background(self._refill(shape))
 
     async def _refill(self, shape: Shape) -> None:
         assert self._slots is not None
         disk_mb, disk_inodes, tmp_mb, shm_mb = shape
         policy = DEFAULT_POLICY.with_overrides(disk_mb=disk_mb, disk_inodes=disk_inodes, tmp_mb=tmp_mb,
                                                shm_mb=shm_mb)
-        while len(self._warm.get(shape, [])) < self.config.warm_boxes and not self._closing:
-            if len(self._live) >= self._slots.capacity - 1:
-                return  # never let warm boxes take the last slot from a waiting run
+        try:
+            # Never let warm boxes take the last slot from a run that waits for one.
+            if self._closing or len(self._live) >= self._slots.capacity - 1:
+                return
             try:
                 box = await self._launch(policy)
             except (SandboxError, OSError) as exc:
@@ -252,6 +266,9 @@ class Sandbox:
                 await self._destroy(box)
                 return
             self._warm.setdefault(shape, []).append(box)
+        finally:
+            self._pending[shape] -= 1
+        self._schedule_refill(shape)
 
     async def _evict_warm_if_full(self) -> None:
         assert self._slots is not None
@@ -303,8 +320,15 @@ class Sandbox:
         harvest = None
         if keep is not None:
             harvest = await loop.run_in_executor(None, scratch.harvest, box.scratch, keep, policy.disk_bytes)
-        await self._destroy(box)
+        # The result is complete and the box's processes are gone; removing its mount and
+        # cgroup need not hold up the caller. close() waits for every teardown.
+        self._background(self._destroy(box))
         return harvest
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _destroy(self, box: Box) -> None:
         """Kill whatever is left of a box and remove every trace of it from the host."""
@@ -312,12 +336,13 @@ class Sandbox:
             return
         box.closed = True
         assert self._slots is not None
-        box.kill()
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(None, teardown, box)
         finally:
             self._live.discard(box)
+            if not self._live:
+                self._all_gone.set()
             await self._slots.release(box.slot)
 
 

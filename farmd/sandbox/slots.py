@@ -42,6 +42,7 @@ class SlotPool:
         self._in_use = 0
         self._cond = asyncio.Condition()
         self._next_probe = 0
+        self._stopped = False
 
     @property
     def capacity(self) -> int:
@@ -70,7 +71,9 @@ class SlotPool:
 
     async def acquire(self) -> Slot:
         async with self._cond:
-            await self._cond.wait_for(lambda: self._in_use < self._capacity)
+            await self._cond.wait_for(lambda: self._in_use < self._capacity or self._stopped)
+            if self._stopped:
+                raise SandboxError("the sandbox is shutting down")
             self._in_use += 1
         try:
             uid = self._free.pop() if self._free else self._reserve_uid()
@@ -89,6 +92,12 @@ class SlotPool:
         """Give a slot back. Only after every process of its box is gone."""
         self._free.append(slot.uid)
         await self._give_back_capacity()
+
+    async def stop(self) -> None:
+        """Refuse new acquisitions and wake everyone waiting for one."""
+        async with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
 
     def close(self) -> None:
         for fd in self._held.values():

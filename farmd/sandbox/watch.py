@@ -1,5 +1,8 @@
 """Watching one program run in a box, host side, and turning what was seen into a result.
 
+Times are ``time.monotonic()`` (the clock a box's programs share), not the loop's
+clock, which is millisecond-coarse on uvloop.
+
 Everything here is driven by event-loop callbacks (readers on the output pipes,
 the control socket and bwrap's pidfd; a wall-clock timer; a monitor timer), not
 tasks: a box's run should cost the host a few hundred microseconds, not the
@@ -15,6 +18,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,10 +53,14 @@ class Box:
     closed: bool = False
 
     def kill(self) -> None:
-        """SIGKILL the box's pid 1: the kernel then kills every process in its pid namespace."""
+        """SIGKILL the box: its pid 1 (the kernel then kills its whole pid namespace), bwrap's
+        monitor (whose death kills pid 1 too, by --die-with-parent) and whatever is in its cgroup."""
         if self.pid1_fd >= 0:
             with contextlib.suppress(ProcessLookupError, OSError):
                 signal.pidfd_send_signal(self.pid1_fd, signal.SIGKILL)
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, OSError):
+                self.proc.kill()
         with contextlib.suppress(OSError):
             self.cgroup.kill_all()
 
@@ -95,7 +103,7 @@ class Run:
         box = self.box
         self.cpu_base = box.cgroup.cpu_ns()
         self._pidfd = os.pidfd_open(box.proc.pid)
-        self.released_at = self.loop.time()
+        self.released_at = time.monotonic()
         box.ctrl.send(request)
         self.loop.add_reader(box.out_fd, self._on_output, box.out_fd, self.stdout)
         self.loop.add_reader(box.err_fd, self._on_output, box.err_fd, self.stderr)
@@ -139,7 +147,7 @@ class Run:
             return
         self.killed = True
         if self.ended_at is None:
-            self.ended_at = self.loop.time()
+            self.ended_at = time.monotonic()
         self.box.kill()
 
     def _on_output(self, fd: int, buf: bytearray) -> None:
@@ -179,13 +187,17 @@ class Run:
                 continue
             kind = event.get("event")
             if kind == "started":
-                self.started_at = self.loop.time()
+                self.started_at = time.monotonic()
+                # CPU counts from here: a box launched on demand has just spent ~10 ms starting
+                # its init, which a box started ahead of demand spent earlier; neither is the program's.
+                with contextlib.suppress(OSError):
+                    self.cpu_base = self.box.cgroup.cpu_ns()
             elif kind == "full":
                 self.kill(R.TMP if event.get("mount") == "/tmp" else R.SHM)
             elif kind == "exit" and isinstance(event.get("status"), int):
                 self.exit = event
                 if self.ended_at is None:
-                    self.ended_at = self.loop.time()
+                    self.ended_at = time.monotonic()
 
     def _on_bwrap_exit(self) -> None:
         self.loop.remove_reader(self._pidfd)
@@ -193,9 +205,9 @@ class Run:
         self._pidfd = -1
         self.bwrap_status = self.box.proc.wait()
         if self.ended_at is None:
-            self.ended_at = self.loop.time()
-        # pid 1 is gone, so is its namespace; make sure of the cgroup too.
-        self.kill(None)
+            self.ended_at = time.monotonic()
+        # pid 1 is gone, and with it its pid namespace and every process of the box. (The
+        # cgroup is checked once more when it is removed.)
         self._maybe_done()
 
     def _on_wall_timeout(self) -> None:
@@ -270,7 +282,7 @@ class Run:
             self.flag(R.DISK)
         if self.truncated:
             self.flag(R.OUTPUT)
-        ended = self.ended_at or self.loop.time()
+        ended = self.ended_at or time.monotonic()
         started = self.started_at or ended
         return BoxResult(
             exit_code=exit_code,

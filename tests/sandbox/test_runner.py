@@ -117,3 +117,19 @@ async def test_sweeps_leftovers_of_a_dead_farmd() -> None:
     async with Sandbox() as sandbox:
         await sandbox.run(["true"], TINY)
     assert not dead.exists()
+
+
+async def test_admit_path_used_where_threads_cannot_join_a_cgroup() -> None:
+    """cgroup v2 hosts cannot be born into a memory cgroup by thread: bwrap waits while pid 1 is moved in."""
+    async with Sandbox() as sandbox:
+        assert sandbox._launcher is not None
+        driver = sandbox._launcher.cgroups
+        driver.thread_join = False  # as on cgroup v2
+        try:
+            ok = await sandbox.run(["python3", "-c", "print('admitted')"], TINY)
+            bomb = await sandbox.run(["python3", "-c", "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass"],
+                                     TINY)
+        finally:
+            del driver.thread_join
+    assert ok.stdout == b"admitted\n"
+    assert "pids" in bomb.violations
