@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
-
 from farm.v1 import farm_pb2, farm_pb2_grpc
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 import sys
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -36,7 +38,8 @@ def console() -> Console:
 
 
 def emit_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, ensure_ascii=False) + "\n")
+    """One JSON document on stdout, ASCII-only: valid whatever bytes a program printed or named."""
+    sys.stdout.write(json.dumps(value, ensure_ascii=True) + "\n")
     sys.stdout.flush()
 
 
@@ -45,12 +48,26 @@ def fail(message: str, code: int) -> NoReturn:
     sys.exit(code)
 
 
+async def _cancel_on_sigterm(coro: Coroutine[Any, Any, T]) -> T:
+    """SIGTERM cancels the work like Ctrl-C does, so every box is torn down on the way out."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await coro
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine on uvloop, turning farm's errors into a message and an exit code."""
     import uvloop
 
     try:
-        return uvloop.run(coro)
+        return uvloop.run(_cancel_on_sigterm(coro))
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        fail("stopped by a signal; everything it started has been cleaned up", 128 + signal.SIGTERM)
     except IsolationUnavailable as exc:
         fail(str(exc), EXIT_NO_ISOLATION)
     except (PolicyError, ConfigError) as exc:

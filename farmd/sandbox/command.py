@@ -3,7 +3,7 @@
 Everything that names a host path travels in the ``--args FD`` payload, never on
 bwrap's argv: a box can read its pid 1's /proc/1/cmdline, and the host's paths
 are none of its business. The argv that stays visible is ``<run dir>/runtime/
-bwrap-<hash> --args N -- python3 -I -S -B -c <boot> FD FD``: farm's run
+bwrap-<hash> --args N -- /opt/farm/bin/python3 -I -S -B -c <boot> FD FD``: farm's run
 directory (which /proc/1/exe and mountinfo show anyway), the box's own runtime
 and its init.
 """
@@ -16,8 +16,14 @@ from farmd.sandbox.policy import SandboxPolicy
 
 BOX_WORKDIR = "/box"
 """The box's writable scratch directory: its working directory and $HOME."""
-BOX_SITE = "/opt/farm/site"
+BOX_RUNTIME = "/opt/farm"
+"""farm's read-only runtime in the box: the init's interpreter and extra site-packages."""
+BOX_SITE = f"{BOX_RUNTIME}/site"
 """Read-only site-packages of the box's Python runtime (numpy)."""
+BOX_INIT_PYTHON = f"{BOX_RUNTIME}/bin/python3"
+"""The box's init runs on an execute-only copy of the box's Python: exec'ing a file it cannot read
+makes the init non-dumpable, so no process of the box can open /proc/<init>/mem and rewrite the
+report of how the program ended."""
 BOX_UID = 1000
 BOX_GID = 1000
 BOX_HOSTNAME = "box"
@@ -43,10 +49,10 @@ class HostLayout:
     etc_dir: str
     """A synthetic /etc: farm's passwd, group, hosts, hostname, nsswitch.conf, and copies of the
     host's ld.so.cache and alternatives; nothing else of the host's."""
-    site_dir: str | None
-    """Host directory bound at BOX_SITE, or None when the runtime has no extra packages."""
+    runtime_dir: str
+    """Host directory bound at BOX_RUNTIME: bin/python3 (execute-only) and site/ (numpy)."""
     python: str = BOX_PYTHON
-    """The box's Python, as seen inside the box."""
+    """The box's Python for programs, as seen inside the box."""
     setpriv: str | None = "/usr/bin/setpriv"
     """util-linux setpriv, to start bwrap as the slot uid; None when farmd is not root."""
 
@@ -76,6 +82,10 @@ def bwrap_args(policy: SandboxPolicy, layout: HostLayout, scratch_dir: str, fds:
         "--hostname", BOX_HOSTNAME,
         # If farmd dies, so does the box; a fresh session keeps TIOCSTI off any terminal.
         "--die-with-parent", "--new-session",
+        # farm's init is the box's pid 1, not bwrap's: bwrap keeps its own processes
+        # dumpable, so a pid 1 of bwrap's is one whose memory the program could rewrite.
+        # As pid 1, the init also cannot be signalled from inside the box at all.
+        "--as-pid-1",
         "--cap-drop", "ALL",
     ]
     for host, box in layout.ro_binds:
@@ -83,8 +93,7 @@ def bwrap_args(policy: SandboxPolicy, layout: HostLayout, scratch_dir: str, fds:
     for target, box in layout.symlinks:
         args += ["--symlink", target, box]
     args += ["--ro-bind", layout.etc_dir, "/etc"]
-    if layout.site_dir is not None:
-        args += ["--ro-bind", layout.site_dir, BOX_SITE]
+    args += ["--ro-bind", layout.runtime_dir, BOX_RUNTIME]
     args += ["--proc", "/proc"]
     # A minimal /dev, smaller than bwrap's --dev (no tty, pts or full): every bind
     # costs bwrap a pass over the mount table.
@@ -136,10 +145,10 @@ def args_payload(args: list[str]) -> bytes:
     return b"".join(a.encode() + b"\0" for a in args)
 
 
-def init_argv(python: str, code_fd: int, ctrl_fd: int) -> list[str]:
-    """The box's init: its Python, loading the precompiled ``stub.py`` from ``code_fd``."""
+def init_argv(code_fd: int, ctrl_fd: int) -> list[str]:
+    """The box's init: its execute-only Python, loading the precompiled ``stub.py`` from ``code_fd``."""
     boot = "import marshal,os,sys;exec(marshal.loads(os.read(int(sys.argv[1]),1<<22)))"
-    return [python, "-I", "-S", "-B", "-c", boot, str(code_fd), str(ctrl_fd)]
+    return [BOX_INIT_PYTHON, "-I", "-S", "-B", "-c", boot, str(code_fd), str(ctrl_fd)]
 
 
 def launch_argv(layout: HostLayout, uid: int, gid: int, args_fd: int, code_fd: int, ctrl_fd: int) -> list[str]:
@@ -147,7 +156,7 @@ def launch_argv(layout: HostLayout, uid: int, gid: int, args_fd: int, code_fd: i
 
     Without root there is no uid to drop to, and bwrap is exec'd directly.
     """
-    bwrap = [layout.bwrap, "--args", str(args_fd), "--", *init_argv(layout.python, code_fd, ctrl_fd)]
+    bwrap = [layout.bwrap, "--args", str(args_fd), "--", *init_argv(code_fd, ctrl_fd)]
     if layout.setpriv is None:
         return bwrap
     return [layout.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *bwrap]

@@ -34,14 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from farmd.errors import SandboxError
-from farmd.sandbox import command, scratch, seccomp
+from farmd.sandbox import command, reaper, scratch, seccomp
 from farmd.sandbox.cgroups import BoxCgroup, CgroupDriver
 from farmd.sandbox.policy import SandboxPolicy
 from farmd.sandbox.slots import Slot
 from farmd.sandbox.watch import Box
 
-INFRA_PIDS = 3
-"""bwrap's monitor, the box's pid 1 and its init: processes that must not eat the program's allowance."""
+INFRA_PIDS = 2
+"""bwrap's monitor and the box's init (its pid 1): processes that must not eat the program's allowance."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +88,9 @@ class Launcher:
         # On cgroup v1 the box is born in its cgroup (this thread joins it around the fork).
         # Elsewhere bwrap reports pid 1 and waits while farm moves it in (the slow path).
         admit = not self.cgroups.thread_join
-        info_r, info_w = pipe() if admit else (-1, -1)
+        # bwrap reports pid 1's host pid on the info fd. The admit path needs it now; the
+        # teardown needs it later, to reap pid 1 (see reaper.py).
+        info_r, info_w = pipe()
         block_r, block_w = pipe() if admit else (-1, -1)
         out_r, out_w = pipe()
         err_r, err_w = pipe()
@@ -129,19 +131,22 @@ class Launcher:
                 fds.remove(fd)
                 os.close(fd)
         box_ctrl.close()
-        pid1_fd = self._admit(proc, cg, info_r, block_w, err_r, fds) if admit else -1
+        pid1, pid1_fd = self._admit(proc, cg, info_r, block_w, err_r, fds) if admit else (-1, -1)
         host_ctrl.setblocking(False)
         for fd in (out_r, err_r):
             os.set_blocking(fd, False)
+        if not admit:
+            fds.remove(info_r)
         return Box(
             box_id=box_id, slot=slot, shape=policy.mount_shape(), scratch=scratch_dir, cgroup=cg,
-            proc=proc, pid1_fd=pid1_fd, ctrl=host_ctrl, out_fd=out_r, err_fd=err_r, limits=limits,
+            proc=proc, pid1=pid1, pid1_fd=pid1_fd, info_fd=-1 if admit else info_r, ctrl=host_ctrl,
+            out_fd=out_r, err_fd=err_r, limits=limits,
         )
 
 
     def _admit(self, proc: subprocess.Popen[bytes], cg: BoxCgroup, info_r: int, block_w: int,
-               err_r: int, fds: list[int]) -> int:
-        """Read pid 1 from bwrap, move it into the cgroup, then let the box go on. Returns a pidfd of pid 1."""
+               err_r: int, fds: list[int]) -> tuple[int, int]:
+        """Read pid 1 from bwrap, move it into the cgroup, then let the box go on. Returns pid 1 and a pidfd."""
         info = _read_until_eof(info_r, self.timeout_s)
         if not info:
             proc.wait(self.timeout_s)
@@ -161,7 +166,7 @@ class Launcher:
         for fd in (info_r, block_w):
             fds.remove(fd)
             os.close(fd)
-        return pid1_fd
+        return pid1, pid1_fd
 
 
 def teardown(box: Box) -> None:
@@ -170,11 +175,25 @@ def teardown(box: Box) -> None:
         box.kill()
     box.proc.wait()
     box.ctrl.close()
-    for fd in (box.pid1_fd, box.out_fd, box.err_fd):
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    box.cgroup.remove()
+    pid1 = box.pid1 if box.pid1 > 0 else _pid1_from_info(box.info_fd)
+    for fd in (box.pid1_fd, box.out_fd, box.err_fd, box.info_fd):
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    box.cgroup.remove()  # kills anything still in it, pid 1 included
+    reaper.reap(pid1)
     scratch.remove_dir(box.scratch)
+
+
+def _pid1_from_info(info_fd: int) -> int:
+    """pid 1's host pid from bwrap's info fd (bwrap has exited: the read does not block)."""
+    if info_fd < 0:
+        return -1
+    try:
+        os.set_blocking(info_fd, False)
+        return int(json.loads(os.read(info_fd, 1 << 16))["child-pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:

@@ -18,6 +18,8 @@ SHM = "shm"
 OUTPUT = "output"
 SYSCALL = "syscall"
 """A syscall of a foreign ABI (or another seccomp kill) ended a process."""
+INIT = "init"
+"""The box's init (which reports how the program ended) was killed: the program's status is unknown."""
 
 
 @dataclass(slots=True)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from farmd.errors import IsolationUnavailable, PolicyError, SandboxError
-from farmd.sandbox import cgroups, command, scratch, seccomp
+from farmd.sandbox import cgroups, command, reaper, scratch, seccomp
 from farmd.sandbox.config import SandboxConfig
 from farmd.sandbox.host import bwrap_binary, check_host, missing
 from farmd.sandbox.launch import INFRA_PIDS, Launcher, teardown
@@ -98,6 +98,7 @@ class Sandbox:
                 return
             loop = asyncio.get_running_loop()
             launcher = await loop.run_in_executor(None, self._prepare)
+            reaper.become_subreaper()
             self._slots = SlotPool(self.run_dir, self.config.uid_base, self.config.uid_count, self.config.boxes)
             self._spawner = concurrent.futures.ThreadPoolExecutor(_SPAWNER_THREADS, thread_name_prefix="farm-spawn")
             self._launcher = launcher
@@ -124,7 +125,7 @@ class Sandbox:
         seccomp.compile_bpf()
         return Launcher(
             layout=layout,
-            init_code=compile_box_init(Path(layout.python)),
+            init_code=compile_box_init(self.config.box_python),
             cgroups=driver,
             boxes_dir=self.run_dir / "boxes",
             timeout_s=self.config.launch_timeout_s,

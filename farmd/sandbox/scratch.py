@@ -28,6 +28,7 @@ _MNT_DETACH = 0x2
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _COPY_CHUNK = 1 << 20
+_MAX_DEPTH = 64
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -122,74 +123,114 @@ def harvest(scratch: Path, dest: Path, max_bytes: int) -> Harvest:
     """Copy the scratch directory's regular files to ``dest``, never following a link.
 
     Every component is opened relative to its parent's descriptor with O_NOFOLLOW,
-    so a symlink anywhere in the tree is skipped rather than resolved on the host.
-    Files with more than one link are skipped too. Call only once the box is dead.
+    so a symlink anywhere in the tree is skipped rather than resolved on the host;
+    files with more than one link are skipped too. Both trees are walked by
+    descriptor, one component at a time, so neither depth nor path length nor odd
+    bytes in names can break it; what it will not copy is listed with the reason.
+    Call only once the box is dead.
     """
     out = Harvest()
     dest.mkdir(parents=True, exist_ok=True)
     root_fd = os.open(scratch, _O_DIR)
+    dest_fd = os.open(dest, _O_DIR)
     try:
-        _harvest_dir(root_fd, "", dest, out, max_bytes)
+        _harvest_tree(root_fd, dest_fd, out, max_bytes)
     finally:
         os.close(root_fd)
+        os.close(dest_fd)
     return out
 
 
-def _harvest_dir(dir_fd: int, rel: str, dest: Path, out: Harvest, max_bytes: int) -> None:
-    for name in sorted(os.listdir(dir_fd)):
+def _shown(path: str) -> str:
+    """A path as text: bytes that are not UTF-8 are shown as \\xNN escapes."""
+    return os.fsencode(path).decode("utf-8", errors="backslashreplace")
+
+
+def _harvest_tree(root_fd: int, dest_root_fd: int, out: Harvest, max_bytes: int) -> None:
+    # (source dir fd, destination dir fd, relative path, depth); the roots are closed by the caller.
+    stack: list[tuple[int, int, str, int]] = [(root_fd, dest_root_fd, "", 0)]
+    while stack:
+        src_fd, dst_fd, rel, depth = stack.pop()
+        try:
+            _harvest_dir(src_fd, dst_fd, rel, depth, out, max_bytes, stack)
+        finally:
+            if rel:
+                os.close(src_fd)
+                os.close(dst_fd)
+
+
+def _harvest_dir(src_fd: int, dst_fd: int, rel: str, depth: int, out: Harvest, max_bytes: int,
+                 stack: list[tuple[int, int, str, int]]) -> None:
+    try:
+        names = sorted(os.listdir(src_fd))
+    except OSError as exc:
+        out.skipped.append((_shown(rel) or ".", f"cannot list: {exc.strerror}"))
+        return
+    subdirs: list[tuple[int, int, str, int]] = []
+    for name in names:
         path = f"{rel}{name}"
         try:
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
         except OSError as exc:
-            out.skipped.append((path, f"stat failed: {exc.strerror}"))
+            out.skipped.append((_shown(path), f"stat failed: {exc.strerror}"))
             continue
         if stat.S_ISDIR(st.st_mode):
-            try:
-                sub_fd = os.open(name, _O_DIR, dir_fd=dir_fd)
-            except OSError as exc:
-                out.skipped.append((path, f"open failed: {exc.strerror}"))
+            if depth >= _MAX_DEPTH:
+                out.skipped.append((_shown(path), f"deeper than {_MAX_DEPTH} directories"))
                 continue
             try:
-                (dest / path).mkdir(exist_ok=True)
-                _harvest_dir(sub_fd, f"{path}/", dest, out, max_bytes)
-            finally:
-                os.close(sub_fd)
+                sub_src = os.open(name, _O_DIR, dir_fd=src_fd)
+            except OSError as exc:
+                out.skipped.append((_shown(path), f"open failed: {exc.strerror}"))
+                continue
+            try:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o755, dir_fd=dst_fd)
+                sub_dst = os.open(name, _O_DIR, dir_fd=dst_fd)
+            except OSError as exc:
+                os.close(sub_src)
+                out.skipped.append((_shown(path), f"cannot create: {exc.strerror}"))
+                continue
+            subdirs.append((sub_src, sub_dst, f"{path}/", depth + 1))
             continue
         if stat.S_ISLNK(st.st_mode):
-            out.skipped.append((path, "symbolic link"))
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            out.skipped.append((path, "not a regular file"))
-            continue
-        if st.st_nlink != 1:
-            out.skipped.append((path, "hard link"))
-            continue
-        if out.bytes_copied + st.st_size > max_bytes:
-            out.skipped.append((path, "over the harvest size bound"))
-            continue
-        _copy_file(dir_fd, name, dest / path, path, out)
+            out.skipped.append((_shown(path), "symbolic link"))
+        elif not stat.S_ISREG(st.st_mode):
+            out.skipped.append((_shown(path), "not a regular file"))
+        elif st.st_nlink != 1:
+            out.skipped.append((_shown(path), "hard link"))
+        elif out.bytes_copied + st.st_size > max_bytes:
+            out.skipped.append((_shown(path), "over the harvest size bound"))
+        else:
+            _copy_file(src_fd, dst_fd, name, _shown(path), out)
+    stack.extend(reversed(subdirs))  # files first, then each subdirectory, in name order
 
 
-def _copy_file(dir_fd: int, name: str, target: Path, path: str, out: Harvest) -> None:
+def _copy_file(src_dir: int, dst_dir: int, name: str, shown: str, out: Harvest) -> None:
     try:
-        src = os.open(name, _O_FILE, dir_fd=dir_fd)
+        src = os.open(name, _O_FILE, dir_fd=src_dir)
     except OSError as exc:
         # ELOOP: the entry became a link (cannot happen once the box is dead, but be sure).
-        out.skipped.append((path, "symbolic link" if exc.errno == errno.ELOOP else exc.strerror or "open failed"))
+        out.skipped.append((shown, "symbolic link" if exc.errno == errno.ELOOP else f"open failed: {exc.strerror}"))
         return
     try:
         st = os.fstat(src)
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            out.skipped.append((path, "not a regular file"))
+            out.skipped.append((shown, "not a regular file"))
             return
-        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            dst = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                          dir_fd=dst_dir)
+        except OSError as exc:
+            out.skipped.append((shown, f"cannot create: {exc.strerror}"))
+            return
         try:
             while chunk := os.read(src, _COPY_CHUNK):
                 os.write(dst, chunk)
                 out.bytes_copied += len(chunk)
         finally:
             os.close(dst)
-        out.copied.append(path)
+        out.copied.append(shown)
     finally:
         os.close(src)
 

@@ -134,6 +134,8 @@ def _run_python(plan, env):
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True,
                                       encoding=sys.stderr.encoding, errors="backslashreplace")
     sys.dont_write_bytecode = True
+    # The init runs on an execute-only copy of the interpreter; the program sees the usual one.
+    sys.executable = sys._base_executable = "/usr/bin/python3"
     extra = [] if ignore_env else [p for p in env.get("PYTHONPATH", "").split(":") if p]
     base = [p for p in sys.path if p not in extra]
     if kind == "c":

@@ -32,6 +32,7 @@ from farmd.sandbox.slots import Slot
 _READ_CHUNK = 1 << 16
 _MONITOR_FIRST_S = 0.02
 _MONITOR_MAX_S = 0.25
+_LINGER_S = 0.1
 
 
 @dataclass(eq=False)
@@ -44,7 +45,11 @@ class Box:
     scratch: Path
     cgroup: cgroups.BoxCgroup
     proc: subprocess.Popen[bytes]
+    pid1: int
+    """Host pid of the box's pid 1 when known at launch (the admit path), else -1."""
     pid1_fd: int
+    info_fd: int
+    """bwrap's info fd, read at teardown to learn pid 1 (-1 once known)."""
     ctrl: socket.socket
     out_fd: int
     err_fd: int
@@ -198,6 +203,10 @@ class Run:
                 self.exit = event
                 if self.ended_at is None:
                     self.ended_at = time.monotonic()
+                # The box is normally gone within a millisecond or two. bwrap's pid 1 is
+                # writable by the program (bwrap keeps itself dumpable), so one that lingers
+                # may be the program's doing: whatever is left is killed, cgroup and all.
+                self._timers.append(self.loop.call_later(_LINGER_S, self.kill, None))
 
     def _on_bwrap_exit(self) -> None:
         self.loop.remove_reader(self._pidfd)
@@ -260,13 +269,12 @@ class Run:
         elif self.killed and self.violations:
             sig = signal.SIGKILL
         else:
-            # The init died without a report (the program killed it): bwrap folds the
-            # signal into 128+N, which is all there is to know.
+            # The init ended without reporting: the program killed its supervisor. All that
+            # is left is bwrap's status (128+N for a signal), which comes from pid 1, which the
+            # program can write: so never an exit code, and the run is flagged.
+            self.flag(R.INIT)
             code = self.bwrap_status or 0
-            if code > 128:
-                sig = code - 128
-            else:
-                exit_code = code
+            sig = code - 128 if 128 < code < 128 + 65 else signal.SIGKILL
         cpu_s = max(0.0, (cg.cpu_ns() - self.cpu_base) / 1e9)
         peak_mb = cg.memory_peak_bytes() / 2**20
         oom = cg.oom_kills() > 0

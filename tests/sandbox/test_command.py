@@ -13,7 +13,7 @@ LAYOUT = HostLayout(
     ro_binds=(("/usr", "/usr"), ("/run/farm/runtime/empty", "/usr/local")),
     symlinks=(("usr/bin", "/bin"), ("usr/lib", "/lib")),
     etc_dir="/run/farm/runtime/etc",
-    site_dir="/run/farm/runtime/box-site-x",
+    runtime_dir="/run/farm/runtime/box-x",
 )
 FDS = BoxFds(info=10, block=11, seccomp=12, control=13)
 
@@ -37,7 +37,7 @@ def test_filesystem_is_minimal_and_read_only() -> None:
     args = command.bwrap_args(SandboxPolicy(), LAYOUT, "/run/farm/boxes/1-0", FDS)
     ro = _pairs(args, "--ro-bind", 2)
     assert ("/run/farm/runtime/etc", "/etc") in ro
-    assert ("/run/farm/runtime/box-site-x", command.BOX_SITE) in ro
+    assert ("/run/farm/runtime/box-x", command.BOX_RUNTIME) in ro
     assert ro.index(("/usr", "/usr")) < ro.index(("/run/farm/runtime/empty", "/usr/local"))
     # The only writable host bind is the box's own scratch directory.
     assert _pairs(args, "--bind", 2) == [("/run/farm/boxes/1-0", command.BOX_WORKDIR)]
@@ -74,9 +74,9 @@ def test_host_paths_stay_out_of_the_visible_argv() -> None:
     bwrap = argv[5:]
     assert bwrap[:4] == [LAYOUT.bwrap, "--args", "5", "--"]
     visible = " ".join(bwrap[1:])
-    for host_path in ("/run/farm/boxes", "/run/farm/runtime/etc", LAYOUT.site_dir or ""):
+    for host_path in ("/run/farm/boxes", "/run/farm/runtime/etc", LAYOUT.runtime_dir):
         assert host_path not in visible
-    assert bwrap[4:8] == [LAYOUT.python, "-I", "-S", "-B"]
+    assert bwrap[4:8] == [command.BOX_INIT_PYTHON, "-I", "-S", "-B"]
 
 
 def test_args_payload_is_nul_separated_and_refuses_nul() -> None:
