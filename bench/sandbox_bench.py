@@ -196,13 +196,14 @@ def report(r: dict[str, Any]) -> dict[str, Any]:
 
 
 LIMITS = [
-    "cold box: bwrap's namespaces and mounts (~5 ms) plus the box init's Python start-up (~8 ms CPU), "
-    "then the program; the host's part (cgroup, tmpfs, setpriv) is ~1-2 ms",
-    "warm box: the program runs in a fork of an already-started interpreter, so the box costs less than a "
-    "plain `python3` start; its launch happened earlier, off the request's path",
-    "throughput: CPU-bound on 2 cores; per box ~20 ms of CPU in all (box Python ~55%, bwrap ~18%, "
-    "farm's host side ~18%, setpriv ~6%)",
-    "first line, warm: a socket round trip to the box's init and one fork; cold: a whole box start-up",
+    "cold box: bwrap's namespaces and mounts (~4-5 ms) and the box init's Python start-up (~8 ms of CPU) "
+    "before the program's first line; farm's host side (tmpfs, cgroup, vfork) is ~1-2 ms of it",
+    "warm box: the program runs in a fork of an interpreter started ahead of demand, so a box costs less "
+    "than a plain `python3` start; its launch happened earlier, off the request's path",
+    "throughput: CPU-bound on 2 cores, warm or cold (warm only moves the launch earlier); per box ~18 ms "
+    "of CPU in all: the init's Python ~45%, the program, bwrap ~20%, farm's host side ~12%",
+    "first line, warm: a socket round trip to the box's init, which has already forked the program's process",
+    "this VM is noisy: rerun and compare ratios, not absolute figures",
 ]
 
 

@@ -29,10 +29,10 @@ BOX_GID = 1000
 BOX_HOSTNAME = "box"
 BOX_PATH = "/usr/bin:/bin"
 BOX_PYTHON = "/usr/bin/python3"
-DEV_NODES = (("null", "/dev/null"), ("zero", "/dev/zero"), ("urandom", "/dev/urandom"), ("random", "/dev/urandom"))
+DEV_NODES = (("null", "/dev/null"), ("zero", "/dev/zero"), ("urandom", "/dev/urandom"))
 """(name in the box's /dev, host device) pairs."""
-DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-             ("stderr", "/proc/self/fd/2"))
+DEV_LINKS = (("random", "urandom"), ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+             ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"))
 _DEV_TMPFS_BYTES = 64 * 1024
 
 
@@ -54,7 +54,8 @@ class HostLayout:
     python: str = BOX_PYTHON
     """The box's Python for programs, as seen inside the box."""
     setpriv: str | None = "/usr/bin/setpriv"
-    """util-linux setpriv, to start bwrap as the slot uid; None when farmd is not root."""
+    """util-linux setpriv, to start bwrap as the slot uid; None when the spawning thread switches
+    its own ids (``creds.py``) or farmd is not root."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,10 +153,8 @@ def init_argv(code_fd: int, ctrl_fd: int) -> list[str]:
 
 
 def launch_argv(layout: HostLayout, uid: int, gid: int, args_fd: int, code_fd: int, ctrl_fd: int) -> list[str]:
-    """How farmd starts a box: setpriv drops to the slot uid (no groups), then execs bwrap.
-
-    Without root there is no uid to drop to, and bwrap is exec'd directly.
-    """
+    """How farmd starts a box: bwrap, behind setpriv (drop to the slot uid, no groups) when the
+    layout names it. Otherwise the spawning thread already runs as the slot uid, or farmd is not root."""
     bwrap = [layout.bwrap, "--args", str(args_fd), "--", *init_argv(code_fd, ctrl_fd)]
     if layout.setpriv is None:
         return bwrap

@@ -13,9 +13,11 @@ the descriptors it needs, and nothing the box runs is ever outside its cgroup:
 
 pid 1 starts the box's init, which waits for a program.
 
-bwrap is exec'd through setpriv rather than by a fork that switches uid: Python
-can only vfork when it does not change credentials, and a plain fork of a large
-farmd costs milliseconds of page-table copying and copy-on-write faults per box.
+bwrap is vfork'd by a thread that has switched its own ids to the slot's
+(``creds.py``), or, where that is not supported, exec'd through setpriv: never
+by a fork that switches uid, since Python can only vfork when it does not change
+credentials itself, and a plain fork of a large farmd costs milliseconds of
+page-table copying and copy-on-write faults per box.
 
 """
 
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from farmd.errors import SandboxError
-from farmd.sandbox import command, reaper, scratch, seccomp
+from farmd.sandbox import command, creds, reaper, scratch, seccomp
 from farmd.sandbox.cgroups import BoxCgroup, CgroupDriver
 from farmd.sandbox.policy import SandboxPolicy
 from farmd.sandbox.slots import Slot
@@ -120,12 +122,15 @@ class Launcher:
                 start_new_session=True,
             )
 
-        if admit:
+        with contextlib.ExitStack() as stack:
+            if not admit:
+                stack.enter_context(cg.joined_by_this_thread())
+            if self.layout.setpriv is None and os.geteuid() == 0:
+                stack.enter_context(creds.this_thread_as(slot.uid, slot.gid))
             proc = spawn()
-        else:
-            with cg.joined_by_this_thread():
-                proc = spawn()
         undo.append(functools.partial(_reap, proc))
+        if os.geteuid() == 0:
+            creds.verify(proc.pid, slot.uid, slot.gid)
         for fd in [*passed, out_w, err_w]:
             if fd != box_ctrl.fileno():
                 fds.remove(fd)

@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from farmd.sandbox import creds
 from farmd.sandbox.command import BOX_GID, BOX_HOSTNAME, BOX_UID, BOX_WORKDIR, HostLayout
 
 # The host's /usr, read-only, with /usr/local hidden: that is where a pip or make install
@@ -275,5 +276,5 @@ def prepare_layout(run_dir: Path, sources: RuntimeSources) -> HostLayout:
         etc_dir=str(etc),
         runtime_dir=str(runtime),
         python=str(sources.python),
-        setpriv=str(sources.setpriv) if os.geteuid() == 0 else None,
+        setpriv=str(sources.setpriv) if os.geteuid() == 0 and not creds.supported() else None,
     )

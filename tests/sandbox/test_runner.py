@@ -133,3 +133,20 @@ async def test_admit_path_used_where_threads_cannot_join_a_cgroup() -> None:
             del driver.thread_join
     assert ok.stdout == b"admitted\n"
     assert "pids" in bomb.violations
+
+
+async def test_spawning_thread_gets_its_ids_back_and_checks_the_child() -> None:
+    """Boxes are vfork'd by a thread wearing the slot's ids for a moment; afterwards every thread of
+    this process is root again, and a child whose ids are not the slot's is caught."""
+    from farmd.errors import SandboxError
+    from farmd.sandbox import creds
+
+    async with Sandbox() as sandbox:
+        results = await asyncio.gather(*[sandbox.run(["true"], TINY) for _ in range(6)])
+    assert all(r.exit_code == 0 for r in results)
+    for task in Path("/proc/self/task").iterdir():
+        status = (task / "status").read_text()
+        uid_line = next(line for line in status.splitlines() if line.startswith("Uid:"))
+        assert uid_line.split()[1:] == ["0", "0", "0", "0"], (task.name, uid_line)
+    with pytest.raises(SandboxError, match="does not run as slot uid"):
+        creds.verify(os.getpid(), 2_000_000_000, 2_000_000_000, timeout_s=0.05)
