@@ -18,6 +18,14 @@ pytestmark = pytest.mark.sandbox
 TINY = SandboxPolicy(wall_time_s=5, cpu_time_s=5, memory_mb=128, pids=16, disk_mb=8, tmp_mb=8, shm_mb=4)
 
 
+def _thread_uids() -> dict[str, list[str]]:
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        status = (task / "status").read_text()
+        out[task.name] = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
+    return out
+
+
 def _leftovers() -> list[str]:
     mine = f"{os.getpid()}-"
     found = [p.name for p in (default_run_dir() / "boxes").iterdir() if p.name.startswith(mine)]
@@ -144,9 +152,7 @@ async def test_spawning_thread_gets_its_ids_back_and_checks_the_child() -> None:
     async with Sandbox() as sandbox:
         results = await asyncio.gather(*[sandbox.run(["true"], TINY) for _ in range(6)])
     assert all(r.exit_code == 0 for r in results)
-    for task in Path("/proc/self/task").iterdir():
-        status = (task / "status").read_text()
-        uid_line = next(line for line in status.splitlines() if line.startswith("Uid:"))
-        assert uid_line.split()[1:] == ["0", "0", "0", "0"], (task.name, uid_line)
+    for tid, uids in _thread_uids().items():
+        assert uids == ["0", "0", "0", "0"], (tid, uids)
     with pytest.raises(SandboxError, match="does not run as slot uid"):
         creds.verify(os.getpid(), 2_000_000_000, 2_000_000_000, timeout_s=0.05)
