@@ -13,20 +13,17 @@ Figures (medians and p90 over repeated runs, never a single time):
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
-import json
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 from rich.table import Table
 
 from farmd.sandbox import Sandbox, SandboxConfig, SandboxPolicy
@@ -219,25 +216,3 @@ def render(rep: dict[str, Any], console: Console) -> None:
     console.print("What limits each figure:")
     for line in rep["limits"]:
         console.print(f"  - {line}")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=60, help="repetitions of each latency figure")
-    parser.add_argument("--boxes", type=int, default=200, help="programs per throughput figure")
-    parser.add_argument("--json", action="store_true", help="print JSON only")
-    args = parser.parse_args()
-    console = Console(stderr=args.json, highlight=False)
-    import uvloop
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
-        started = time.monotonic()
-        raw = uvloop.run(measure(args.n, args.boxes, progress))
-    rep = report(raw)
-    rep["seconds"] = round(time.monotonic() - started, 1)
-    if args.json:
-        json.dump(rep, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        render(rep, console)

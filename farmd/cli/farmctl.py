@@ -8,6 +8,7 @@ import click
 
 from farmd import __version__
 from farmd.cli.common import EXIT_USAGE, CliState, fail
+from farmd.cli.env_cmd import audit, task_group, verify
 from farmd.cli.remote_cmd import status
 from farmd.cli.sandbox_cmd import doctor, sandbox_group
 from farmd.config import DEFAULT_LISTEN, load
@@ -33,6 +34,9 @@ def cli(ctx: click.Context, addr: str | None, token: str | None, config_path: Pa
 cli.add_command(sandbox_group)
 cli.add_command(doctor)
 cli.add_command(status)
+cli.add_command(task_group)
+cli.add_command(verify)
+cli.add_command(audit)
 
 
 def main() -> None:

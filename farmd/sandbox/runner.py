@@ -320,7 +320,7 @@ class Sandbox:
         loop = asyncio.get_running_loop()
         harvest = None
         if keep is not None:
-            harvest = await loop.run_in_executor(None, scratch.harvest, box.scratch, keep, policy.disk_bytes)
+            harvest = await loop.run_in_executor(None, scratch.harvest, box.scratch, keep, policy.disk_bytes, True)
         # The result is complete and the box's processes are gone; removing its mount and
         # cgroup need not hold up the caller. close() waits for every teardown.
         self._background(self._destroy(box))
@@ -353,7 +353,7 @@ def _rlimits(policy: SandboxPolicy) -> dict[str, tuple[int, int]]:
     # kernel's own bound is hit first and recorded: ENOSPC on a full tmpfs (not EFBIG), and
     # the pids cgroup's "max" event (not a silent EAGAIN from RLIMIT_NPROC).
     file_bytes = (max(policy.disk_mb, policy.tmp_mb, policy.shm_mb) + 1) * 1024 * 1024
-    nproc = policy.pids + INFRA_PIDS + 1
+    nproc = policy.pids + INFRA_PIDS + 8  # the user namespace counts tasks a little differently
     return {
         "RLIMIT_NOFILE": (policy.open_files, policy.open_files),
         "RLIMIT_NPROC": (nproc, nproc),

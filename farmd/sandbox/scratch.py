@@ -119,12 +119,14 @@ class Harvest:
     bytes_copied: int = 0
 
 
-def harvest(scratch: Path, dest: Path, max_bytes: int) -> Harvest:
+def harvest(scratch: Path, dest: Path, max_bytes: int, private_fs: bool = False) -> Harvest:
     """Copy the scratch directory's regular files to ``dest``, never following a link.
 
     Every component is opened relative to its parent's descriptor with O_NOFOLLOW,
     so a symlink anywhere in the tree is skipped rather than resolved on the host;
-    files with more than one link are skipped too. Both trees are walked by
+    a file with several hard links is copied only when ``private_fs`` says the scratch
+    directory is a filesystem of its own (a box's tmpfs), so that every other link is
+    inside it too; otherwise it is skipped. Both trees are walked by
     descriptor, one component at a time, so neither depth nor path length nor odd
     bytes in names can break it; what it will not copy is listed with the reason.
     Call only once the box is dead.
@@ -134,7 +136,7 @@ def harvest(scratch: Path, dest: Path, max_bytes: int) -> Harvest:
     root_fd = os.open(scratch, _O_DIR)
     dest_fd = os.open(dest, _O_DIR)
     try:
-        _harvest_tree(root_fd, dest_fd, out, max_bytes)
+        _harvest_tree(root_fd, dest_fd, out, max_bytes, os.fstat(root_fd).st_dev if private_fs else -1)
     finally:
         os.close(root_fd)
         os.close(dest_fd)
@@ -146,13 +148,13 @@ def _shown(path: str) -> str:
     return os.fsencode(path).decode("utf-8", errors="backslashreplace")
 
 
-def _harvest_tree(root_fd: int, dest_root_fd: int, out: Harvest, max_bytes: int) -> None:
+def _harvest_tree(root_fd: int, dest_root_fd: int, out: Harvest, max_bytes: int, device: int) -> None:
     # (source dir fd, destination dir fd, relative path, depth); the roots are closed by the caller.
     stack: list[tuple[int, int, str, int]] = [(root_fd, dest_root_fd, "", 0)]
     while stack:
         src_fd, dst_fd, rel, depth = stack.pop()
         try:
-            _harvest_dir(src_fd, dst_fd, rel, depth, out, max_bytes, stack)
+            _harvest_dir(src_fd, dst_fd, rel, depth, out, max_bytes, stack, device)
         finally:
             if rel:
                 os.close(src_fd)
@@ -160,7 +162,7 @@ def _harvest_tree(root_fd: int, dest_root_fd: int, out: Harvest, max_bytes: int)
 
 
 def _harvest_dir(src_fd: int, dst_fd: int, rel: str, depth: int, out: Harvest, max_bytes: int,
-                 stack: list[tuple[int, int, str, int]]) -> None:
+                 stack: list[tuple[int, int, str, int]], device: int) -> None:
     try:
         names = sorted(os.listdir(src_fd))
     except OSError as exc:
@@ -197,16 +199,18 @@ def _harvest_dir(src_fd: int, dst_fd: int, rel: str, depth: int, out: Harvest, m
             out.skipped.append((_shown(path), "symbolic link"))
         elif not stat.S_ISREG(st.st_mode):
             out.skipped.append((_shown(path), "not a regular file"))
-        elif st.st_nlink != 1:
+        elif st.st_nlink != 1 and st.st_dev != device:
+            # On a private tmpfs every link is the box's own (a link to a host file would cross
+            # filesystems: EXDEV); anywhere else a second link may be a host file's.
             out.skipped.append((_shown(path), "hard link"))
         elif out.bytes_copied + st.st_size > max_bytes:
             out.skipped.append((_shown(path), "over the harvest size bound"))
         else:
-            _copy_file(src_fd, dst_fd, name, _shown(path), out)
+            _copy_file(src_fd, dst_fd, name, _shown(path), out, st.st_mode)
     stack.extend(reversed(subdirs))  # files first, then each subdirectory, in name order
 
 
-def _copy_file(src_dir: int, dst_dir: int, name: str, shown: str, out: Harvest) -> None:
+def _copy_file(src_dir: int, dst_dir: int, name: str, shown: str, out: Harvest, mode: int) -> None:
     try:
         src = os.open(name, _O_FILE, dir_fd=src_dir)
     except OSError as exc:
@@ -215,12 +219,13 @@ def _copy_file(src_dir: int, dst_dir: int, name: str, shown: str, out: Harvest) 
         return
     try:
         st = os.fstat(src)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        if not stat.S_ISREG(st.st_mode):
             out.skipped.append((shown, "not a regular file"))
             return
         try:
-            dst = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                          dir_fd=dst_dir)
+            # Execute bits survive (a script the box wrote stays runnable); set-id bits never do.
+            dst = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          0o644 | (mode & 0o111), dir_fd=dst_dir)
         except OSError as exc:
             out.skipped.append((shown, f"cannot create: {exc.strerror}"))
             return

@@ -1,0 +1,22 @@
+"""Environments: tasks with a difficulty knob, reference attempts, and verification.
+
+``get(name)`` returns an environment by name: ``py-func``, ``kernel``, ``shell``
+and ``rg:<dataset>`` for the reasoning-gym datasets farm supports.
+"""
+
+from __future__ import annotations
+
+from farmd.envs.base import (
+    Attempt,
+    Environment,
+    Episode,
+    Observation,
+    Task,
+    TaskError,
+    VerifyContext,
+    verify_safely,
+)
+from farmd.envs.registry import get, names
+
+__all__ = ["Attempt", "Environment", "Episode", "Observation", "Task", "TaskError", "VerifyContext", "get",
+           "names", "verify_safely"]
