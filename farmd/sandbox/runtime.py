@@ -16,6 +16,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,16 +115,15 @@ def _digest(paths: list[Path]) -> str:
     return h.hexdigest()[:16]
 
 
-def _mirror(root: Path, entries: list[str], run_dir: Path, name: str) -> Path:
-    """A copy of ``root/<entries>`` under the run directory that slot uids can reach (made once).
+def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
+    """``target``, built by ``build(tmp)`` into a fresh directory and renamed into place, once.
 
-    Relative layout is kept, so a binary that finds its libraries through
-    $ORIGIN still finds them.
+    Several farm processes may start at once: a lock in the runtime directory makes
+    one of them build while the others wait and then find it built.
     """
-    target = run_dir / "runtime" / f"{name}-{_digest([root / e for e in entries])}"
     if target.exists():
         return target
-    with open(run_dir / "runtime" / ".lock", "w") as lock:
+    with open(target.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if target.exists():
             return target
@@ -131,20 +131,32 @@ def _mirror(root: Path, entries: list[str], run_dir: Path, name: str) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(mode=0o755)
         try:
-            for entry in entries:
-                src, dst = root / entry, tmp / entry
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                if src.is_dir():
-                    # Hard links where the run directory shares a filesystem with the source.
-                    shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy, dirs_exist_ok=True)
-                else:
-                    _link_or_copy(str(src), str(dst))
-            _make_readable(tmp)
+            build(tmp)
             os.chmod(tmp, 0o755)
             os.rename(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _mirror(root: Path, entries: list[str], run_dir: Path, name: str) -> Path:
+    """A copy of ``root/<entries>`` under the run directory that slot uids can reach (made once).
+
+    Relative layout is kept, so a binary that finds its libraries through
+    $ORIGIN still finds them.
+    """
+    def build(tmp: Path) -> None:
+        for entry in entries:
+            src, dst = root / entry, tmp / entry
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.is_dir():
+                # Hard links where the run directory shares a filesystem with the source.
+                shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy, dirs_exist_ok=True)
+            else:
+                _link_or_copy(str(src), str(dst))
+        _make_readable(tmp)
+
+    return _build_once(run_dir / "runtime" / f"{name}-{_digest([root / e for e in entries])}", build)
 
 
 def box_runtime(run_dir: Path, python: Path, site_dir: Path | None) -> Path:
@@ -154,30 +166,19 @@ def box_runtime(run_dir: Path, python: Path, site_dir: Path | None) -> Path:
     dumpable: its /proc/<pid>/mem is out of reach of the program it watches.
     """
     real_python = python.resolve()
+
+    def build(tmp: Path) -> None:
+        (tmp / "bin").mkdir(mode=0o755)
+        shutil.copyfile(real_python, tmp / "bin" / "python3")  # a copy: the mode is the inode's
+        os.chmod(tmp / "bin" / "python3", 0o711)
+        if site_dir is not None:
+            shutil.copytree(site_dir, tmp / "site", symlinks=True, copy_function=_link_or_copy)
+            _make_readable(tmp / "site")
+        else:
+            (tmp / "site").mkdir(mode=0o755)
+
     sources = [real_python] + ([site_dir] if site_dir else [])
-    target = run_dir / "runtime" / f"box-{_digest(sources)}"
-    if target.exists():
-        return target
-    with open(run_dir / "runtime" / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if target.exists():
-            return target
-        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            (tmp / "bin").mkdir(parents=True, mode=0o755)
-            shutil.copyfile(real_python, tmp / "bin" / "python3")  # a copy: the mode is the inode's
-            os.chmod(tmp / "bin" / "python3", 0o711)
-            if site_dir is not None:
-                shutil.copytree(site_dir, tmp / "site", symlinks=True, copy_function=_link_or_copy)
-                _make_readable(tmp / "site")
-            else:
-                (tmp / "site").mkdir(mode=0o755)
-            os.chmod(tmp, 0o755)
-            os.rename(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return _build_once(run_dir / "runtime" / f"box-{_digest(sources)}", build)
 
 
 def _make_readable(root: Path) -> None:
@@ -202,13 +203,8 @@ def write_etc(run_dir: Path) -> Path:
     host = [Path("/etc") / name for name in _ETC_FROM_HOST if (Path("/etc") / name).exists()]
     digest = hashlib.sha256("".join(sorted(_ETC_FILES.values())).encode())
     digest.update(_digest(host).encode())
-    etc = run_dir / "runtime" / f"etc-{digest.hexdigest()[:16]}"
-    if etc.exists():
-        return etc
-    tmp = etc.with_name(f"{etc.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(mode=0o755)
-    try:
+
+    def build(tmp: Path) -> None:
         for name, content in _ETC_FILES.items():
             (tmp / name).write_text(content)
             os.chmod(tmp / name, 0o644)
@@ -218,13 +214,8 @@ def write_etc(run_dir: Path) -> Path:
             else:
                 shutil.copy2(src, tmp / src.name)
                 os.chmod(tmp / src.name, 0o644)
-        os.rename(tmp, etc)
-    except OSError:
-        if not etc.exists():  # not merely a race another process won with an identical copy
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return etc
+
+    return _build_once(run_dir / "runtime" / f"etc-{digest.hexdigest()[:16]}", build)
 
 
 def empty_dir(run_dir: Path) -> Path:
