@@ -7,12 +7,17 @@ from typing import Any, TypeVar
 
 import grpc
 
+from farmd.agents.errors import AgentSpecError, EndpointError
+from farmd.envs.base import TaskError
 from farmd.errors import ConfigError, FarmError, IsolationUnavailable, PolicyError, SandboxError
 
 T = TypeVar("T")
 
 _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (PolicyError, grpc.StatusCode.INVALID_ARGUMENT),
+    (AgentSpecError, grpc.StatusCode.INVALID_ARGUMENT),
+    (TaskError, grpc.StatusCode.INVALID_ARGUMENT),
+    (EndpointError, grpc.StatusCode.UNAVAILABLE),
     (ConfigError, grpc.StatusCode.FAILED_PRECONDITION),
     (IsolationUnavailable, grpc.StatusCode.FAILED_PRECONDITION),
     (SandboxError, grpc.StatusCode.UNAVAILABLE),

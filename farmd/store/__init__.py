@@ -1,0 +1,5 @@
+"""The trajectory store and durable job queue: SQLite (WAL) through aiosqlite. All of farm's SQL is here."""
+
+from farmd.store.store import Store, StoreError
+
+__all__ = ["Store", "StoreError"]

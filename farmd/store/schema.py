@@ -1,0 +1,98 @@
+"""The store's schema, as numbered migrations. ``PRAGMA user_version`` says which have run."""
+
+from __future__ import annotations
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the job queue, trajectories, scores, consumers, policies, key-value state.
+    """
+    CREATE TABLE groups (
+        id INTEGER PRIMARY KEY,
+        env TEXT NOT NULL,
+        seed INTEGER NOT NULL,
+        difficulty INTEGER NOT NULL,
+        agent TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        source TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        done_seq INTEGER UNIQUE
+        -- set when the group's last job ends (done or failed): the order whole groups are streamed in
+    );
+    CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY,
+        group_id INTEGER NOT NULL REFERENCES groups(id),
+        env TEXT NOT NULL,
+        seed INTEGER NOT NULL,
+        difficulty INTEGER NOT NULL,
+        agent TEXT NOT NULL,
+        state TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        lease_owner TEXT,
+        lease_expires REAL,
+        policy_version INTEGER NOT NULL DEFAULT 0,
+        source TEXT NOT NULL,
+        last_error TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE INDEX jobs_by_state ON jobs(state, id);
+    CREATE INDEX jobs_by_lease ON jobs(state, lease_expires);
+    CREATE TABLE trajectories (
+        id INTEGER PRIMARY KEY REFERENCES jobs(id),
+        seq INTEGER NOT NULL UNIQUE,
+        group_id INTEGER NOT NULL,
+        env TEXT NOT NULL,
+        env_version TEXT NOT NULL,
+        seed INTEGER NOT NULL,
+        difficulty INTEGER NOT NULL,
+        agent TEXT NOT NULL,
+        policy_version INTEGER NOT NULL,
+        reward REAL NOT NULL,
+        passed INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        reasons TEXT NOT NULL,
+        flags TEXT NOT NULL,
+        verifier_version TEXT NOT NULL,
+        body BLOB NOT NULL,
+        node TEXT NOT NULL,
+        finished_at REAL NOT NULL
+    );
+    CREATE INDEX trajectories_by_env ON trajectories(env, difficulty);
+    CREATE INDEX trajectories_by_group ON trajectories(group_id);
+    CREATE TABLE failures (
+        id INTEGER PRIMARY KEY,
+        job_id INTEGER NOT NULL,
+        attempt INTEGER NOT NULL,
+        error TEXT NOT NULL,
+        final INTEGER NOT NULL,
+        at REAL NOT NULL
+    );
+    CREATE TABLE scores (
+        trajectory_id INTEGER NOT NULL REFERENCES trajectories(id),
+        verifier_version TEXT NOT NULL,
+        reward REAL NOT NULL,
+        passed INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        reasons TEXT NOT NULL,
+        flags TEXT NOT NULL,
+        scored_at REAL NOT NULL,
+        PRIMARY KEY (trajectory_id, verifier_version)
+    );
+    CREATE TABLE consumers (
+        name TEXT PRIMARY KEY,
+        acked_seq INTEGER NOT NULL DEFAULT 0,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE policies (
+        version INTEGER PRIMARY KEY,
+        sha256 TEXT NOT NULL UNIQUE,
+        size INTEGER NOT NULL,
+        blob BLOB,
+        uri TEXT,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE state (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    );
+    """,
+)

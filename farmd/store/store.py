@@ -1,0 +1,416 @@
+"""Every byte of SQL in farm: the durable job queue, trajectories, scores, consumers, policies.
+
+One aiosqlite connection (its own thread) in WAL mode. Every write is one
+``BEGIN IMMEDIATE`` transaction, so a crash at any instant leaves either all of an
+operation or none of it: completing a job and storing its trajectory is one
+transaction (a job's id is its trajectory's id, so a retried completion can never
+store twice), and an accepted job is in the database before ``enqueue`` returns.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from farmd.records import Job, JobState, Policy, Trajectory
+from farmd.store.schema import MIGRATIONS
+
+_JOB_COLUMNS = "id, group_id, env, seed, difficulty, agent, state, attempts, lease_owner, lease_expires, " \
+               "policy_version, source"
+_TRAJ_COLUMNS = "id, seq, group_id, env, env_version, seed, difficulty, agent, policy_version, reward, passed, " \
+                "status, reasons, flags, verifier_version, body, node, finished_at"
+
+
+class StoreError(Exception):
+    pass
+
+
+def _job(row: aiosqlite.Row) -> Job:
+    return Job(id=row[0], group_id=row[1], env=row[2], seed=row[3], difficulty=row[4], agent=row[5],
+               state=JobState(row[6]), attempts=row[7], lease_owner=row[8], lease_expires=row[9],
+               policy_version=row[10], source=row[11])
+
+
+def _pack(traj: Trajectory) -> bytes:
+    body = {"steps": traj.steps, "final": traj.final, "timings": traj.timings, "details": traj.details}
+    return zlib.compress(json.dumps(body, separators=(",", ":")).encode(), 3)
+
+
+def _trajectory(row: aiosqlite.Row) -> Trajectory:
+    body = json.loads(zlib.decompress(row[15]))
+    return Trajectory(
+        id=row[0], seq=row[1], group_id=row[2], env=row[3], env_version=row[4], seed=row[5], difficulty=row[6],
+        agent=row[7], policy_version=row[8], reward=row[9], passed=bool(row[10]), status=row[11],
+        reasons=json.loads(row[12]), flags=json.loads(row[13]), verifier_version=row[14], steps=body["steps"],
+        final=body["final"], timings=body.get("timings", {}), details=body.get("details", {}), node=row[16],
+        finished_at=row[17],
+    )
+
+
+class Store:
+    """Open with ``await Store.open(path)``; close with ``await store.close()``."""
+
+    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+        self._db = db
+        self.path = path
+
+    @classmethod
+    async def open(cls, path: Path) -> Store:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = await aiosqlite.connect(path, isolation_level=None)
+        await db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode: a committed transaction survives a process crash (kill -9);
+        # only a power loss can take the last ones back.
+        await db.execute("PRAGMA synchronous=NORMAL")
+        await db.execute("PRAGMA foreign_keys=ON")
+        await db.execute("PRAGMA busy_timeout=10000")
+        store = cls(db, path)
+        try:
+            await store._migrate()
+        except BaseException:
+            await db.close()
+            raise
+        return store
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    async def _migrate(self) -> None:
+        async with self._db.execute("PRAGMA user_version") as cur:
+            row = await cur.fetchone()
+        current = int(row[0]) if row else 0
+        if current > len(MIGRATIONS):
+            raise StoreError(f"{self.path} has schema version {current}; this farmd knows up to {len(MIGRATIONS)}")
+        for version in range(current, len(MIGRATIONS)):
+            await self._db.executescript(f"BEGIN; {MIGRATIONS[version]}; PRAGMA user_version={version + 1}; COMMIT;")
+
+    @asynccontextmanager
+    async def _write(self) -> AsyncIterator[aiosqlite.Connection]:
+        await self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            await self._db.execute("ROLLBACK")
+            raise
+        await self._db.execute("COMMIT")
+
+    # -- the job queue --------------------------------------------------------------------------
+
+    async def enqueue(self, groups: Iterable[tuple[str, int, int, str, int]], source: str = "request") -> list[int]:
+        """Add groups of (env, seed, difficulty, agent, size) jobs. Returns the group ids. Durable on return."""
+        now = time.time()
+        ids = []
+        async with self._write() as db:
+            for env, seed, difficulty, agent, size in groups:
+                cur = await db.execute(
+                    "INSERT INTO groups(env, seed, difficulty, agent, size, source, created_at) VALUES (?,?,?,?,?,?,?)",
+                    (env, seed, difficulty, agent, size, source, now))
+                group_id = int(cur.lastrowid or 0)
+                await db.executemany(
+                    "INSERT INTO jobs(group_id, env, seed, difficulty, agent, state, source, created_at, updated_at) "
+                    "VALUES (?,?,?,?,?,'queued',?,?,?)",
+                    [(group_id, env, seed, difficulty, agent, source, now, now)] * size)
+                ids.append(group_id)
+        return ids
+
+    async def lease(self, owner: str, n: int, lease_s: float, policy_version: int) -> list[Job]:
+        """Lease up to ``n`` queued jobs (oldest first) to ``owner`` until now + ``lease_s``."""
+        now = time.time()
+        async with self._write() as db, db.execute(
+            f"UPDATE jobs SET state='leased', lease_owner=?, lease_expires=?, policy_version=?, "
+            f"attempts=attempts+1, updated_at=? WHERE id IN "
+            f"(SELECT id FROM jobs WHERE state='queued' ORDER BY id LIMIT ?) RETURNING {_JOB_COLUMNS}",
+            (owner, now + lease_s, policy_version, now, n),
+        ) as cur:
+            rows = await cur.fetchall()
+        return sorted((_job(r) for r in rows), key=lambda j: j.id)
+
+    async def extend(self, owner: str, job_ids: list[int], lease_s: float) -> int:
+        """Extend ``owner``'s leases (a heartbeat). Returns how many are still its own."""
+        if not job_ids:
+            return 0
+        marks = ",".join("?" * len(job_ids))
+        async with self._write() as db:
+            cur = await db.execute(
+                f"UPDATE jobs SET lease_expires=? WHERE state='leased' AND lease_owner=? AND id IN ({marks})",
+                (time.time() + lease_s, owner, *job_ids))
+            return cur.rowcount
+
+    async def requeue_expired(self, max_attempts: int) -> tuple[int, int]:
+        """Expired leases go back to the queue, or fail for good after ``max_attempts``. Returns (requeued, failed)."""
+        now = time.time()
+        async with self._write() as db:
+            async with db.execute(
+                "SELECT id, attempts FROM jobs WHERE state='leased' AND lease_expires < ?", (now,)) as cur:
+                expired = await cur.fetchall()
+            requeued = failed = 0
+            for job_id, attempts in expired:
+                if attempts >= max_attempts:
+                    await self._fail_job(db, job_id, attempts, "its lease expired (the worker died or hung)", now)
+                    failed += 1
+                else:
+                    await db.execute("UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, "
+                                     "last_error='lease expired', updated_at=? WHERE id=?", (now, job_id))
+                    requeued += 1
+        return requeued, failed
+
+    async def requeue_owner(self, owner: str) -> int:
+        """Give back every lease of ``owner`` (a worker shutting down); the attempt is not counted."""
+        async with self._write() as db:
+            cur = await db.execute(
+                "UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, attempts=MAX(0, attempts-1), "
+                "updated_at=? WHERE state='leased' AND lease_owner=?", (time.time(), owner))
+            return cur.rowcount
+
+    async def complete(self, items: list[tuple[str, Trajectory]]) -> list[int]:
+        """Store trajectories of jobs leased by their owners, and mark the jobs done; one transaction.
+
+        A job whose lease its owner no longer holds (it expired and went elsewhere) or
+        that is already done is skipped: the returned ids are those stored now.
+        """
+        stored = []
+        now = time.time()
+        async with self._write() as db:
+            async with db.execute("SELECT COALESCE(MAX(seq), 0) FROM trajectories") as cur:
+                row = await cur.fetchone()
+            seq = int(row[0]) if row else 0
+            for owner, traj in items:
+                cur = await db.execute(
+                    "UPDATE jobs SET state='done', lease_expires=NULL, updated_at=? "
+                    "WHERE id=? AND state='leased' AND lease_owner=?", (now, traj.id, owner))
+                if cur.rowcount != 1:
+                    continue
+                seq += 1
+                traj.seq = seq
+                traj.finished_at = traj.finished_at or now
+                await db.execute(
+                    f"INSERT INTO trajectories({_TRAJ_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (traj.id, seq, traj.group_id, traj.env, traj.env_version, traj.seed, traj.difficulty, traj.agent,
+                     traj.policy_version, traj.reward, int(traj.passed), traj.status, json.dumps(traj.reasons),
+                     json.dumps(traj.flags), traj.verifier_version, _pack(traj), traj.node, traj.finished_at))
+                await self._finish_group_of(db, traj.id)
+                stored.append(traj.id)
+        return stored
+
+    async def fail(self, owner: str, job_id: int, error: str, max_attempts: int) -> JobState | None:
+        """An infrastructure failure of a leased job: requeue it, or fail it for good. Never a score."""
+        now = time.time()
+        async with self._write() as db:
+            async with db.execute("SELECT attempts FROM jobs WHERE id=? AND state='leased' AND lease_owner=?",
+                                  (job_id, owner)) as cur:
+                row = await cur.fetchone()
+            if row is None:
+                return None
+            attempts = int(row[0])
+            await db.execute("INSERT INTO failures(job_id, attempt, error, final, at) VALUES (?,?,?,?,?)",
+                             (job_id, attempts, error[:2000], int(attempts >= max_attempts), now))
+            if attempts >= max_attempts:
+                await self._fail_job(db, job_id, attempts, error, now, logged=True)
+                return JobState.FAILED
+            await db.execute("UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, last_error=?, "
+                             "updated_at=? WHERE id=?", (error[:2000], now, job_id))
+            return JobState.QUEUED
+
+    async def _fail_job(self, db: aiosqlite.Connection, job_id: int, attempts: int, error: str, now: float,
+                        logged: bool = False) -> None:
+        if not logged:
+            await db.execute("INSERT INTO failures(job_id, attempt, error, final, at) VALUES (?,?,?,1,?)",
+                             (job_id, attempts, error[:2000], now))
+        await db.execute("UPDATE jobs SET state='failed', lease_owner=NULL, lease_expires=NULL, last_error=?, "
+                         "updated_at=? WHERE id=?", (error[:2000], now, job_id))
+        await self._finish_group_of(db, job_id)
+
+    async def _finish_group_of(self, db: aiosqlite.Connection, job_id: int) -> None:
+        """If ``job_id`` was its group's last job to end, give the group its place in the done order."""
+        await db.execute(
+            "UPDATE groups SET done_seq = (SELECT COALESCE(MAX(done_seq), 0) + 1 FROM groups) "
+            "WHERE id = (SELECT group_id FROM jobs WHERE id=?) AND done_seq IS NULL AND NOT EXISTS "
+            "(SELECT 1 FROM jobs WHERE group_id = groups.id AND state IN ('queued', 'leased'))", (job_id,))
+
+    async def job_counts(self) -> dict[str, int]:
+        async with self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state") as cur:
+            return {state: n async for state, n in cur}
+
+    async def group_progress(self, group_ids: list[int]) -> tuple[int, int, int]:
+        """(jobs, done, failed) over the given groups."""
+        if not group_ids:
+            return 0, 0, 0
+        marks = ",".join("?" * len(group_ids))
+        async with self._db.execute(
+            f"SELECT COUNT(*), SUM(state='done'), SUM(state='failed') FROM jobs WHERE group_id IN ({marks})",
+            group_ids) as cur:
+            row = await cur.fetchone()
+        return (int(row[0] or 0), int(row[1] or 0), int(row[2] or 0)) if row else (0, 0, 0)
+
+    async def finished_groups(self, after: int, limit: int) -> list[dict[str, Any]]:
+        """Groups that ended after done position ``after``, in the order they ended."""
+        async with self._db.execute(
+            "SELECT id, done_seq, env, seed, difficulty, agent, size FROM groups WHERE done_seq > ? "
+            "ORDER BY done_seq LIMIT ?", (after, limit)) as cur:
+            groups = await cur.fetchall()
+        out = []
+        for gid, done, env, seed, difficulty, agent, size in groups:
+            async with self._db.execute(
+                "SELECT reward, policy_version FROM trajectories WHERE group_id=? AND status='ok' ORDER BY id",
+                (gid,)) as cur:
+                rows = await cur.fetchall()
+            out.append({"id": gid, "done_seq": done, "env": env, "seed": seed, "difficulty": difficulty,
+                        "agent": agent, "size": size, "rewards": [float(r[0]) for r in rows],
+                        "policy_version": max((int(r[1]) for r in rows), default=0)})
+        return out
+
+    # -- trajectories ---------------------------------------------------------------------------
+
+    async def trajectory(self, traj_id: int) -> Trajectory | None:
+        async with self._db.execute(f"SELECT {_TRAJ_COLUMNS} FROM trajectories WHERE id=?", (traj_id,)) as cur:
+            row = await cur.fetchone()
+        return _trajectory(row) if row else None
+
+    async def trajectories(self, *, after_seq: int = 0, limit: int = 100, env: str | None = None,
+                           min_policy: int | None = None, newest_first: bool = False) -> list[Trajectory]:
+        where: list[str] = ["seq > ?"]
+        args: list[object] = [after_seq]
+        if env is not None:
+            where.append("env = ?")
+            args.append(env)
+        if min_policy is not None:
+            where.append("policy_version >= ?")
+            args.append(min_policy)
+        order = "DESC" if newest_first else "ASC"
+        async with self._db.execute(
+            f"SELECT {_TRAJ_COLUMNS} FROM trajectories WHERE {' AND '.join(where)} ORDER BY seq {order} LIMIT ?",
+            (*args, limit)) as cur:
+            return [_trajectory(r) async for r in cur]
+
+    async def group_trajectories(self, group_ids: list[int]) -> list[Trajectory]:
+        if not group_ids:
+            return []
+        marks = ",".join("?" * len(group_ids))
+        async with self._db.execute(
+            f"SELECT {_TRAJ_COLUMNS} FROM trajectories WHERE group_id IN ({marks}) ORDER BY seq", group_ids) as cur:
+            return [_trajectory(r) async for r in cur]
+
+    async def last_seq(self) -> int:
+        async with self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM trajectories") as cur:
+            row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+    async def pass_rates(self) -> list[dict[str, Any]]:
+        """Per environment and level: trajectories, passed, mean reward, errors (never scores)."""
+        async with self._db.execute(
+            "SELECT env, difficulty, COUNT(*), SUM(status='ok' AND passed), AVG(CASE WHEN status='ok' THEN reward END), "
+            "SUM(status='error') FROM trajectories GROUP BY env, difficulty ORDER BY env, difficulty") as cur:
+            return [{"env": e, "difficulty": d, "trajectories": n, "passed": int(p or 0),
+                     "mean_reward": float(r) if r is not None else None, "errors": int(err or 0)}
+                    async for e, d, n, p, r, err in cur]
+
+    async def finished_since(self, since: float) -> int:
+        async with self._db.execute("SELECT COUNT(*) FROM trajectories WHERE finished_at >= ?", (since,)) as cur:
+            row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+    async def failures(self, limit: int = 20) -> list[dict[str, Any]]:
+        async with self._db.execute(
+            "SELECT job_id, attempt, error, final, at FROM failures ORDER BY id DESC LIMIT ?", (limit,)) as cur:
+            return [{"job_id": j, "attempt": a, "error": e, "final": bool(f), "at": t} async for j, a, e, f, t in cur]
+
+    # -- scores (re-scoring adds, never overwrites) ---------------------------------------------
+
+    async def add_scores(self, rows: list[tuple[int, str, float, bool, str, list[str], list[str]]]) -> int:
+        """(trajectory id, verifier version, reward, passed, status, reasons, flags) rows; existing kept."""
+        now = time.time()
+        async with self._write() as db:
+            before = db.total_changes
+            await db.executemany(
+                "INSERT OR IGNORE INTO scores(trajectory_id, verifier_version, reward, passed, status, reasons, "
+                "flags, scored_at) VALUES (?,?,?,?,?,?,?,?)",
+                [(t, v, r, int(p), s, json.dumps(rs), json.dumps(fl), now) for t, v, r, p, s, rs, fl in rows])
+            return db.total_changes - before
+
+    async def scores(self, traj_id: int) -> list[dict[str, Any]]:
+        async with self._db.execute(
+            "SELECT verifier_version, reward, passed, status, reasons, flags, scored_at FROM scores "
+            "WHERE trajectory_id=? ORDER BY scored_at", (traj_id,)) as cur:
+            return [{"verifier_version": v, "reward": r, "passed": bool(p), "status": s, "reasons": json.loads(rs),
+                     "flags": json.loads(f), "scored_at": t} async for v, r, p, s, rs, f, t in cur]
+
+    async def scored_versions(self, env: str) -> dict[int, set[str]]:
+        async with self._db.execute(
+            "SELECT s.trajectory_id, s.verifier_version FROM scores s JOIN trajectories t ON t.id = s.trajectory_id "
+            "WHERE t.env = ?", (env,)) as cur:
+            out: dict[int, set[str]] = {}
+            async for tid, version in cur:
+                out.setdefault(int(tid), set()).add(str(version))
+        return out
+
+    # -- consumers ------------------------------------------------------------------------------
+
+    async def cursor(self, consumer: str) -> int:
+        async with self._db.execute("SELECT acked_seq FROM consumers WHERE name=?", (consumer,)) as cur:
+            row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+    async def ack(self, consumer: str, up_to: int) -> int:
+        """Move ``consumer``'s cursor to ``up_to`` (never backwards). Returns the cursor."""
+        async with self._write() as db:
+            await db.execute(
+                "INSERT INTO consumers(name, acked_seq, updated_at) VALUES (?,?,?) ON CONFLICT(name) DO UPDATE SET "
+                "acked_seq=MAX(acked_seq, excluded.acked_seq), updated_at=excluded.updated_at",
+                (consumer, up_to, time.time()))
+        return await self.cursor(consumer)
+
+    async def consumers(self) -> dict[str, int]:
+        async with self._db.execute("SELECT name, acked_seq FROM consumers ORDER BY name") as cur:
+            return {name: int(seq) async for name, seq in cur}
+
+    # -- policies -------------------------------------------------------------------------------
+
+    async def add_policy(self, sha256: str, blob: bytes | None, uri: str | None) -> Policy:
+        """Store a policy; the same content twice is the same version."""
+        existing = await self.policy_by_hash(sha256)
+        if existing is not None:
+            return existing
+        now = time.time()
+        async with self._write() as db:
+            async with db.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM policies") as cur:
+                row = await cur.fetchone()
+            version = int(row[0]) if row else 1
+            await db.execute("INSERT INTO policies(version, sha256, size, blob, uri, created_at) VALUES (?,?,?,?,?,?)",
+                             (version, sha256, len(blob or b""), blob, uri, now))
+        return Policy(version, sha256, len(blob or b""), uri, now)
+
+    async def policy_by_hash(self, sha256: str) -> Policy | None:
+        async with self._db.execute(
+            "SELECT version, sha256, size, uri, created_at FROM policies WHERE sha256=?", (sha256,)) as cur:
+            row = await cur.fetchone()
+        return Policy(*row) if row else None
+
+    async def policy_blob(self, sha256: str) -> bytes | None:
+        async with self._db.execute("SELECT blob FROM policies WHERE sha256=?", (sha256,)) as cur:
+            row = await cur.fetchone()
+        return bytes(row[0]) if row and row[0] is not None else None
+
+    async def latest_policy(self) -> Policy | None:
+        async with self._db.execute(
+            "SELECT version, sha256, size, uri, created_at FROM policies ORDER BY version DESC LIMIT 1") as cur:
+            row = await cur.fetchone()
+        return Policy(*row) if row else None
+
+    # -- small state (the task bank's) ----------------------------------------------------------
+
+    async def get_state(self, key: str) -> Any:
+        async with self._db.execute("SELECT value FROM state WHERE key=?", (key,)) as cur:
+            row = await cur.fetchone()
+        return json.loads(row[0]) if row else None
+
+    async def put_state(self, key: str, value: Any) -> None:
+        async with self._write() as db:
+            await db.execute("INSERT INTO state(key, value) VALUES (?,?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                             (key, json.dumps(value)))

@@ -1,0 +1,10 @@
+"""The task bank: per-task pass-rate posteriors, band sampling (p near 1/2) and a difficulty curriculum.
+
+Pure logic for the scheduler to call and persist; see ``bank.py`` for how it chooses.
+"""
+
+from farmd.taskbank.bank import SCHEMA_VERSION, BankConfig, TaskBank, TaskKey
+from farmd.taskbank.errors import TaskBankError
+from farmd.taskbank.posterior import BetaModel, Posterior
+
+__all__ = ["SCHEMA_VERSION", "BankConfig", "BetaModel", "Posterior", "TaskBank", "TaskBankError", "TaskKey"]

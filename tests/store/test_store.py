@@ -1,0 +1,140 @@
+"""The store: a real SQLite file, reopened, raced and failed on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from farmd.records import JobState, Trajectory
+from farmd.store import Store, StoreError
+from farmd.store.schema import MIGRATIONS
+
+
+def traj(job_id: int, group_id: int = 1, reward: float = 1.0, status: str = "ok") -> Trajectory:
+    return Trajectory(id=job_id, group_id=group_id, env="py-func", env_version="1", seed=1, difficulty=2,
+                      agent="reference", policy_version=0, reward=reward, passed=reward > 0, status=status,
+                      reasons=["r"], flags=[], verifier_version="1",
+                      steps=[{"action": "def transform(x): ...", "observation": None}], final="src", node="n1")
+
+
+@pytest.fixture
+async def store(tmp_path: Path):  # type: ignore[no-untyped-def]
+    s = await Store.open(tmp_path / "farm.db")
+    yield s
+    await s.close()
+
+
+async def test_schema_is_migrated_once_and_refuses_the_future(tmp_path: Path) -> None:
+    path = tmp_path / "farm.db"
+    s = await Store.open(path)
+    await s.close()
+    s = await Store.open(path)  # idempotent
+    await s.close()
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    con = sqlite3.connect(path)
+    con.execute(f"PRAGMA user_version={len(MIGRATIONS) + 1}")
+    con.commit()
+    with pytest.raises(StoreError, match="schema version"):
+        await Store.open(path)
+
+
+async def test_lease_complete_once(store: Store) -> None:
+    (group,) = await store.enqueue([("py-func", 1, 2, "reference", 3)])
+    jobs = await store.lease("w1", 10, 30, policy_version=4)
+    assert [j.group_id for j in jobs] == [group] * 3 and all(j.policy_version == 4 for j in jobs)
+    assert all(j.state is JobState.LEASED and j.attempts == 1 for j in jobs)
+    assert await store.lease("w2", 10, 30, 4) == []
+    stored = await store.complete([("w1", traj(jobs[0].id, group)), ("w1", traj(jobs[0].id, group))])
+    assert stored == [jobs[0].id]  # the same job twice in one batch: stored once
+    assert await store.complete([("w1", traj(jobs[0].id, group))]) == []  # and never again
+    assert await store.complete([("w2", traj(jobs[1].id, group))]) == []  # not w2's lease
+    rows = await store.trajectories()
+    assert [t.id for t in rows] == [jobs[0].id] and rows[0].seq == 1
+    got = await store.trajectory(jobs[0].id)
+    assert got is not None and got.steps == traj(0).steps and got.final == "src" and got.node == "n1"
+
+
+async def test_expired_leases_come_back_and_fail_for_good(store: Store) -> None:
+    await store.enqueue([("py-func", 1, 1, "reference", 1)])
+    (job,) = await store.lease("w1", 1, lease_s=0.01, policy_version=0)
+    await asyncio.sleep(0.03)
+    assert await store.requeue_expired(max_attempts=2) == (1, 0)
+    (again,) = await store.lease("w2", 1, lease_s=0.01, policy_version=0)
+    assert again.id == job.id and again.attempts == 2
+    await asyncio.sleep(0.03)
+    assert await store.requeue_expired(max_attempts=2) == (0, 1)
+    assert (await store.job_counts()) == {"failed": 1}
+    failures = await store.failures()
+    assert failures and failures[0]["final"] and "lease expired" in failures[0]["error"]
+    assert await store.trajectories() == []  # an infrastructure failure is never a trajectory, nor a score
+
+
+async def test_failures_are_retried_then_recorded_apart(store: Store) -> None:
+    await store.enqueue([("py-func", 1, 1, "reference", 1)])
+    (job,) = await store.lease("w", 1, 30, 0)
+    assert await store.fail("w", job.id, "sandbox died", max_attempts=2) is JobState.QUEUED
+    (job,) = await store.lease("w", 1, 30, 0)
+    assert await store.fail("other", job.id, "not mine", max_attempts=2) is None
+    assert await store.fail("w", job.id, "sandbox died again", max_attempts=2) is JobState.FAILED
+    assert len(await store.failures()) == 2
+    done = await store.finished_groups(0, 10)
+    assert len(done) == 1 and done[0]["rewards"] == []
+
+
+async def test_groups_end_in_the_order_they_finish(store: Store) -> None:
+    g1, g2 = await store.enqueue([("py-func", 1, 1, "reference", 2), ("py-func", 2, 1, "reference", 1)])
+    jobs = await store.lease("w", 3, 30, 0)
+    by_group = {j.group_id: [] for j in jobs}
+    for j in jobs:
+        by_group[j.group_id].append(j)
+    await store.complete([("w", traj(by_group[g1][0].id, g1, 1.0))])
+    await store.complete([("w", traj(by_group[g2][0].id, g2, 0.0))])
+    assert [g["id"] for g in await store.finished_groups(0, 10)] == [g2]  # g1 still has a job out
+    await store.complete([("w", traj(by_group[g1][1].id, g1, 0.0))])
+    done = await store.finished_groups(0, 10)
+    assert [(g["id"], g["done_seq"], g["rewards"]) for g in done] == [(g2, 1, [0.0]), (g1, 2, [1.0, 0.0])]
+    assert [g["id"] for g in await store.finished_groups(1, 10)] == [g1]
+
+
+async def test_consumers_scores_policies_state(store: Store) -> None:
+    assert await store.ack("trainer", 5) == 5
+    assert await store.ack("trainer", 3) == 5  # never backwards
+    assert await store.consumers() == {"trainer": 5}
+    await store.enqueue([("py-func", 1, 1, "reference", 1)])
+    (job,) = await store.lease("w", 1, 30, 0)
+    await store.complete([("w", traj(job.id))])
+    row = (job.id, "2", 0.0, False, "ok", ["stricter"], ["suspected_hack"])
+    assert await store.add_scores([row]) == 1
+    assert await store.add_scores([(job.id, "2", 1.0, True, "ok", [], [])]) == 0  # never overwritten
+    assert [s["reward"] for s in await store.scores(job.id)] == [0.0]
+    p1 = await store.add_policy("a" * 64, b"weights", None)
+    assert (await store.add_policy("a" * 64, b"weights", None)).version == p1.version == 1
+    p2 = await store.add_policy("b" * 64, None, "http://inference/v1")
+    assert p2.version == 2 and (await store.latest_policy()) == p2
+    assert await store.policy_blob("a" * 64) == b"weights"
+    await store.put_state("bank", {"x": [1, 2]})
+    assert await store.get_state("bank") == {"x": [1, 2]}
+
+
+async def test_everything_survives_a_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "farm.db"
+    s = await Store.open(path)
+    await s.enqueue([("py-func", 1, 1, "reference", 4)])
+    jobs = await s.lease("w", 2, 30, 0)
+    await s.complete([("w", traj(jobs[0].id))])
+    await s.close()
+    s = await Store.open(path)
+    try:
+        assert await s.job_counts() == {"done": 1, "leased": 1, "queued": 2}
+        assert await s.last_seq() == 1
+        rates = await s.pass_rates()
+        assert rates == [{"env": "py-func", "difficulty": 2, "trajectories": 1, "passed": 1, "mean_reward": 1.0,
+                          "errors": 0}]
+        assert await s.finished_since(time.time() - 60) == 1
+    finally:
+        await s.close()
