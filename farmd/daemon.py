@@ -13,7 +13,9 @@ import json
 import logging
 import os
 import signal
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 from farm.v1 import farm_pb2, farm_pb2_grpc
@@ -23,11 +25,16 @@ from grpc_reflection.v1alpha import reflection
 
 from farmd.api.auth import TokenInterceptor
 from farmd.api.farm_service import FarmService
+from farmd.api.malformed import MalformedInterceptor
 from farmd.config import Config
+from farmd.envs import VerifyContext, get, names
 from farmd.errors import ConfigError, IsolationUnavailable
 from farmd.node import NodeInfo
 from farmd.sandbox import Sandbox, check_host
 from farmd.sandbox.host import missing
+from farmd.scheduler import Scheduler, Worker
+from farmd.store import Store
+from farmd.verifier import VerifierKey
 
 log = logging.getLogger("farmd.daemon")
 
@@ -39,6 +46,9 @@ class Daemon:
         self.config = config
         self.port = 0
         self.sandbox: Sandbox | None = None
+        self.store: Store | None = None
+        self.scheduler: Scheduler | None = None
+        self.worker: Worker | None = None
         self._server: grpc.aio.Server | None = None
         self._health: health_aio.HealthServicer | None = None
         self._stopping = asyncio.Event()
@@ -57,13 +67,27 @@ class Daemon:
             raise IsolationUnavailable(gaps)
         if gaps:
             log.warning("this host cannot isolate untrusted code; serving as coordinator only: %s", "; ".join(gaps))
-        if self.workers:
-            self.sandbox = Sandbox(self.config.sandbox)
-            await self.sandbox.start()
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = await Store.open(self.config.data_dir / "farm.db")
+        levels = {name: get(name).max_difficulty for name in names()}
+        self.scheduler = await Scheduler.open(self.store, levels, self.config.scheduler)
+        await self.scheduler.start()
+        ctx = None
+        if self.workers:
+            sandbox_config = self.config.sandbox
+            if not sandbox_config.max_boxes:
+                # Every rollout slot may hold a box while warm ones wait: room for both.
+                sandbox_config = replace(sandbox_config, max_boxes=max(sandbox_config.boxes, 2 * self.workers + 2))
+            self.sandbox = Sandbox(sandbox_config)
+            await self.sandbox.start()
+            key = await loop.run_in_executor(None, VerifierKey.load_or_create, self.config.data_dir)
+            ctx = VerifyContext(sandbox=self.sandbox, key=key, scratch_dir=None)
+            self.worker = Worker(self.scheduler, ctx, slots=self.workers, lease_s=self.config.scheduler.lease_s)
+            await self.worker.start()
 
         node = NodeInfo(workers=self.workers, max_boxes=self.config.sandbox.boxes, isolation=checks)
-        interceptors = [TokenInterceptor(self.config.token)] if self.config.token else []
+        interceptors: list[Any] = [TokenInterceptor(self.config.token)] if self.config.token else []
+        interceptors.append(MalformedInterceptor())
         server = grpc.aio.server(
             interceptors=interceptors,
             options=[
@@ -72,7 +96,7 @@ class Daemon:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        farm_pb2_grpc.add_FarmServicer_to_server(FarmService(node), server)
+        farm_pb2_grpc.add_FarmServicer_to_server(FarmService(node, self.store, self.scheduler, ctx), server)
         self._health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         services = (
@@ -114,13 +138,21 @@ class Daemon:
         await self._stopping.wait()
 
     async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop intake, let rollouts in flight finish (or give their leases back), then close the store."""
         log.info("farmd stopping: no new calls, %gs grace for those in flight", grace_s)
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(grace_s)
+        if self.worker is not None:
+            await self.worker.stop(grace_s)
+            log.info("worker: %(ran)d rollouts run, %(infra_failures)d infrastructure failures", self.worker.counters)
+        if self.scheduler is not None:
+            await self.scheduler.stop()
         if self.sandbox is not None:
             await self.sandbox.close()
+        if self.store is not None:
+            await self.store.close()
         await asyncio.get_running_loop().run_in_executor(None, self._remove_runfile)
         log.info("farmd stopped")
 

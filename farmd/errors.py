@@ -19,6 +19,10 @@ class PolicyError(FarmError):
     """A sandbox policy asks for something invalid (a bound out of range, a bad path)."""
 
 
+class BadRequest(FarmError):
+    """A caller asked for something out of range or unknown; nothing was changed."""
+
+
 class IsolationUnavailable(FarmError):
     """The host cannot give a box every isolation feature, so untrusted code must not run.
 

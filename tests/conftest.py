@@ -102,12 +102,13 @@ def processes_with(marker: str) -> list[int]:
 class RunningFarm:
     """A real ``farmd serve`` on port 0 with its own data directory."""
 
-    def __init__(self, data_dir: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, data_dir: Path, *extra: str, env: dict[str, str] | None = None,
+                 listen: str = "127.0.0.1:0") -> None:
         self.data_dir = data_dir
         self.log = data_dir.parent / f"{data_dir.name}.log"
-        self._log_fh = open(self.log, "wb")  # noqa: SIM115 (closed in stop)
+        self._log_fh = open(self.log, "ab")  # noqa: SIM115 (closed in stop); a restarted farm appends
         self.proc = subprocess.Popen(
-            [FARMD, "serve", "--listen", "127.0.0.1:0", "--data", str(data_dir), *extra],
+            [FARMD, "serve", "--listen", listen, "--data", str(data_dir), *extra],
             stdout=self._log_fh, stderr=subprocess.STDOUT, env=env,
         )
         self.addr = self._wait_for_addr()
@@ -150,8 +151,10 @@ def running_farm(tmp_path: Path):  # type: ignore[no-untyped-def]
     """Start farmd on port 0 (``running_farm(*flags)``); every farm started is stopped afterwards."""
     farms: list[RunningFarm] = []
 
-    def start(*extra: str, env: dict[str, str] | None = None) -> RunningFarm:
-        farm = RunningFarm(tmp_path / f"farm{len(farms)}", *extra, env=env)
+    def start(*extra: str, env: dict[str, str] | None = None, data_dir: Path | None = None,
+              listen: str = "127.0.0.1:0") -> RunningFarm:
+        """A new farm, or with ``data_dir`` (and ``listen``) one restarted on an earlier farm's data."""
+        farm = RunningFarm(data_dir or tmp_path / f"farm{len(farms)}", *extra, env=env, listen=listen)
         farms.append(farm)
         return farm
 

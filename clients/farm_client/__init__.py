@@ -1,5 +1,5 @@
 """farm_client: what a trainer installs to consume a farm. Imports protos only, never farmd."""
 
-from farm_client.client import FarmClient
+from farm_client.client import Batch, FarmClient, advantages
 
-__all__ = ["FarmClient"]
+__all__ = ["Batch", "FarmClient", "advantages"]

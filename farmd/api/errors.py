@@ -9,11 +9,12 @@ import grpc
 
 from farmd.agents.errors import AgentSpecError, EndpointError
 from farmd.envs.base import TaskError
-from farmd.errors import ConfigError, FarmError, IsolationUnavailable, PolicyError, SandboxError
+from farmd.errors import BadRequest, ConfigError, FarmError, IsolationUnavailable, PolicyError, SandboxError
 
 T = TypeVar("T")
 
 _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
+    (BadRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (PolicyError, grpc.StatusCode.INVALID_ARGUMENT),
     (AgentSpecError, grpc.StatusCode.INVALID_ARGUMENT),
     (TaskError, grpc.StatusCode.INVALID_ARGUMENT),

@@ -9,7 +9,7 @@ import click
 from farmd import __version__
 from farmd.cli.common import EXIT_USAGE, CliState, fail
 from farmd.cli.env_cmd import audit, task_group, verify
-from farmd.cli.remote_cmd import status
+from farmd.cli.remote_cmd import export, rescore, run, status, trajectories_group
 from farmd.cli.sandbox_cmd import doctor, sandbox_group
 from farmd.config import DEFAULT_LISTEN, load
 from farmd.errors import ConfigError
@@ -34,6 +34,10 @@ def cli(ctx: click.Context, addr: str | None, token: str | None, config_path: Pa
 cli.add_command(sandbox_group)
 cli.add_command(doctor)
 cli.add_command(status)
+cli.add_command(run)
+cli.add_command(trajectories_group)
+cli.add_command(export)
+cli.add_command(rescore)
 cli.add_command(task_group)
 cli.add_command(verify)
 cli.add_command(audit)

@@ -118,6 +118,10 @@ class Environment(abc.ABC):
         """Start a multi-turn attempt. Only action tasks have one."""
         raise TaskError(f"{self.name} takes a single submission, not actions")
 
+    async def judge_episode(self, task: Task, episode: Episode, final: str, ctx: VerifyContext) -> Verdict:
+        """Judge an episode the agent has just played, without replaying it. Only action tasks have one."""
+        raise TaskError(f"{self.name} takes a single submission, not actions")
+
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.version, "verifier_version": self.verifier_version,
                 "max_difficulty": self.max_difficulty}

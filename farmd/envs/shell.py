@@ -1189,13 +1189,24 @@ class Shell(Environment):
         try:
             for action in actions:
                 await episode.act(str(action))
-            problems = (_check_answer(puzzle, attempt.final) if puzzle.finish == "answer"
-                        else await asyncio.to_thread(check_tree, puzzle, episode.tree))
-            planted = await asyncio.to_thread(_planted, puzzle, episode)
+            return await self.judge_episode(task, episode, attempt.final, ctx)
         except (FarmError, OSError) as exc:
             return errored(v, f"the replay failed: {type(exc).__name__}: {exc}")
         finally:
             await episode.close()
+
+    async def judge_episode(self, task: Task, episode: Episode, final: str, ctx: VerifyContext) -> Verdict:
+        """The verdict on an episode the agent has just played (a rollout's, not a replay)."""
+        v = self.verifier_version
+        if not isinstance(episode, ShellEpisode):
+            return errored(v, "not a shell episode")
+        try:
+            puzzle = self.puzzle(task.seed, task.difficulty)
+            problems = (_check_answer(puzzle, final) if puzzle.finish == "answer"
+                        else await asyncio.to_thread(check_tree, puzzle, episode.tree))
+            planted = await asyncio.to_thread(_planted, puzzle, episode)
+        except (TaskError, GeneratorBug, OSError) as exc:
+            return errored(v, f"cannot check the episode: {type(exc).__name__}: {exc}")
         return _verdict(v, puzzle, episode, problems, planted)
 
 

@@ -9,6 +9,7 @@ store twice), and an accepted job is in the database before ``enqueue`` returns.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import zlib
@@ -19,6 +20,7 @@ from typing import Any
 
 import aiosqlite
 
+from farmd.errors import BadRequest, FarmError
 from farmd.records import Job, JobState, Policy, Trajectory
 from farmd.store.schema import MIGRATIONS
 
@@ -28,8 +30,11 @@ _TRAJ_COLUMNS = "id, seq, group_id, env, env_version, seed, difficulty, agent, p
                 "status, reasons, flags, verifier_version, body, node, finished_at"
 
 
-class StoreError(Exception):
-    pass
+_MAX_VARS = 10_000
+
+
+class StoreError(FarmError):
+    """The store cannot be opened or used as it is (a newer schema, a broken file)."""
 
 
 def _job(row: aiosqlite.Row) -> Job:
@@ -57,49 +62,71 @@ def _trajectory(row: aiosqlite.Row) -> Trajectory:
 class Store:
     """Open with ``await Store.open(path)``; close with ``await store.close()``."""
 
-    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
-        self._db = db
+    def __init__(self, db: aiosqlite.Connection, reader: aiosqlite.Connection, path: Path) -> None:
+        self._wdb = db
+        self._db = reader
+        """Reads go through their own connection: in WAL mode it sees only committed transactions,
+        never the middle of a write another coroutine has open on the writing connection."""
+        self._write_lock = asyncio.Lock()
         self.path = path
 
     @classmethod
     async def open(cls, path: Path) -> Store:
         path.parent.mkdir(parents=True, exist_ok=True)
         db = await aiosqlite.connect(path, isolation_level=None)
-        await db.execute("PRAGMA journal_mode=WAL")
-        # NORMAL in WAL mode: a committed transaction survives a process crash (kill -9);
-        # only a power loss can take the last ones back.
-        await db.execute("PRAGMA synchronous=NORMAL")
-        await db.execute("PRAGMA foreign_keys=ON")
-        await db.execute("PRAGMA busy_timeout=10000")
-        store = cls(db, path)
+        reader = None
         try:
+            await db.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode: a committed transaction survives a process crash (kill -9);
+            # only a power loss can take the last ones back.
+            await db.execute("PRAGMA synchronous=NORMAL")
+            await db.execute("PRAGMA foreign_keys=ON")
+            await db.execute("PRAGMA busy_timeout=10000")
+            reader = await aiosqlite.connect(path, isolation_level=None)
+            await reader.execute("PRAGMA busy_timeout=10000")
+            store = cls(db, reader, path)
             await store._migrate()
         except BaseException:
             await db.close()
+            if reader is not None:
+                await reader.close()
             raise
         return store
 
     async def close(self) -> None:
         await self._db.close()
+        await self._wdb.close()
 
     async def _migrate(self) -> None:
-        async with self._db.execute("PRAGMA user_version") as cur:
-            row = await cur.fetchone()
+        row = await self._one("PRAGMA user_version")
         current = int(row[0]) if row else 0
         if current > len(MIGRATIONS):
             raise StoreError(f"{self.path} has schema version {current}; this farmd knows up to {len(MIGRATIONS)}")
         for version in range(current, len(MIGRATIONS)):
-            await self._db.executescript(f"BEGIN; {MIGRATIONS[version]}; PRAGMA user_version={version + 1}; COMMIT;")
+            await self._wdb.executescript(f"BEGIN; {MIGRATIONS[version]}; PRAGMA user_version={version + 1}; COMMIT;")
 
     @asynccontextmanager
     async def _write(self) -> AsyncIterator[aiosqlite.Connection]:
-        await self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            await self._db.execute("ROLLBACK")
-            raise
-        await self._db.execute("COMMIT")
+        """One write transaction at a time on the writing connection (aiosqlite runs statements
+        in order, but would interleave two coroutines' transactions)."""
+        async with self._write_lock:
+            db = self._wdb
+            await db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                await db.execute("ROLLBACK")
+                raise
+            await db.execute("COMMIT")
+
+    async def _all(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
+        """Rows of one read, in one call on the reader's thread: a cursor held open across awaits
+        would pin every other coroutine's reads to its snapshot, which can predate a commit."""
+        return list(await self._db.execute_fetchall(sql, params))
+
+    async def _one(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        rows = await self._all(sql, params)
+        return rows[0] if rows else None
 
     # -- the job queue --------------------------------------------------------------------------
 
@@ -160,6 +187,15 @@ class Store:
                                      "last_error='lease expired', updated_at=? WHERE id=?", (now, job_id))
                     requeued += 1
         return requeued, failed
+
+    async def expire_leases_of(self, owner_prefix: str, keep: str) -> int:
+        """End every lease held under ``owner_prefix`` except ``keep``'s at once: a node that restarts
+        knows its earlier incarnation's rollouts died with it, so they need not wait out their lease."""
+        async with self._write() as db:
+            cur = await db.execute(
+                "UPDATE jobs SET lease_expires=0 WHERE state='leased' AND substr(lease_owner, 1, ?)=? "
+                "AND lease_owner != ?", (len(owner_prefix), owner_prefix, keep))
+            return cur.rowcount
 
     async def requeue_owner(self, owner: str) -> int:
         """Give back every lease of ``owner`` (a worker shutting down); the attempt is not counted."""
@@ -235,42 +271,45 @@ class Store:
             "(SELECT 1 FROM jobs WHERE group_id = groups.id AND state IN ('queued', 'leased'))", (job_id,))
 
     async def job_counts(self) -> dict[str, int]:
-        async with self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state") as cur:
-            return {state: n async for state, n in cur}
+        rows = await self._all("SELECT state, COUNT(*) FROM jobs GROUP BY state")
+        return {state: n for state, n in rows}
 
-    async def group_progress(self, group_ids: list[int]) -> tuple[int, int, int]:
-        """(jobs, done, failed) over the given groups."""
-        if not group_ids:
-            return 0, 0, 0
-        marks = ",".join("?" * len(group_ids))
-        async with self._db.execute(
-            f"SELECT COUNT(*), SUM(state='done'), SUM(state='failed') FROM jobs WHERE group_id IN ({marks})",
-            group_ids) as cur:
-            row = await cur.fetchone()
-        return (int(row[0] or 0), int(row[1] or 0), int(row[2] or 0)) if row else (0, 0, 0)
+    async def group_progress(self, group_ids: list[int]) -> tuple[int, int, int, int]:
+        """(jobs, done, failed, passed) over the given groups."""
+        totals = [0, 0, 0, 0]
+        for start in range(0, len(group_ids), _MAX_VARS):  # SQLite binds at most 32766 values per statement
+            chunk = group_ids[start:start + _MAX_VARS]
+            marks = ",".join("?" * len(chunk))
+            row = await self._one(
+                f"SELECT COUNT(*), SUM(state='done'), SUM(state='failed') FROM jobs WHERE group_id IN ({marks})", chunk)
+            passed = await self._one(
+                f"SELECT COUNT(*) FROM trajectories WHERE group_id IN ({marks}) AND status='ok' AND passed=1", chunk)
+            for i, value in enumerate((*row, passed[0])):
+                totals[i] += int(value or 0)
+        return totals[0], totals[1], totals[2], totals[3]
 
     async def finished_groups(self, after: int, limit: int) -> list[dict[str, Any]]:
-        """Groups that ended after done position ``after``, in the order they ended."""
-        async with self._db.execute(
+        """Groups that ended after done position ``after``, in the order they ended, with their rewards."""
+        groups = await self._all(
             "SELECT id, done_seq, env, seed, difficulty, agent, size FROM groups WHERE done_seq > ? "
-            "ORDER BY done_seq LIMIT ?", (after, limit)) as cur:
-            groups = await cur.fetchall()
-        out = []
-        for gid, done, env, seed, difficulty, agent, size in groups:
-            async with self._db.execute(
-                "SELECT reward, policy_version FROM trajectories WHERE group_id=? AND status='ok' ORDER BY id",
-                (gid,)) as cur:
-                rows = await cur.fetchall()
-            out.append({"id": gid, "done_seq": done, "env": env, "seed": seed, "difficulty": difficulty,
-                        "agent": agent, "size": size, "rewards": [float(r[0]) for r in rows],
-                        "policy_version": max((int(r[1]) for r in rows), default=0)})
-        return out
+            "ORDER BY done_seq LIMIT ?", (after, limit))
+        if not groups:
+            return []
+        rewards: dict[int, list[tuple[float, int]]] = {}
+        marks = ",".join("?" * len(groups))
+        for gid, reward, version in await self._all(
+                f"SELECT group_id, reward, policy_version FROM trajectories WHERE group_id IN ({marks}) "
+                f"AND status='ok' ORDER BY id", [g[0] for g in groups]):
+            rewards.setdefault(gid, []).append((float(reward), int(version)))
+        return [{"id": gid, "done_seq": done, "env": env, "seed": seed, "difficulty": difficulty, "agent": agent,
+                 "size": size, "rewards": [r for r, _ in rewards.get(gid, [])],
+                 "policy_version": max((v for _, v in rewards.get(gid, [])), default=0)}
+                for gid, done, env, seed, difficulty, agent, size in groups]
 
     # -- trajectories ---------------------------------------------------------------------------
 
     async def trajectory(self, traj_id: int) -> Trajectory | None:
-        async with self._db.execute(f"SELECT {_TRAJ_COLUMNS} FROM trajectories WHERE id=?", (traj_id,)) as cur:
-            row = await cur.fetchone()
+        row = await self._one(f"SELECT {_TRAJ_COLUMNS} FROM trajectories WHERE id=?", (traj_id,))
         return _trajectory(row) if row else None
 
     async def trajectories(self, *, after_seq: int = 0, limit: int = 100, env: str | None = None,
@@ -284,42 +323,37 @@ class Store:
             where.append("policy_version >= ?")
             args.append(min_policy)
         order = "DESC" if newest_first else "ASC"
-        async with self._db.execute(
+        return [_trajectory(r) for r in await self._all(
             f"SELECT {_TRAJ_COLUMNS} FROM trajectories WHERE {' AND '.join(where)} ORDER BY seq {order} LIMIT ?",
-            (*args, limit)) as cur:
-            return [_trajectory(r) async for r in cur]
+            (*args, limit))]
 
     async def group_trajectories(self, group_ids: list[int]) -> list[Trajectory]:
         if not group_ids:
             return []
         marks = ",".join("?" * len(group_ids))
-        async with self._db.execute(
-            f"SELECT {_TRAJ_COLUMNS} FROM trajectories WHERE group_id IN ({marks}) ORDER BY seq", group_ids) as cur:
-            return [_trajectory(r) async for r in cur]
+        return [_trajectory(r) for r in await self._all(
+            f"SELECT {_TRAJ_COLUMNS} FROM trajectories WHERE group_id IN ({marks}) ORDER BY seq", group_ids)]
 
     async def last_seq(self) -> int:
-        async with self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM trajectories") as cur:
-            row = await cur.fetchone()
+        row = await self._one("SELECT COALESCE(MAX(seq), 0) FROM trajectories")
         return int(row[0]) if row else 0
 
     async def pass_rates(self) -> list[dict[str, Any]]:
         """Per environment and level: trajectories, passed, mean reward, errors (never scores)."""
-        async with self._db.execute(
+        rows = await self._all(
             "SELECT env, difficulty, COUNT(*), SUM(status='ok' AND passed), AVG(CASE WHEN status='ok' THEN reward END), "
-            "SUM(status='error') FROM trajectories GROUP BY env, difficulty ORDER BY env, difficulty") as cur:
-            return [{"env": e, "difficulty": d, "trajectories": n, "passed": int(p or 0),
-                     "mean_reward": float(r) if r is not None else None, "errors": int(err or 0)}
-                    async for e, d, n, p, r, err in cur]
+            "SUM(status='error') FROM trajectories GROUP BY env, difficulty ORDER BY env, difficulty")
+        return [{"env": e, "difficulty": d, "trajectories": n, "passed": int(p or 0),
+                 "mean_reward": float(r) if r is not None else None, "errors": int(err or 0)}
+                for e, d, n, p, r, err in rows]
 
     async def finished_since(self, since: float) -> int:
-        async with self._db.execute("SELECT COUNT(*) FROM trajectories WHERE finished_at >= ?", (since,)) as cur:
-            row = await cur.fetchone()
+        row = await self._one("SELECT COUNT(*) FROM trajectories WHERE finished_at >= ?", (since,))
         return int(row[0]) if row else 0
 
     async def failures(self, limit: int = 20) -> list[dict[str, Any]]:
-        async with self._db.execute(
-            "SELECT job_id, attempt, error, final, at FROM failures ORDER BY id DESC LIMIT ?", (limit,)) as cur:
-            return [{"job_id": j, "attempt": a, "error": e, "final": bool(f), "at": t} async for j, a, e, f, t in cur]
+        rows = await self._all("SELECT job_id, attempt, error, final, at FROM failures ORDER BY id DESC LIMIT ?", (limit,))
+        return [{"job_id": j, "attempt": a, "error": e, "final": bool(f), "at": t} for j, a, e, f, t in rows]
 
     # -- scores (re-scoring adds, never overwrites) ---------------------------------------------
 
@@ -335,50 +369,62 @@ class Store:
             return db.total_changes - before
 
     async def scores(self, traj_id: int) -> list[dict[str, Any]]:
-        async with self._db.execute(
+        rows = await self._all(
             "SELECT verifier_version, reward, passed, status, reasons, flags, scored_at FROM scores "
-            "WHERE trajectory_id=? ORDER BY scored_at", (traj_id,)) as cur:
-            return [{"verifier_version": v, "reward": r, "passed": bool(p), "status": s, "reasons": json.loads(rs),
-                     "flags": json.loads(f), "scored_at": t} async for v, r, p, s, rs, f, t in cur]
+            "WHERE trajectory_id=? ORDER BY scored_at", (traj_id,))
+        return [{"verifier_version": v, "reward": r, "passed": bool(p), "status": s, "reasons": json.loads(rs),
+                 "flags": json.loads(f), "scored_at": t} for v, r, p, s, rs, f, t in rows]
 
     async def scored_versions(self, env: str) -> dict[int, set[str]]:
-        async with self._db.execute(
+        rows = await self._all(
             "SELECT s.trajectory_id, s.verifier_version FROM scores s JOIN trajectories t ON t.id = s.trajectory_id "
-            "WHERE t.env = ?", (env,)) as cur:
-            out: dict[int, set[str]] = {}
-            async for tid, version in cur:
-                out.setdefault(int(tid), set()).add(str(version))
+            "WHERE t.env = ?", (env,))
+        out: dict[int, set[str]] = {}
+        for tid, version in rows:
+            out.setdefault(int(tid), set()).add(str(version))
         return out
 
     # -- consumers ------------------------------------------------------------------------------
 
     async def cursor(self, consumer: str) -> int:
-        async with self._db.execute("SELECT acked_seq FROM consumers WHERE name=?", (consumer,)) as cur:
-            row = await cur.fetchone()
+        row = await self._one("SELECT acked_seq FROM consumers WHERE name=?", (consumer,))
         return int(row[0]) if row else 0
 
-    async def ack(self, consumer: str, up_to: int) -> int:
-        """Move ``consumer``'s cursor to ``up_to`` (never backwards). Returns the cursor."""
+    async def ack(self, consumer: str, up_to: int, *, groups: bool = False) -> int:
+        """Move ``consumer``'s cursor to ``up_to`` (never backwards). Returns the cursor.
+
+        ``up_to`` counts trajectories, or finished groups with ``groups``; a cursor past the
+        last one would silently skip what comes next, so it is refused.
+        """
         async with self._write() as db:
-            await db.execute(
+            column, table = ("done_seq", "groups") if groups else ("seq", "trajectories")
+            async with db.execute(f"SELECT COALESCE(MAX({column}), 0) FROM {table}") as cur:
+                row = await cur.fetchone()
+            high = int(row[0]) if row else 0
+            if not 0 <= up_to <= high:
+                raise BadRequest(f"cannot ack up to {up_to}: the stream has only reached {high}")
+            cur = await db.execute(
                 "INSERT INTO consumers(name, acked_seq, updated_at) VALUES (?,?,?) ON CONFLICT(name) DO UPDATE SET "
-                "acked_seq=MAX(acked_seq, excluded.acked_seq), updated_at=excluded.updated_at",
+                "acked_seq=MAX(acked_seq, excluded.acked_seq), updated_at=excluded.updated_at RETURNING acked_seq",
                 (consumer, up_to, time.time()))
-        return await self.cursor(consumer)
+            row = await cur.fetchone()
+        return int(row[0]) if row else up_to
 
     async def consumers(self) -> dict[str, int]:
-        async with self._db.execute("SELECT name, acked_seq FROM consumers ORDER BY name") as cur:
-            return {name: int(seq) async for name, seq in cur}
+        rows = await self._all("SELECT name, acked_seq FROM consumers ORDER BY name")
+        return {name: int(seq) for name, seq in rows}
 
     # -- policies -------------------------------------------------------------------------------
 
     async def add_policy(self, sha256: str, blob: bytes | None, uri: str | None) -> Policy:
         """Store a policy; the same content twice is the same version."""
-        existing = await self.policy_by_hash(sha256)
-        if existing is not None:
-            return existing
         now = time.time()
         async with self._write() as db:
+            async with db.execute("SELECT version, sha256, size, uri, created_at FROM policies WHERE sha256=?",
+                                  (sha256,)) as cur:
+                row = await cur.fetchone()
+            if row is not None:
+                return Policy(*row)
             async with db.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM policies") as cur:
                 row = await cur.fetchone()
             version = int(row[0]) if row else 1
@@ -387,27 +433,23 @@ class Store:
         return Policy(version, sha256, len(blob or b""), uri, now)
 
     async def policy_by_hash(self, sha256: str) -> Policy | None:
-        async with self._db.execute(
-            "SELECT version, sha256, size, uri, created_at FROM policies WHERE sha256=?", (sha256,)) as cur:
-            row = await cur.fetchone()
+        row = await self._one(
+            "SELECT version, sha256, size, uri, created_at FROM policies WHERE sha256=?", (sha256,))
         return Policy(*row) if row else None
 
     async def policy_blob(self, sha256: str) -> bytes | None:
-        async with self._db.execute("SELECT blob FROM policies WHERE sha256=?", (sha256,)) as cur:
-            row = await cur.fetchone()
+        row = await self._one("SELECT blob FROM policies WHERE sha256=?", (sha256,))
         return bytes(row[0]) if row and row[0] is not None else None
 
     async def latest_policy(self) -> Policy | None:
-        async with self._db.execute(
-            "SELECT version, sha256, size, uri, created_at FROM policies ORDER BY version DESC LIMIT 1") as cur:
-            row = await cur.fetchone()
+        row = await self._one(
+            "SELECT version, sha256, size, uri, created_at FROM policies ORDER BY version DESC LIMIT 1")
         return Policy(*row) if row else None
 
     # -- small state (the task bank's) ----------------------------------------------------------
 
     async def get_state(self, key: str) -> Any:
-        async with self._db.execute("SELECT value FROM state WHERE key=?", (key,)) as cur:
-            row = await cur.fetchone()
+        row = await self._one("SELECT value FROM state WHERE key=?", (key,))
         return json.loads(row[0]) if row else None
 
     async def put_state(self, key: str, value: Any) -> None:

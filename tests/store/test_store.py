@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from farmd.errors import BadRequest
 from farmd.records import JobState, Trajectory
 from farmd.store import Store, StoreError
 from farmd.store.schema import MIGRATIONS
@@ -102,12 +103,18 @@ async def test_groups_end_in_the_order_they_finish(store: Store) -> None:
 
 
 async def test_consumers_scores_policies_state(store: Store) -> None:
+    with pytest.raises(BadRequest, match="only reached 0"):
+        await store.ack("trainer", 1)  # a cursor past the end would skip what comes next
+    await store.enqueue([("py-func", 1, 1, "reference", 6)])
+    jobs = await store.lease("w", 6, 30, 0)
+    await store.complete([("w", traj(j.id)) for j in jobs])
     assert await store.ack("trainer", 5) == 5
     assert await store.ack("trainer", 3) == 5  # never backwards
     assert await store.consumers() == {"trainer": 5}
-    await store.enqueue([("py-func", 1, 1, "reference", 1)])
-    (job,) = await store.lease("w", 1, 30, 0)
-    await store.complete([("w", traj(job.id))])
+    assert await store.ack("trainer#groups", 1, groups=True) == 1
+    with pytest.raises(BadRequest):
+        await store.ack("trainer#groups", 2, groups=True)
+    job = jobs[0]
     row = (job.id, "2", 0.0, False, "ok", ["stricter"], ["suspected_hack"])
     assert await store.add_scores([row]) == 1
     assert await store.add_scores([(job.id, "2", 1.0, True, "ok", [], [])]) == 0  # never overwritten

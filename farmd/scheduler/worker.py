@@ -1,0 +1,151 @@
+"""A node's rollout workers: lease jobs, run them in boxes, report back in batches.
+
+The worker talks to the scheduler only through ``Leases`` — the same calls a remote
+node makes over gRPC — so running workers on other machines adds a transport, not a
+rewrite. On stop it takes no new leases, lets rollouts in flight finish for a grace
+period, and gives back the leases of those that did not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from typing import Protocol
+
+from farmd.agents import Agent, make_agent
+from farmd.envs import VerifyContext, get
+from farmd.records import Job, JobState, Trajectory
+from farmd.rollout.runner import run_rollout
+
+log = logging.getLogger("farmd.worker")
+
+_IDLE_MIN_S = 0.02
+_IDLE_MAX_S = 0.5
+_FLUSH_S = 0.05
+_FLUSH_MAX = 64
+
+
+class Leases(Protocol):
+    async def lease(self, owner: str, n: int) -> list[Job]: ...
+    async def heartbeat(self, owner: str, job_ids: list[int]) -> int: ...
+    async def complete(self, owner: str, trajectories: list[Trajectory]) -> list[int]: ...
+    async def fail(self, owner: str, job_id: int, error: str) -> JobState | None: ...
+    async def release(self, owner: str) -> int: ...
+    async def recover(self, node: str, owner: str) -> int: ...
+
+
+class Worker:
+    def __init__(self, leases: Leases, ctx: VerifyContext, slots: int, lease_s: float, node: str | None = None
+                 ) -> None:
+        self.leases = leases
+        self.ctx = ctx
+        self.slots = slots
+        self.node = node or socket.gethostname()
+        self.owner = f"{self.node}:{os.getpid()}:{id(self):x}"
+        self._lease_s = lease_s
+        self._agents: dict[str, Agent] = {}
+        self._running: dict[int, asyncio.Task[None]] = {}
+        self._done: list[Trajectory] = []
+        self._flushed = asyncio.Event()
+        self._stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._wake = asyncio.Event()
+        self.counters = {"ran": 0, "infra_failures": 0}
+
+    async def start(self) -> None:
+        await self.leases.recover(self.node, self.owner)
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._lease_loop(), name="worker-lease"),
+                       loop.create_task(self._flush_loop(), name="worker-flush"),
+                       loop.create_task(self._heartbeat_loop(), name="worker-heartbeat")]
+
+    async def stop(self, grace_s: float) -> None:
+        """No new leases; in-flight rollouts get ``grace_s`` to finish; the rest go back to the queue."""
+        self._stopping = True
+        self._wake.set()
+        if self._running:
+            _, pending = await asyncio.wait(list(self._running.values()), timeout=grace_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        await self._flush()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        given_back = await self.leases.release(self.owner)
+        if given_back:
+            log.info("gave back %d unfinished leases", given_back)
+
+    def _agent(self, spec: str) -> Agent:
+        agent = self._agents.get(spec)
+        if agent is None:
+            agent = self._agents[spec] = make_agent(spec)
+        return agent
+
+    async def _lease_loop(self) -> None:
+        idle = _IDLE_MIN_S
+        while not self._stopping:
+            free = self.slots - len(self._running)
+            if free <= 0:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                jobs = await self.leases.lease(self.owner, free)
+            except Exception:
+                log.exception("leasing failed")
+                jobs = []
+            for job in jobs:
+                self._running[job.id] = asyncio.get_running_loop().create_task(self._run(job))
+            if jobs:
+                idle = _IDLE_MIN_S
+                continue
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), idle)
+            idle = min(_IDLE_MAX_S, idle * 2)
+
+    async def _run(self, job: Job) -> None:
+        try:
+            env = get(job.env)
+            agent = self._agent(job.agent)
+            trajectory = await run_rollout(job, env, agent, self.ctx, self.node)
+            self._done.append(trajectory)
+            self.counters["ran"] += 1
+            if len(self._done) >= _FLUSH_MAX:
+                await self._flush()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # InfraFailure or a bug: not the attempt's fault, so retried, never scored
+            self.counters["infra_failures"] += 1
+            log.warning("job %d: %s", job.id, exc)
+            with contextlib.suppress(Exception):
+                await self.leases.fail(self.owner, job.id, f"{type(exc).__name__}: {exc}")
+        finally:
+            self._running.pop(job.id, None)
+            self._wake.set()
+
+    async def _flush(self) -> None:
+        if not self._done:
+            return
+        batch, self._done = self._done, []
+        try:
+            await self.leases.complete(self.owner, batch)
+        except Exception:
+            log.exception("reporting %d trajectories failed; their leases will expire and they will rerun",
+                          len(batch))
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(_FLUSH_S)
+            await self._flush()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._lease_s / 3)
+            if self._running:
+                with contextlib.suppress(Exception):
+                    await self.leases.heartbeat(self.owner, list(self._running))

@@ -1,0 +1,148 @@
+"""The scheduler against a real store: groups, leases, retries, recovery, demand, and a bank that survives."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from farmd.records import JobState, Trajectory
+from farmd.scheduler import Scheduler, SchedulerConfig
+from farmd.store import Store
+
+LEVELS = {"rg:chain_sum": 5, "py-func": 5}
+
+
+def scored(job, reward: float = 1.0) -> Trajectory:  # type: ignore[no-untyped-def]
+    return Trajectory(id=job.id, group_id=job.group_id, env=job.env, env_version="1", seed=job.seed,
+                      difficulty=job.difficulty, agent=job.agent, policy_version=job.policy_version, reward=reward,
+                      passed=reward > 0, status="ok", reasons=[], flags=[], verifier_version="1", steps=[], final="x",
+                      node="n1")
+
+
+@pytest.fixture
+async def farm(tmp_path: Path):  # type: ignore[no-untyped-def]
+    store = await Store.open(tmp_path / "farm.db")
+    made: list[Scheduler] = []
+
+    async def open_(**config: object) -> Scheduler:
+        scheduler = await Scheduler.open(store, LEVELS, SchedulerConfig(**config))  # type: ignore[arg-type]
+        made.append(scheduler)
+        return scheduler
+
+    yield store, open_
+    for s in made:
+        await s.stop()
+    await store.close()
+
+
+async def test_submit_splits_rollouts_into_groups_at_bank_chosen_tasks(farm) -> None:  # type: ignore[no-untyped-def]
+    _store, open_ = farm
+    s = await open_(group_size=4)
+    groups, jobs = await s.submit("rg:chain_sum", "reference", 10)
+    assert jobs == 10 and len(groups) == 3
+    leased = await s.lease("w", 100)
+    sizes: dict[int, int] = {}
+    for job in leased:
+        sizes[job.group_id] = sizes.get(job.group_id, 0) + 1
+    assert sorted(sizes.values()) == [2, 4, 4]
+    by_group = {j.group_id: (j.seed, j.difficulty) for j in leased}
+    assert all((j.seed, j.difficulty) == by_group[j.group_id] for j in leased), "a group is n attempts at one task"
+    assert len(set(by_group.values())) == 3, "each group gets its own task"
+
+
+async def test_jobs_carry_the_policy_current_at_lease_time(farm) -> None:  # type: ignore[no-untyped-def]
+    _store, open_ = farm
+    s = await open_(group_size=1)
+    await s.submit("rg:chain_sum", "reference", 2)
+    first = await s.lease("w", 1)
+    s.set_policy_version(7)
+    second = await s.lease("w", 1)
+    assert (first[0].policy_version, second[0].policy_version) == (0, 7)
+    s.set_policy_version(3)  # versions never go backwards
+    assert s.policy_version == 7
+
+
+async def test_completion_is_once_even_when_reported_twice(farm) -> None:  # type: ignore[no-untyped-def]
+    store, open_ = farm
+    s = await open_(group_size=2)
+    await s.submit("rg:chain_sum", "reference", 2)
+    jobs = await s.lease("w", 2)
+    assert await s.complete("w", [scored(j) for j in jobs]) == [j.id for j in jobs]
+    assert await s.complete("w", [scored(j) for j in jobs]) == []
+    assert await s.complete("someone-else", [scored(jobs[0])]) == []
+    assert len(await store.trajectories(limit=10)) == 2
+
+
+async def test_infrastructure_failures_retry_then_fail_apart_from_scores(farm) -> None:  # type: ignore[no-untyped-def]
+    store, open_ = farm
+    s = await open_(group_size=1, max_attempts=3)
+    await s.submit("rg:chain_sum", "reference", 1)
+    states = []
+    for _ in range(3):
+        [job] = await s.lease("w", 1)
+        states.append(await s.fail("w", job.id, "endpoint down"))
+    assert states == [JobState.QUEUED, JobState.QUEUED, JobState.FAILED]
+    assert await s.lease("w", 1) == []
+    assert await store.trajectories(limit=10) == [], "a failure is never a trajectory, so never a reward of 0"
+    failures = await store.failures()
+    assert len(failures) == 3 and all("endpoint down" in f["error"] for f in failures)
+    assert (await s.status())["queue"]["failed"] == 1
+
+
+async def test_expired_leases_go_back_to_the_queue(farm) -> None:  # type: ignore[no-untyped-def]
+    _store, open_ = farm
+    s = await open_(group_size=1, lease_s=0.05, maintenance_every_s=0.05)
+    await s.start()
+    await s.submit("rg:chain_sum", "reference", 1)
+    [job] = await s.lease("dead-worker", 1)
+    await asyncio.sleep(0.4)
+    [again] = await s.lease("live-worker", 1)
+    assert again.id == job.id and again.attempts == 2
+    assert await s.complete("dead-worker", [scored(job)]) == [], "the old owner lost it"
+    assert await s.complete("live-worker", [scored(again)]) == [again.id]
+
+
+async def test_a_restarted_node_requeues_what_its_last_incarnation_held(farm) -> None:  # type: ignore[no-untyped-def]
+    _store, open_ = farm
+    s = await open_(group_size=1, max_attempts=2)
+    await s.submit("rg:chain_sum", "reference", 3)
+    await s.lease("node-a:100:1", 1)
+    await s.lease("node-b:200:1", 1)
+    assert await s.recover("node-a", "node-a:101:1") == 1
+    assert await s.recover("node-a", "node-a:101:1") == 0
+    # node-b's lease is another node's business; node-a's job is queued again, attempt counted
+    jobs = await s.lease("node-a:101:1", 10)
+    assert len(jobs) == 2 and max(j.attempts for j in jobs) == 2
+    await s.recover("node-a", "node-a:102:1")  # it died again holding the job: out of attempts
+    assert (await s.status())["queue"]["failed"] == 1
+
+
+async def test_demand_follows_open_streams_and_stays_bounded(farm) -> None:  # type: ignore[no-untyped-def]
+    store, open_ = farm
+    s = await open_(group_size=4, demand_buffer=20, demand_agent="reference", demand_envs=("rg:chain_sum",),
+                    maintenance_every_s=0.05)
+    await s.start()
+    await asyncio.sleep(0.3)
+    assert (await store.job_counts()).get("queued", 0) == 0, "no trainer streaming: no demand"
+    s.stream_opened("trainer")
+    await asyncio.sleep(0.4)
+    queued = (await store.job_counts()).get("queued", 0)
+    assert 17 <= queued <= 20, queued
+    await asyncio.sleep(0.3)
+    assert (await store.job_counts()).get("queued", 0) == queued, "the buffer is full: no more"
+    s.stream_closed("trainer")
+
+
+async def test_the_task_bank_survives_a_restart(farm) -> None:  # type: ignore[no-untyped-def]
+    _store, open_ = farm
+    s = await open_(group_size=4)
+    await s.submit("rg:chain_sum", "reference", 8)
+    jobs = await s.lease("w", 8)
+    await s.complete("w", [scored(j, reward=float(i % 2)) for i, j in enumerate(jobs)])
+    await s.stop()
+    before = s.bank.status()
+    again = await open_()
+    assert again.bank.status() == before
+    assert before["envs"]["rg:chain_sum"]["groups"] == 2, before
