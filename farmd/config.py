@@ -30,6 +30,8 @@ class Config:
     workers: int | None = None
     """Rollout workers on this node (None: one per core; 0: coordinator only)."""
     log_level: str = "info"
+    log_format: str = "text"
+    """``text`` for people, ``json`` (one object per line) for log pipelines."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     metrics_listen: str | None = None

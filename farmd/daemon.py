@@ -29,10 +29,12 @@ from farmd.api.malformed import MalformedInterceptor
 from farmd.config import Config
 from farmd.envs import VerifyContext, get, names
 from farmd.errors import ConfigError, IsolationUnavailable
+from farmd.metrics import Metrics, MetricsServer
 from farmd.node import NodeInfo
+from farmd.rollout import Worker
 from farmd.sandbox import Sandbox, check_host
 from farmd.sandbox.host import missing
-from farmd.scheduler import Scheduler, Worker
+from farmd.scheduler import Scheduler
 from farmd.store import Store
 from farmd.verifier import VerifierKey
 
@@ -52,6 +54,8 @@ class Daemon:
         self._server: grpc.aio.Server | None = None
         self._health: health_aio.HealthServicer | None = None
         self._stopping = asyncio.Event()
+        self.metrics = Metrics()
+        self._metrics_server: MetricsServer | None = None
 
     @property
     def workers(self) -> int:
@@ -70,7 +74,7 @@ class Daemon:
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = await Store.open(self.config.data_dir / "farm.db")
         levels = {name: get(name).max_difficulty for name in names()}
-        self.scheduler = await Scheduler.open(self.store, levels, self.config.scheduler)
+        self.scheduler = await Scheduler.open(self.store, levels, self.config.scheduler, self.metrics)
         await self.scheduler.start()
         ctx = None
         if self.workers:
@@ -80,9 +84,12 @@ class Daemon:
                 sandbox_config = replace(sandbox_config, max_boxes=max(sandbox_config.boxes, 2 * self.workers + 2))
             self.sandbox = Sandbox(sandbox_config)
             await self.sandbox.start()
+            sandbox = self.sandbox
+            self.metrics.watch_boxes(lambda: sandbox.outcomes)
             key = await loop.run_in_executor(None, VerifierKey.load_or_create, self.config.data_dir)
             ctx = VerifyContext(sandbox=self.sandbox, key=key, scratch_dir=None)
-            self.worker = Worker(self.scheduler, ctx, slots=self.workers, lease_s=self.config.scheduler.lease_s)
+            self.worker = Worker(self.scheduler, ctx, slots=self.workers, lease_s=self.config.scheduler.lease_s,
+                                 metrics=self.metrics)
             await self.worker.start()
 
         node = NodeInfo(workers=self.workers, max_boxes=self.config.sandbox.boxes, isolation=checks)
@@ -116,15 +123,22 @@ class Daemon:
         for name in ("", "farm.v1.Farm"):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         host = self.config.listen.rsplit(":", 1)[0]
-        self._write_runfile(f"{host}:{self.port}")
+        metrics_addr = None
+        if self.config.metrics_listen:
+            self._metrics_server = MetricsServer(self.metrics, self.config.metrics_listen)
+            await self._metrics_server.start()
+            metrics_host = self.config.metrics_listen.rsplit(":", 1)[0] or "127.0.0.1"
+            metrics_addr = f"{metrics_host}:{self._metrics_server.port}"
+        self._write_runfile(f"{host}:{self.port}", metrics_addr)
         log.info("farmd listening on %s:%d (workers=%d, data=%s)", host, self.port, self.workers,
-                 self.config.data_dir)
+                 self.config.data_dir, extra={"event": "listening", "addr": f"{host}:{self.port}",
+                                              "metrics": metrics_addr, "workers": self.workers})
 
-    def _write_runfile(self, addr: str) -> None:
+    def _write_runfile(self, addr: str, metrics_addr: str | None) -> None:
         """Where a local farmctl or a test finds this farmd when it listens on port 0."""
         path = self.config.data_dir / "farmd.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"pid": os.getpid(), "addr": addr}))
+        tmp.write_text(json.dumps({"pid": os.getpid(), "addr": addr, "metrics": metrics_addr}))
         tmp.rename(path)
 
     def _remove_runfile(self) -> None:
@@ -144,6 +158,8 @@ class Daemon:
             await self._health.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(grace_s)
+        if self._metrics_server is not None:
+            await self._metrics_server.stop()
         if self.worker is not None:
             await self.worker.stop(grace_s)
             log.info("worker: %(ran)d rollouts run, %(infra_failures)d infrastructure failures", self.worker.counters)

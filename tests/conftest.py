@@ -120,6 +120,7 @@ class RunningFarm:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self._log_fh.close()
                 raise AssertionError(f"farmd exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
             try:
                 info = json.loads(runfile.read_text())

@@ -79,3 +79,39 @@ def test_unreachable_farm_is_a_clear_error() -> None:
 
     res = farmctl("--addr", "127.0.0.1:1", "status", check=False, timeout=60)
     assert res.returncode == 1 and b"127.0.0.1:1" in res.stderr and b"UNAVAILABLE" in res.stderr
+
+
+def test_sigterm_mid_run_hands_unfinished_rollouts_back(running_farm) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+    import time
+
+    from farm_client import FarmClient
+
+    from farmd.store import Store
+
+    farm = running_farm("--workers", "2")
+    with FarmClient(farm.addr) as client:
+        run = client.run("py-func", "reference", 40, group_size=4)
+        deadline = time.monotonic() + 60
+        while client.progress(run["group_ids"])["done"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert farm.stop(signal.SIGTERM) == 0
+
+    async def counts() -> dict[str, int]:
+        store = await Store.open(farm.data_dir / "farm.db")
+        try:
+            return await store.job_counts()
+        finally:
+            await store.close()
+
+    left = asyncio.run(counts())
+    assert left.get("leased", 0) == 0 and left.get("failed", 0) == 0, left
+    assert left.get("done", 0) + left.get("queued", 0) == 40 and left.get("queued", 0) > 0, left
+    again = running_farm("--workers", "2", data_dir=farm.data_dir)
+    with FarmClient(again.addr) as client:
+        deadline = time.monotonic() + 120
+        while (p := client.progress(run["group_ids"]))["done"] < 40:
+            assert time.monotonic() < deadline, p
+            time.sleep(0.1)
+        assert p == {"jobs": 40, "done": 40, "failed": 0, "passed": 40}

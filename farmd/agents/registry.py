@@ -2,6 +2,8 @@
 
 - ``reference``: the environment's reference attempt (must pass).
 - ``random`` or ``random:SEED``: a plausible wrong attempt, deterministic per task and seed.
+- ``skilled:S``: a stand-in policy of skill S (a number; levels run 1..5): the reference with probability
+  1 / (1 + e^(difficulty - S)), else a random attempt. A population for the task bank before a real policy.
 - ``openai:MODEL@URL``: a model behind an OpenAI-compatible chat API whose base is URL, e.g.
   ``openai:Qwen/Qwen2.5-7B-Instruct@http://127.0.0.1:8000/v1``. A query string sets options:
   ``key_env=NAME`` (the API key's environment variable; default ``FARM_OPENAI_KEY``, and no key
@@ -21,10 +23,10 @@ from farmd.agents.base import Agent
 from farmd.agents.chat import ChatLimits
 from farmd.agents.endpoint import EndpointConfig, OpenAIAgent
 from farmd.agents.errors import AgentSpecError
-from farmd.agents.scripted import RandomAgent, ReferenceAgent
+from farmd.agents.scripted import RandomAgent, ReferenceAgent, SkilledAgent
 
 DEFAULT_KEY_ENV = "FARM_OPENAI_KEY"
-FORMS = ("reference", "random", "random:SEED", "openai:MODEL@URL[?key_env=NAME&max_tokens=N&temperature=T"
+FORMS = ("reference", "random", "random:SEED", "skilled:S", "openai:MODEL@URL[?key_env=NAME&max_tokens=N&temperature=T"
          "&timeout_s=S&attempts=N&max_turns=N]", "torch:PATH-OR-NAME")
 
 _OPENAI = re.compile(r"openai:(?P<model>.+?)@(?P<url>https?://.+)", re.DOTALL)
@@ -40,6 +42,8 @@ def make_agent(spec: str, *, environ: Mapping[str, str] | None = None) -> Agent:
         return ReferenceAgent()
     if spec == "random" or spec.startswith("random:"):
         return _random(spec)
+    if spec.startswith("skilled:"):
+        return _skilled(spec)
     if spec.startswith("openai:"):
         return _openai(spec, os.environ if environ is None else environ)
     if spec.startswith("torch:"):
@@ -55,6 +59,16 @@ def _random(spec: str) -> Agent:
         return RandomAgent(int(seed))
     except ValueError:
         raise AgentSpecError(f"{spec!r}: the seed of random:SEED must be an integer") from None
+
+
+def _skilled(spec: str) -> Agent:
+    try:
+        skill = float(spec.partition(":")[2])
+    except ValueError:
+        raise AgentSpecError(f"{spec!r}: the skill of skilled:S must be a number, e.g. skilled:2.5") from None
+    if not -100 <= skill <= 100:
+        raise AgentSpecError(f"{spec!r}: the skill must be between -100 and 100")
+    return SkilledAgent(skill)
 
 
 def _int(spec: str, options: Mapping[str, str], name: str, default: int) -> int:

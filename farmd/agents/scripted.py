@@ -1,4 +1,5 @@
-"""Scripted agents: ``reference`` (the environment's own answer) and ``random`` (a plausible wrong one).
+"""Scripted agents: ``reference`` (the environment's own answer), ``random`` (a plausible wrong one)
+and ``skilled:S`` (one or the other, by a skill against the task's difficulty).
 
 Both are controls. ``reference`` checks the pipeline end to end: every one of its
 attempts must pass. ``random`` must usually fail while looking like an honest
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import random
 import re
 import shlex
@@ -195,3 +197,28 @@ class RandomAgent(Agent):
         if "number" in fmt or not files:
             return str(rng.randint(0, 50))
         return rng.choice(files)
+
+
+class SkilledAgent(Agent):
+    """A stand-in policy of skill ``s``: on a task of difficulty ``d`` it submits the reference
+    attempt with probability 1 / (1 + e^(d - s)), else a random one.
+
+    Something for the task bank to learn on before a real policy is attached: its pass
+    rate falls with difficulty as a model's would, and attempts in a group differ, so
+    groups carry signal. Every attempt is still verified and scored as submitted.
+    """
+
+    def __init__(self, skill: float, envs: EnvLookup | None = None) -> None:
+        self.skill = skill
+        self.name = f"skilled:{skill:g}"
+        self._reference = ReferenceAgent(envs)
+        self._random = RandomAgent()
+        self._rng = random.SystemRandom()
+
+    def p_solve(self, difficulty: int) -> float:
+        return 1.0 / (1.0 + math.exp(difficulty - self.skill))
+
+    async def attempt(self, task: Task, episode: Episode | None, policy_version: int) -> AgentResult:
+        if self._rng.random() < self.p_solve(task.difficulty):
+            return await self._reference.attempt(task, episode, policy_version)
+        return await self._random.attempt(task, episode, policy_version)

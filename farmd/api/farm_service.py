@@ -80,7 +80,8 @@ class FarmService(farm_pb2_grpc.FarmServicer):
                                context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.ListTrajectoriesReply:
         async def call() -> farm_pb2.ListTrajectoriesReply:
             rows = await self._store.trajectories(after_seq=request.after_seq, limit=min(request.limit or 50, 1000),
-                                                  env=request.env or None, newest_first=request.newest_first)
+                                                  env=request.env or None, newest_first=request.newest_first,
+                                                  body=request.include_steps)
             return farm_pb2.ListTrajectoriesReply(trajectories=[trajectory_pb(t, steps=request.include_steps)
                                                                 for t in rows])
         return await guarded(context, call)
@@ -106,9 +107,10 @@ class FarmService(farm_pb2_grpc.FarmServicer):
             while True:
                 floor = (self._scheduler.policy_version - request.max_staleness) if request.max_staleness else None
                 if request.whole_groups:
-                    trajectories, up_to = await self._whole_groups(sent, size)
+                    trajectories, up_to = await self._whole_groups(sent, size, request.include_steps)
                 else:
-                    trajectories = await self._store.trajectories(after_seq=sent, limit=size)
+                    trajectories = await self._store.trajectories(after_seq=sent, limit=size,
+                                                                  body=request.include_steps)
                     up_to = trajectories[-1].seq if trajectories else sent
                 if up_to == sent:
                     await self._scheduler.wait_for_more(_STREAM_POLL_S)
@@ -121,7 +123,7 @@ class FarmService(farm_pb2_grpc.FarmServicer):
         finally:
             self._scheduler.stream_closed(consumer)
 
-    async def _whole_groups(self, after: int, size: int) -> tuple[list[Trajectory], int]:
+    async def _whole_groups(self, after: int, size: int, body: bool) -> tuple[list[Trajectory], int]:
         groups = await self._store.finished_groups(after, max(1, size // 2))
         picked: list[dict[str, Any]] = []
         total = 0
@@ -132,7 +134,7 @@ class FarmService(farm_pb2_grpc.FarmServicer):
             total += g["size"]
         if not picked:
             return [], after
-        trajectories = await self._store.group_trajectories([g["id"] for g in picked])
+        trajectories = await self._store.group_trajectories([g["id"] for g in picked], body)
         return trajectories, picked[-1]["done_seq"]
 
     async def Ack(self, request: farm_pb2.AckRequest, context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.AckReply:

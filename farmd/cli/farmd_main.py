@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import click
@@ -11,6 +10,7 @@ from farmd import __version__
 from farmd.cli.common import EXIT_USAGE, fail, run_async
 from farmd.config import load
 from farmd.errors import ConfigError
+from farmd.logs import setup_logging
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -27,19 +27,21 @@ def cli() -> None:
 @click.option("--token", envvar="FARM_TOKEN", help="Shared secret every call must carry (or FARM_TOKEN).")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="farm.toml with [farm] and [sandbox] settings.")
+@click.option("--metrics", "metrics_listen", metavar="HOST:PORT",
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)
+@click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
+              help="json: one object per line, for log pipelines.")
 def serve(data_dir: Path | None, listen: str | None, workers: int | None, token: str | None,
-          config_path: Path | None, log_level: str | None) -> None:
+          config_path: Path | None, metrics_listen: str | None, log_level: str | None,
+          log_format: str | None) -> None:
     """Run this node: the gRPC API and, unless --workers 0, boxes for untrusted code."""
     try:
         config = load(config_path, data_dir=data_dir, listen=listen, workers=workers, token=token,
-                      log_level=log_level)
+                      metrics_listen=metrics_listen, log_level=log_level, log_format=log_format)
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(config.log_level, config.log_format)
     from farmd.daemon import serve as serve_forever
 
     run_async(serve_forever(config))

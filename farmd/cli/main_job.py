@@ -1,84 +1,143 @@
-"""``make run``: what a newcomer sees first.
+"""``make run``: a farm at work, which is what a newcomer sees first.
 
-Until the scheduler and the trainer stream land, the farm's main job is its
-foundation: check that this host can isolate untrusted code, then run a handful
-of hostile programs in boxes and show that each box held, side by side with an
-ordinary program that must run untouched.
+Starts ``farmd serve`` with the defaults (data in ./farm-data), queues a mixed
+workload (the ``reference`` and ``random`` agents over every built-in environment,
+in groups) through the same client a trainer uses, shows it live (rollouts/s, pass
+rate by environment and level, the task bank's band, the queue), and ends with
+``farmctl status``. farmd then stops; the data dir stays for ``farmctl export --data``.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from farmd.cli.common import run_async
-from farmd.sandbox import Sandbox, SandboxConfig, SandboxPolicy, check_host
-from farmd.sandbox.host import missing
+from farmd.cli.local_farmd import FarmdFailed, LocalFarmd
+from farmd.cli.status_view import band_table, pass_table
+from farmd.envs import get, names
 
-POLICY = SandboxPolicy(wall_time_s=2, cpu_time_s=2, memory_mb=128, pids=32, disk_mb=16, tmp_mb=16, output_kb=64)
+BIN = Path(sys.executable).parent
 
-# (name, what it tries, program, how to tell the box held)
-DEMOS: list[tuple[str, str, str]] = [
-    ("ordinary program", "numpy, files, output",
-     "import numpy as np; np.save('m.npy', np.eye(3)); print(np.load('m.npy').trace())"),
-    ("fork bomb", "processes without end",
-     "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass"),
-    ("memory bomb", "1 GiB of memory", "b = bytearray(1 << 30); b[::4096] = b'x' * len(b[::4096])"),
-    ("infinite loop", "ignore SIGTERM, spin", "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile 1: pass"),
-    ("output flood", "100 MB to stdout", "import sys\nfor _ in range(1000): sys.stdout.write('x' * 100_000)"),
-    ("network", "reach the internet and the host",
-     "import socket\nfor a in (('1.1.1.1', 53), ('127.0.0.1', 22)):\n"
-     "    try: socket.create_connection(a, timeout=1); print('CONNECTED', a)\n    except OSError as e: print('no', a[0])"),
-    ("host secrets", "read /etc/shadow and /root",
-     "import os\nfor p in ('/etc/shadow', '/root'):\n    print(p, os.path.exists(p))"),
-    ("privilege", "become root, ptrace, mount",
-     "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-     "try: os.setuid(0); print('ROOT')\nexcept OSError: print('setuid denied')\n"
-     "print('ptrace', libc.ptrace(16, 1, 0, 0), 'mount', libc.mount(b'x', b'/tmp', b'tmpfs', 0, None))"),
-    ("disk filler", "fill the scratch directory", "f = open('big', 'wb')\nwhile True: f.write(b'x' * 65536)"),
-]
+# Rollouts per wave for each environment, sized so the whole job takes a few minutes on
+# two cores: environments verified in-process are cheap; boxes and long puzzles are not.
+_PER_WAVE = {"rg:basic_arithmetic": 32, "rg:chain_sum": 32, "rg:countdown": 16, "rg:zebra_puzzles": 4,
+             "py-func": 16, "shell": 8, "kernel": 4}
+_DEFAULT_PER_WAVE = 8
+_GROUP = 4
+_WAVES = 12
+_SKILLED = "skilled:3"
+"""A stand-in policy whose pass rate falls with difficulty, so the task bank has a band to find."""
 
 
-async def _demo(console: Console) -> int:
-    async with Sandbox(SandboxConfig(warm_boxes=2)) as sandbox:
-        table = Table("program", "exit", "signal", "violations", "wall s", "what came back")
-        progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                            TimeElapsedColumn(), console=console, transient=True)
-        held = 0
-        with progress:
-            task = progress.add_task("boxing hostile programs", total=len(DEMOS))
-            for name, tries, code in DEMOS:
-                res = await sandbox.run(["python3", "-c", code], POLICY)
-                err_lines = res.stderr.decode(errors="replace").strip().splitlines()
-                out = res.stdout.decode(errors="replace").strip().replace("\n", "; ") or (
-                    err_lines[-1] if err_lines else "")
-                table.add_row(f"{name}: {tries}", str(res.exit_code), str(res.signal), ", ".join(res.violations) or "-",
-                              f"{res.wall_s:.2f}", out[:60])
-                held += 1
-                progress.advance(task)
-        console.print(table)
-        return held
+def _per_wave(env: str, scale: float) -> int:
+    return max(_GROUP, int(_PER_WAVE.get(env, _DEFAULT_PER_WAVE) * scale) // _GROUP * _GROUP)
+
+
+def workload(scale: float, n_waves: int = _WAVES) -> list[list[tuple[str, str, int]]]:
+    """Waves of (env, agent, rollouts). The first holds the controls (``reference``, which must
+    pass, and ``random``, which must fail) over every environment; every wave has the stand-in
+    policy. Later waves are queued as earlier ones drain, so the task bank samples them knowing
+    what it has seen: that is how the band is found and the level moves."""
+    waves = []
+    for wave in range(n_waves):
+        jobs = []
+        for env in names():
+            n = _per_wave(env, scale)
+            if wave == 0:
+                jobs += [(env, "reference", n), (env, "random", n)]
+            jobs.append((env, _SKILLED, n))
+        waves.append(jobs)
+    return waves
+
+
+def live_view(bar: Progress, info: dict[str, Any], rate: float, elapsed: float) -> Group:
+    q = info["queue"]
+    head = (f"[bold]{rate:.1f} rollouts/s[/bold] (last 5 s)   queue depth {q['queued']}   running {q['leased']}   "
+            f"elapsed {elapsed:.0f}s")
+    return Group(bar, head, pass_table(info), band_table(info))
+
+
+def run(data_dir: Path, scale: float, n_waves: int, console: Console) -> int:
+    from farm_client import FarmClient
+
+    try:
+        farmd = LocalFarmd(data_dir)
+    except FarmdFailed as exc:
+        console.print(f"[red]{exc}[/red]")
+        return 1
+    addr = farmd.addr
+    console.print(f"[bold]farm[/bold]: farmd {farmd.proc.pid} at {addr}, data in {data_dir}, log in {farmd.log_path}")
+    try:
+        with FarmClient(addr) as client:
+            info = client.status()
+            before = info["queue"]["done"] + info["queue"]["failed"]
+            waves = workload(scale, n_waves)
+            total = sum(n for wave in waves for _, _, n in wave)
+            groups: list[int] = []
+
+            def submit(wave: list[tuple[str, str, int]]) -> None:
+                for env, agent, n in wave:
+                    groups.extend(client.run(env, agent, n, group_size=_GROUP)["group_ids"])
+
+            submit(waves.pop(0))
+            console.print(f"queueing {total} rollouts in groups of {_GROUP}, in {n_waves} waves: the reference and "
+                          f"random agents over {len(names())} environments, and a stand-in policy ({_SKILLED}) "
+                          f"for the task bank to place")
+            bar = Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
+                           TimeElapsedColumn())
+            task = bar.add_task("rollouts", total=total, note="")
+            started = time.monotonic()
+            history: list[tuple[float, int]] = []
+            with Live(console=console, refresh_per_second=4, transient=False) as live:
+                while True:
+                    p = client.progress(groups)
+                    info = client.status()
+                    now = time.monotonic()
+                    ended = p["done"] + p["failed"]
+                    if waves and info["queue"]["queued"] < 2 * max(1, info["workers"]) * _GROUP:
+                        submit(waves.pop(0))  # the queue runs low: the next wave, sampled by a wiser bank
+                        continue
+                    history = [(t, n) for t, n in history if now - t <= 5] + [(now, ended)]
+                    span = now - history[0][0]
+                    rate = (ended - history[0][1]) / span if span > 0 else 0.0
+                    bar.update(task, completed=ended, note=f"{p['passed']} passed, {p['failed']} failed")
+                    live.update(live_view(bar, info, rate, now - started))
+                    if not waves and ended >= p["jobs"]:
+                        break
+                    time.sleep(0.5)
+            elapsed = time.monotonic() - started
+            console.print(f"{total} rollouts in {elapsed:.0f}s ({total / elapsed:.1f}/s); "
+                          f"{p['passed']} passed, {p['failed']} failed for infrastructure reasons "
+                          f"(never scored); {before} were already in this data dir")
+        console.rule("farmctl status")
+        sys.stdout.flush()
+        subprocess.run([str(BIN / "farmctl"), "--addr", addr, "status"], check=False)
+        return 0 if p["failed"] == 0 else 1
+    finally:
+        farmd.stop()
+        console.print(f"farmd stopped; the data stays in {data_dir}. Try:\n"
+                      f"  .venv/bin/farmctl export --data {data_dir} --format jsonl --out farm.jsonl\n"
+                      f"  .venv/bin/farmd serve --data {data_dir}   # and then .venv/bin/farmctl status")
 
 
 def main() -> None:
-    console = Console(highlight=False)
-    console.print("[bold]farm[/bold]: checking that this host can isolate untrusted code")
-    gaps = missing(check_host())
-    if gaps:
-        for gap in gaps:
-            console.print(f"  [red]missing[/red] {gap}")
-        console.print("farm refuses to run untrusted code here. `farmctl doctor` explains each check.")
-        sys.exit(3)
-    started = time.monotonic()
-    held = run_async(_demo(console))
-    console.print(f"{held} programs boxed in {time.monotonic() - started:.1f}s; every bound above was enforced by "
-                  "the box, not by the program's good manners.")
-    console.print("Next: `.venv/bin/farmd serve` starts a node; `.venv/bin/farmctl status` talks to it; "
-                  "`.venv/bin/farmctl sandbox run -- python3 -c 'print(1)'` boxes a program of yours.")
+    parser = argparse.ArgumentParser(prog="make run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=Path(os.environ.get("FARM_DATA", "farm-data")))
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every environment's rollouts by this")
+    parser.add_argument("--waves", type=int, default=_WAVES, help="waves of the stand-in policy (at least 1)")
+    args = parser.parse_args()
+    for env in names():
+        get(env)  # an environment that cannot load fails here, before farmd starts
+    sys.exit(run(args.data, args.scale, max(1, args.waves), Console(highlight=False)))
 
 
 if __name__ == "__main__":

@@ -12,11 +12,15 @@ from typing import Any
 
 import click
 import grpc
+from rich.console import Console
 
 from farmd.cli.common import EXIT_FAILED, CliState, console, emit_json, fail, run_async
+from farmd.cli.status_view import status_view
 
 EXPORT_FIELDS = ("id", "env", "seed", "difficulty", "agent", "policy_version", "reward", "passed", "flags", "node",
-                 "finished_at", "steps")
+                 "finished_at", "steps", "seq", "group_id", "env_version", "status", "verifier_version", "reasons",
+                 "final")
+"""One record per trajectory, the same whether read from farmd or from a data dir."""
 
 
 @contextlib.contextmanager
@@ -40,40 +44,10 @@ def status(state: CliState, as_json: bool) -> None:
     if as_json:
         emit_json(info)
         return
-    from rich.table import Table
-
     out = console()
-    iso = "[green]yes[/green]" if info["isolation_ok"] else "[red]NO: it refuses to run untrusted code[/red]"
-    out.print(f"[bold]farmd {info['version']}[/bold] on {info['node']} at {state.addr}, up {info['uptime_s']:.0f}s; "
-              f"policy version {info.get('policy_version', 0)}")
-    out.print(f"workers: {info['workers']}   boxes at once: {info['max_boxes']}   isolation: {iso}")
-    for c in info["isolation"]:
-        if not c["ok"]:
-            out.print(f"  missing {c['name']}: {c['detail']}")
-    if "queue" in info:
-        q = info["queue"]
-        out.print(f"queue: {q['queued']} queued, {q['leased']} running, {q['done']} done, {q['failed']} failed   "
-                  f"throughput: {info['throughput_per_s']:.1f} rollouts/s (last minute)")
-        table = Table("env", "level", "trajectories", "passed", "pass rate", "mean reward", "verifier errors")
-        for r in info["pass_rates"]:
-            rate = r["passed"] / r["trajectories"] if r["trajectories"] else 0.0
-            table.add_row(r["env"], str(r["difficulty"]), str(r["trajectories"]), str(r["passed"]), f"{rate:.2f}",
-                          f"{r['mean_reward']:.3f}" if r["mean_reward"] is not None else "-", str(r["errors"]))
-        out.print(table)
-        bank = info.get("bank", {})
-        band = Table("env", "level", "tasks", "in band", "band occupancy", "informative groups", "retired")
-        for env, b in bank.get("envs", {}).items():
-            band.add_row(env, str(b.get("level")), str(b.get("tasks")), str(b.get("in_band")),
-                         _pct(b.get("band_occupancy")), _pct(b.get("informative_fraction")), str(b.get("retired")))
-        out.print(band)
-        if info.get("consumers"):
-            out.print("consumers: " + ", ".join(f"{k} at {v}" for k, v in info["consumers"].items())
-                      + f" (stream at {info.get('last_seq', 0)})")
+    for part in status_view(info, state.addr):
+        out.print(part)
     sys.stdout.flush()
-
-
-def _pct(x: object) -> str:
-    return f"{x:.2f}" if isinstance(x, float) else "-"
 
 
 @click.command()
@@ -161,22 +135,18 @@ def export(state: CliState, fmt: str, out_path: Path, data_dir: Path | None, env
     """One record per trajectory: id, env, seed, difficulty, agent, policy_version, reward, passed, flags, node,
     finished_at, steps (and more)."""
     if data_dir is not None:
-        records = run_async(_read_store(data_dir, env_name))
+        n = run_async(_export_store(data_dir, env_name, out_path, fmt))
     else:
-        records = []
-        with client(state) as c:
+        with client(state) as c, _Writer(out_path, fmt) as writer:
             after = 0
-            while True:
-                page = c.trajectories(env=env_name, limit=1000, after_seq=after, include_steps=True)
-                if not page:
-                    break
-                records += page
+            while page := c.trajectories(env=env_name, limit=1000, after_seq=after, include_steps=True):
+                writer.write(page)
                 after = page[-1]["seq"]
-    _write(records, out_path, fmt)
-    console().print(f"exported {len(records)} trajectories to {out_path}")
+            n = writer.count
+    console().print(f"exported {n} trajectories to {out_path}")
 
 
-async def _read_store(data_dir: Path, env: str) -> list[dict[str, Any]]:
+async def _export_store(data_dir: Path, env: str, out_path: Path, fmt: str) -> int:
     from farmd.store import Store
 
     path = data_dir / "farm.db"
@@ -184,36 +154,69 @@ async def _read_store(data_dir: Path, env: str) -> list[dict[str, Any]]:
         fail(f"{data_dir} holds no farm.db", EXIT_FAILED)
     store = await Store.open(path)
     try:
-        out: list[dict[str, Any]] = []
-        after = 0
-        while True:
-            page = await store.trajectories(after_seq=after, limit=1000, env=env or None)
-            if not page:
-                return out
-            out += [t.to_json() for t in page]
-            after = page[-1].seq
+        with _Writer(out_path, fmt) as writer:
+            after = 0
+            while page := await store.trajectories(after_seq=after, limit=1000, env=env or None):
+                writer.write([t.to_json() for t in page])
+                after = page[-1].seq
+            return writer.count
     finally:
         await store.close()
 
 
-def _write(records: list[dict[str, Any]], path: Path, fmt: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "jsonl":
-        with open(path, "w") as fh:
-            for r in records:
-                fh.write(json.dumps(r, ensure_ascii=False) + "\n")
-        return
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+class _Writer:
+    """Writes pages of records as they come (a farm's export need not fit in memory), with a
+    running count on stderr."""
 
-    columns: dict[str, list[Any]] = {name: [] for name in EXPORT_FIELDS}
-    extra = ("seq", "group_id", "env_version", "status", "verifier_version", "reasons", "final")
-    columns.update({name: [] for name in extra})
-    for r in records:
-        for name in columns:
-            value = r.get(name)
-            columns[name].append(json.dumps(value) if name in ("steps",) else value)
-    pq.write_table(pa.table(columns), path)
+    def __init__(self, path: Path, fmt: str) -> None:
+        self.path = path
+        self.fmt = fmt
+        self.count = 0
+        self._fh: Any = None
+        self._parquet: Any = None
+        self._status: Any = None
+
+    def __enter__(self) -> _Writer:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.fmt == "jsonl":
+            self._fh = open(self.path, "w")
+        self._status = Console(stderr=True).status("exporting", spinner="dots")
+        self._status.start()
+        return self
+
+    def write(self, records: list[dict[str, Any]]) -> None:
+        records = [{name: r.get(name) for name in EXPORT_FIELDS} for r in records]
+        if self.fmt == "jsonl":
+            self._fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        else:
+            self._write_parquet(records)
+        self.count += len(records)
+        self._status.update(f"exporting: {self.count} trajectories")
+
+    def _write_parquet(self, records: list[dict[str, Any]]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        text, whole, real, strings = pa.string(), pa.int64(), pa.float64(), pa.list_(pa.string())
+        schema = pa.schema([
+            ("id", whole), ("env", text), ("seed", whole), ("difficulty", whole), ("agent", text),
+            ("policy_version", whole), ("reward", real), ("passed", pa.bool_()), ("flags", strings), ("node", text),
+            ("finished_at", real), ("steps", text), ("seq", whole), ("group_id", whole), ("env_version", text),
+            ("status", text), ("verifier_version", text), ("reasons", strings), ("final", text)])
+        columns = {f.name: [json.dumps(r.get(f.name)) if f.name == "steps" else r.get(f.name) for r in records]
+                   for f in schema}
+        if self._parquet is None:
+            self._parquet = pq.ParquetWriter(self.path, schema)
+        self._parquet.write_table(pa.table(columns, schema=schema))
+
+    def __exit__(self, *exc: object) -> None:
+        self._status.stop()
+        if self._fh is not None:
+            self._fh.close()
+        if self.fmt == "parquet":
+            if self._parquet is None:  # nothing to export: still a valid, empty file
+                self._write_parquet([])
+            self._parquet.close()
 
 
 @click.command()

@@ -143,3 +143,11 @@ async def _trial(config: SandboxConfig) -> dict[str, Any]:
     detail = (f"python3 with numpy ran as a non-root uid with no network in {res.wall_s * 1000:.0f} ms"
               if ok else f"trial program failed: {json.dumps(res.to_json())[:400]}")
     return {"name": "trial box", "ok": ok, "detail": detail, "fix": "" if ok else "report this as a bug"}
+
+
+@sandbox_group.command("demo")
+def sandbox_demo() -> None:
+    """Box a fork bomb, a memory bomb, an output flood and more, and show each box held."""
+    from farmd.cli.sandbox_demo import main
+
+    main()

@@ -61,7 +61,7 @@ async def run_rollout(job: Job, env: Environment, agent: Agent, ctx: VerifyConte
         verifier_version=verdict.verifier_version,
         steps=[{"action": s.action, "observation": s.observation, "exit_code": s.exit_code, "seconds": s.seconds}
                for s in result.steps],
-        final=result.attempt.final, node=node,
+        final=result.attempt.final, node=node, finished_at=time.time(),
         timings={"task_s": made - started, "agent_s": acted - made, "verify_s": ended - acted,
                  "total_s": ended - started},
         details={"verdict": verdict.details, "usage": result.usage, **({"agent_error": result.error}

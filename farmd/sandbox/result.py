@@ -50,6 +50,15 @@ class BoxResult:
     """True when the program ran in a box started ahead of demand."""
     harvest: Harvest | None = None
 
+    @property
+    def outcome(self) -> str:
+        """One word for how the box ended: the first bound it hit, else exit_0, exit_nonzero or signal."""
+        if self.violations:
+            return self.violations[0]
+        if self.exit_code is None:
+            return "signal"
+        return "exit_0" if self.exit_code == 0 else "exit_nonzero"
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "exit_code": self.exit_code,

@@ -18,6 +18,7 @@ A box's life, host side:
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import itertools
@@ -88,6 +89,8 @@ class Sandbox:
         self._all_gone.set()
         self._start_lock = asyncio.Lock()
         self._closing = False
+        self.outcomes: collections.Counter[str] = collections.Counter()
+        """How boxes ended since start (``BoxResult.outcome``, or ``start_failed``): for metrics."""
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -189,7 +192,11 @@ class Sandbox:
         box = self._take_warm(shape)
         warm = box is not None
         if box is None:
-            box = await self._launch(policy)
+            try:
+                box = await self._launch(policy)
+            except BaseException:
+                self.outcomes["start_failed"] += 1
+                raise
         self._remember_shape(shape)
         if self.config.warm_boxes:
             self._schedule_refill(shape)
@@ -197,6 +204,7 @@ class Sandbox:
             res = await self._execute(box, argv, policy, files, requested_at)
             res.warm = warm
             res.harvest = await self._finish(box, keep, policy)
+            self.outcomes[res.outcome] += 1
             return res
         except BaseException:
             await self._destroy(box)

@@ -1,6 +1,6 @@
-"""Leases, retries, groups, demand: who runs what, and how much. Workers reach it through ``Leases``."""
+"""Leases, retries, groups, demand: who runs what, and how much. Workers (``farmd.rollout.worker``)
+reach it through the ``Leases`` calls, locally or, later, over gRPC."""
 
 from farmd.scheduler.scheduler import Scheduler, SchedulerConfig
-from farmd.scheduler.worker import Leases, Worker
 
-__all__ = ["Leases", "Scheduler", "SchedulerConfig", "Worker"]
+__all__ = ["Scheduler", "SchedulerConfig"]

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from farmd.metrics import Metrics
 from farmd.records import Job, JobState, Trajectory
 from farmd.store import Store
 from farmd.taskbank import TaskBank, TaskKey
@@ -53,8 +54,10 @@ class _Streams:
 
 
 class Scheduler:
-    def __init__(self, store: Store, bank: TaskBank, config: SchedulerConfig | None = None) -> None:
+    def __init__(self, store: Store, bank: TaskBank, config: SchedulerConfig | None = None,
+                 metrics: Metrics | None = None) -> None:
         self.store = store
+        self.metrics = metrics
         self.bank = bank
         self.config = config or SchedulerConfig()
         self.policy_version = 0
@@ -68,11 +71,11 @@ class Scheduler:
         self.counters: dict[str, int] = {"completed": 0, "failed": 0, "retried": 0, "requeued": 0, "enqueued": 0}
 
     @classmethod
-    async def open(cls, store: Store, max_difficulty: dict[str, int], config: SchedulerConfig | None = None
-                   ) -> Scheduler:
+    async def open(cls, store: Store, max_difficulty: dict[str, int], config: SchedulerConfig | None = None,
+                   metrics: Metrics | None = None) -> Scheduler:
         saved = await store.get_state(_BANK_STATE)
         bank = TaskBank.from_json(saved["bank"], max_difficulty) if saved else TaskBank(max_difficulty)
-        scheduler = cls(store, bank, config)
+        scheduler = cls(store, bank, config, metrics)
         scheduler._bank_cursor = int(saved["cursor"]) if saved else 0
         latest = await store.latest_policy()
         scheduler.policy_version = latest.version if latest else 0
@@ -151,6 +154,8 @@ class Scheduler:
     async def complete(self, owner: str, trajectories: list[Trajectory]) -> list[int]:
         stored = await self.store.complete([(owner, t) for t in trajectories])
         self.counters["completed"] += len(stored)
+        if self.metrics is not None:
+            self.metrics.stored.inc(len(stored))
         if stored:
             self._changed.set()
         return stored
@@ -159,7 +164,8 @@ class Scheduler:
         state = await self.store.fail(owner, job_id, error, self.config.max_attempts)
         if state is JobState.FAILED:
             self.counters["failed"] += 1
-            log.warning("job %d failed for good: %s", job_id, error)
+            log.warning("job %d failed for good: %s", job_id, error,
+                        extra={"job": job_id, "event": "job_failed", "error": error[:500]})
         elif state is JobState.QUEUED:
             self.counters["retried"] += 1
         return state
@@ -200,8 +206,24 @@ class Scheduler:
                 if await self._observe_finished():
                     await self._save_bank()
                 await self._top_up_demand()
+                await self._refresh_gauges()
             except Exception:  # upkeep must outlive a bad moment; the next round retries
                 log.exception("scheduler upkeep failed")
+
+    async def _refresh_gauges(self) -> None:
+        """The figures a scrape reads but must not query the store for."""
+        m = self.metrics
+        if m is None:
+            return
+        counts = await self.store.job_counts()
+        for state in JobState:
+            m.queue.labels(state.value).set(counts.get(state.value, 0))
+        last = await self.store.last_seq()
+        for name, acked in (await self.store.consumers()).items():
+            if not name.endswith("#groups"):  # group cursors count groups, not trajectories
+                m.consumer_lag.labels(name).set(last - acked)
+        m.policy_version.set(self.policy_version)
+        m.streams.set(sum(self._streams.open.values()))
 
     async def _observe_finished(self) -> int:
         seen = 0

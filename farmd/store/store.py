@@ -49,7 +49,8 @@ def _pack(traj: Trajectory) -> bytes:
 
 
 def _trajectory(row: aiosqlite.Row) -> Trajectory:
-    body = json.loads(zlib.decompress(row[15]))
+    # A row read without its body (a stream that sends no steps) has NULL there.
+    body: dict[str, Any] = json.loads(zlib.decompress(row[15])) if row[15] is not None else {"steps": [], "final": ""}
     return Trajectory(
         id=row[0], seq=row[1], group_id=row[2], env=row[3], env_version=row[4], seed=row[5], difficulty=row[6],
         agent=row[7], policy_version=row[8], reward=row[9], passed=bool(row[10]), status=row[11],
@@ -209,31 +210,43 @@ class Store:
         """Store trajectories of jobs leased by their owners, and mark the jobs done; one transaction.
 
         A job whose lease its owner no longer holds (it expired and went elsewhere) or
-        that is already done is skipped: the returned ids are those stored now.
+        that is already done is skipped: the returned ids are those stored now. A batch
+        costs a handful of statements, not a few per trajectory: each is a round trip
+        to the connection's thread.
         """
-        stored = []
+        if not items:
+            return []
+        latest = {traj.id: (owner, traj) for owner, traj in items}  # one job reported twice: once
+        bodies = await asyncio.to_thread(lambda: {tid: _pack(t) for tid, (_, t) in latest.items()})
         now = time.time()
+        by_owner: dict[str, list[int]] = {}
+        for tid, (owner, _) in latest.items():
+            by_owner.setdefault(owner, []).append(tid)
         async with self._write() as db:
-            async with db.execute("SELECT COALESCE(MAX(seq), 0) FROM trajectories") as cur:
-                row = await cur.fetchone()
-            seq = int(row[0]) if row else 0
-            for owner, traj in items:
-                cur = await db.execute(
-                    "UPDATE jobs SET state='done', lease_expires=NULL, updated_at=? "
-                    "WHERE id=? AND state='leased' AND lease_owner=?", (now, traj.id, owner))
-                if cur.rowcount != 1:
-                    continue
+            done: set[int] = set()
+            for owner, ids in by_owner.items():  # one worker's batch: usually one statement
+                for start in range(0, len(ids), _MAX_VARS):
+                    chunk = ids[start:start + _MAX_VARS]
+                    marks = ",".join("?" * len(chunk))
+                    done.update(int(r[0]) for r in await db.execute_fetchall(
+                        f"UPDATE jobs SET state='done', lease_expires=NULL, updated_at=? WHERE state='leased' "
+                        f"AND lease_owner=? AND id IN ({marks}) RETURNING id", (now, owner, *chunk)))
+            keep = [(owner, t) for tid, (owner, t) in sorted(latest.items()) if tid in done]
+            if not keep:
+                return []
+            row = await db.execute_fetchall("SELECT COALESCE(MAX(seq), 0) FROM trajectories")
+            seq = int(next(iter(row))[0])
+            for _, traj in keep:
                 seq += 1
                 traj.seq = seq
                 traj.finished_at = traj.finished_at or now
-                await db.execute(
-                    f"INSERT INTO trajectories({_TRAJ_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (traj.id, seq, traj.group_id, traj.env, traj.env_version, traj.seed, traj.difficulty, traj.agent,
-                     traj.policy_version, traj.reward, int(traj.passed), traj.status, json.dumps(traj.reasons),
-                     json.dumps(traj.flags), traj.verifier_version, _pack(traj), traj.node, traj.finished_at))
-                await self._finish_group_of(db, traj.id)
-                stored.append(traj.id)
-        return stored
+            await db.executemany(
+                f"INSERT INTO trajectories({_TRAJ_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                [(t.id, t.seq, t.group_id, t.env, t.env_version, t.seed, t.difficulty, t.agent, t.policy_version,
+                  t.reward, int(t.passed), t.status, json.dumps(t.reasons), json.dumps(t.flags), t.verifier_version,
+                  bodies[t.id], t.node, t.finished_at) for _, t in keep])
+            await self._finish_groups(db, sorted({t.group_id for _, t in keep}))
+        return [t.id for _, t in keep]
 
     async def fail(self, owner: str, job_id: int, error: str, max_attempts: int) -> JobState | None:
         """An infrastructure failure of a leased job: requeue it, or fail it for good. Never a score."""
@@ -264,11 +277,16 @@ class Store:
         await self._finish_group_of(db, job_id)
 
     async def _finish_group_of(self, db: aiosqlite.Connection, job_id: int) -> None:
-        """If ``job_id`` was its group's last job to end, give the group its place in the done order."""
-        await db.execute(
+        rows = await db.execute_fetchall("SELECT group_id FROM jobs WHERE id=?", (job_id,))
+        await self._finish_groups(db, [int(r[0]) for r in rows])
+
+    async def _finish_groups(self, db: aiosqlite.Connection, group_ids: list[int]) -> None:
+        """Groups whose last job just ended get their places in the done order (whole-group streams)."""
+        await db.executemany(
             "UPDATE groups SET done_seq = (SELECT COALESCE(MAX(done_seq), 0) + 1 FROM groups) "
-            "WHERE id = (SELECT group_id FROM jobs WHERE id=?) AND done_seq IS NULL AND NOT EXISTS "
-            "(SELECT 1 FROM jobs WHERE group_id = groups.id AND state IN ('queued', 'leased'))", (job_id,))
+            "WHERE id = ? AND done_seq IS NULL AND NOT EXISTS "
+            "(SELECT 1 FROM jobs WHERE group_id = groups.id AND state IN ('queued', 'leased'))",
+            [(g,) for g in group_ids])
 
     async def job_counts(self) -> dict[str, int]:
         rows = await self._all("SELECT state, COUNT(*) FROM jobs GROUP BY state")
@@ -313,7 +331,10 @@ class Store:
         return _trajectory(row) if row else None
 
     async def trajectories(self, *, after_seq: int = 0, limit: int = 100, env: str | None = None,
-                           min_policy: int | None = None, newest_first: bool = False) -> list[Trajectory]:
+                           min_policy: int | None = None, newest_first: bool = False, body: bool = True
+                           ) -> list[Trajectory]:
+        """Trajectories in stream order; ``body=False`` leaves out steps, final, timings and details
+        (their decompression is most of a read's cost)."""
         where: list[str] = ["seq > ?"]
         args: list[object] = [after_seq]
         if env is not None:
@@ -323,16 +344,18 @@ class Store:
             where.append("policy_version >= ?")
             args.append(min_policy)
         order = "DESC" if newest_first else "ASC"
+        columns = _TRAJ_COLUMNS if body else _TRAJ_COLUMNS.replace("body", "NULL")
         return [_trajectory(r) for r in await self._all(
-            f"SELECT {_TRAJ_COLUMNS} FROM trajectories WHERE {' AND '.join(where)} ORDER BY seq {order} LIMIT ?",
+            f"SELECT {columns} FROM trajectories WHERE {' AND '.join(where)} ORDER BY seq {order} LIMIT ?",
             (*args, limit))]
 
-    async def group_trajectories(self, group_ids: list[int]) -> list[Trajectory]:
+    async def group_trajectories(self, group_ids: list[int], body: bool = True) -> list[Trajectory]:
         if not group_ids:
             return []
         marks = ",".join("?" * len(group_ids))
+        columns = _TRAJ_COLUMNS if body else _TRAJ_COLUMNS.replace("body", "NULL")
         return [_trajectory(r) for r in await self._all(
-            f"SELECT {_TRAJ_COLUMNS} FROM trajectories WHERE group_id IN ({marks}) ORDER BY seq", group_ids)]
+            f"SELECT {columns} FROM trajectories WHERE group_id IN ({marks}) ORDER BY seq", group_ids)]
 
     async def last_seq(self) -> int:
         row = await self._one("SELECT COALESCE(MAX(seq), 0) FROM trajectories")

@@ -6,6 +6,7 @@ import pytest
 
 from farmd.agents import AgentSpecError, OpenAIAgent, RandomAgent, ReferenceAgent, make_agent
 from farmd.agents.registry import FORMS
+from farmd.agents.scripted import SkilledAgent
 
 
 def test_scripted_specs() -> None:
@@ -17,6 +18,11 @@ def test_scripted_specs() -> None:
     assert isinstance(seeded, RandomAgent) and (seeded.seed, seeded.name) == (7, "random:7")
     with pytest.raises(AgentSpecError, match="integer"):
         make_agent("random:seven")
+    skilled = make_agent("skilled:2.5")
+    assert isinstance(skilled, SkilledAgent) and (skilled.skill, skilled.name) == (2.5, "skilled:2.5")
+    for bad in ("skilled:", "skilled:high", "skilled:1e9"):
+        with pytest.raises(AgentSpecError, match="skill"):
+            make_agent(bad)
 
 
 def test_an_openai_spec() -> None:

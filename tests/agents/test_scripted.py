@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from farmd.agents import AgentError, AgentResult, RandomAgent, ReferenceAgent
+from farmd.agents.scripted import SkilledAgent
 from farmd.envs import get, names
 from farmd.envs.base import Observation, Task, VerifyContext
 from farmd.envs.kernel import static_problem
@@ -162,6 +163,19 @@ async def test_reference_without_an_episode() -> None:
     result = await ReferenceAgent().attempt(task, None, 0)
     assert result.attempt == env.reference(task)
     assert [s.action for s in result.steps] == env.reference(task).actions
+
+
+async def test_skilled_solves_less_as_tasks_get_harder() -> None:
+    env = get("rg:chain_sum")
+    agent = SkilledAgent(2.5)
+    assert agent.p_solve(1) > 0.8 > agent.p_solve(2) > 0.5 > agent.p_solve(3) > agent.p_solve(5)
+    rates = {}
+    for difficulty in (1, 4):
+        task = env.generate(9, difficulty)
+        reference = env.reference(task).final
+        finals = [(await agent.attempt(task, None, 0)).attempt.final for _ in range(200)]
+        rates[difficulty] = sum(f == reference for f in finals) / len(finals)
+    assert rates[1] > 0.7 and rates[4] < 0.4, rates  # 0.82 and 0.18 expected
 
 
 async def test_reference_refuses_a_task_of_another_version() -> None:

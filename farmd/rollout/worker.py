@@ -17,14 +17,17 @@ from typing import Protocol
 
 from farmd.agents import Agent, make_agent
 from farmd.envs import VerifyContext, get
+from farmd.metrics import Metrics
 from farmd.records import Job, JobState, Trajectory
 from farmd.rollout.runner import run_rollout
 
 log = logging.getLogger("farmd.worker")
 
 _IDLE_MIN_S = 0.02
-_IDLE_MAX_S = 0.5
-_FLUSH_S = 0.05
+_IDLE_MAX_S = 0.1
+"""An idle worker asks for work at least this often: the cost of one indexed query, and the
+most a job queued on an idle farm waits to start."""
+_FLUSH_S = 0.02
 _FLUSH_MAX = 64
 
 
@@ -38,8 +41,8 @@ class Leases(Protocol):
 
 
 class Worker:
-    def __init__(self, leases: Leases, ctx: VerifyContext, slots: int, lease_s: float, node: str | None = None
-                 ) -> None:
+    def __init__(self, leases: Leases, ctx: VerifyContext, slots: int, lease_s: float, node: str | None = None,
+                 metrics: Metrics | None = None) -> None:
         self.leases = leases
         self.ctx = ctx
         self.slots = slots
@@ -54,6 +57,7 @@ class Worker:
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self.counters = {"ran": 0, "infra_failures": 0}
+        self.metrics = metrics
 
     async def start(self) -> None:
         await self.leases.recover(self.node, self.owner)
@@ -115,13 +119,23 @@ class Worker:
             trajectory = await run_rollout(job, env, agent, self.ctx, self.node)
             self._done.append(trajectory)
             self.counters["ran"] += 1
+            log.debug("job %d: reward %g", job.id, trajectory.reward,
+                      extra={"job": job.id, "env": job.env, "event": "rollout", "reward": trajectory.reward,
+                             "status": trajectory.status, "seconds": trajectory.timings.get("total_s")})
+            if self.metrics is not None:
+                m = self.metrics
+                m.rollouts.labels(job.env, "passed" if trajectory.passed else "failed").inc()
+                m.verdict_seconds.labels(job.env).observe(trajectory.timings.get("verify_s", 0.0))
+                m.rollout_seconds.labels(job.env).observe(trajectory.timings.get("total_s", 0.0))
             if len(self._done) >= _FLUSH_MAX:
                 await self._flush()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # InfraFailure or a bug: not the attempt's fault, so retried, never scored
             self.counters["infra_failures"] += 1
-            log.warning("job %d: %s", job.id, exc)
+            if self.metrics is not None:
+                self.metrics.rollouts.labels(job.env, "infra_failure").inc()
+            log.warning("job %d: %s", job.id, exc, extra={"job": job.id, "env": job.env, "event": "infra_failure"})
             with contextlib.suppress(Exception):
                 await self.leases.fail(self.owner, job.id, f"{type(exc).__name__}: {exc}")
         finally:

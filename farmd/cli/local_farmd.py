@@ -1,0 +1,70 @@
+"""A ``farmd serve`` child process on this machine: started on port 0, found through its run
+file, stopped with SIGTERM. For ``make run`` and the benchmarks (the tests keep their own,
+with pytest's reporting)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+FARMD = str(Path(sys.executable).parent / "farmd")
+
+
+class FarmdFailed(Exception):
+    """farmd exited or did not come up; the message ends with its log."""
+
+
+class LocalFarmd:
+    def __init__(self, data_dir: Path, *flags: str, log_path: Path | None = None,
+                 env: dict[str, str] | None = None, start_timeout_s: float = 120.0) -> None:
+        self.data_dir = data_dir
+        self.log_path = log_path or data_dir / "farmd.log"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        runfile = data_dir / "farmd.json"
+        runfile.unlink(missing_ok=True)
+        self._log: IO[bytes] = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen([FARMD, "serve", "--listen", "127.0.0.1:0", "--data", str(data_dir), *flags],
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.addr = self._wait_for_addr(runfile, start_timeout_s)
+
+    def _wait_for_addr(self, runfile: Path, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.stop()
+                raise FarmdFailed(f"farmd exited {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                info = json.loads(runfile.read_text())
+                if info.get("pid") == self.proc.pid:
+                    return str(info["addr"])
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.02)
+        self.stop()
+        raise FarmdFailed(f"farmd did not start within {timeout_s:g}s:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM (a graceful stop), then SIGKILL if it does not end within ``timeout_s``."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> LocalFarmd:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

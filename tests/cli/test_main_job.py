@@ -1,0 +1,33 @@
+"""``make run``'s main job, small: a farmd starts, a mixed workload runs, the data dir stays for export."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from farmd.envs import names
+from tests.conftest import farmctl
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
+
+
+def test_main_job_runs_every_environment_and_leaves_its_data(tmp_path: Path) -> None:
+    data = tmp_path / "farm-data"
+    proc = subprocess.run([sys.executable, "-m", "farmd.cli.main_job", "--data", str(data), "--scale", "0.1",
+                           "--waves", "2"], capture_output=True, timeout=300)
+    out = proc.stdout.decode()
+    assert proc.returncode == 0, out[-3000:] + proc.stderr.decode()[-3000:]
+    assert "farmctl status" in out and "isolation: yes" in out and "0 failed" in out
+    assert not (data / "farmd.json").exists(), "farmd was stopped"
+    export = tmp_path / "all.jsonl"
+    farmctl("export", "--format", "jsonl", "--out", str(export), "--data", str(data))
+    records = [json.loads(line) for line in export.read_text().splitlines()]
+    assert {r["env"] for r in records} == set(names())
+    assert {r["agent"] for r in records} == {"reference", "random", "skilled:3"}
+    assert all(r["passed"] for r in records if r["agent"] == "reference")
+    assert not any(r["passed"] for r in records if r["agent"] == "random")
+    assert len(records) == len({r["id"] for r in records}) == 4 * 4 * len(names())  # 3 agents, then 1
