@@ -115,7 +115,7 @@ class FarmService(farm_pb2_grpc.FarmServicer):
                 if up_to == sent:
                     await self._scheduler.wait_for_more(_STREAM_POLL_S)
                     continue
-                fresh = [t for t in trajectories if floor is None or t.policy_version >= floor]
+                fresh = _fresh(trajectories, floor, request.whole_groups)
                 sent = up_to
                 if fresh or request.max_staleness:  # a batch of only stale ones still moves the cursor along
                     yield farm_pb2.Batch(trajectories=[trajectory_pb(t, request.include_steps) for t in fresh],
@@ -217,3 +217,16 @@ class FarmService(farm_pb2_grpc.FarmServicer):
 def _cursor_key(consumer: str, whole_groups: bool) -> str:
     # The two kinds of stream count in different sequences (trajectories, finished groups).
     return f"{consumer}#groups" if whole_groups else consumer
+
+
+def _fresh(trajectories: list[Trajectory], floor: int | None, whole_groups: bool) -> list[Trajectory]:
+    """Trajectories at policy version ``floor`` or newer; with ``whole_groups``, whole groups whose
+    every attempt is (a group's jobs may be leased under different versions: it is kept or
+    passed over as one, so a group-relative advantage never sees half a group)."""
+    if floor is None:
+        return trajectories
+    if not whole_groups:
+        return [t for t in trajectories if t.policy_version >= floor]
+    stale = {t.group_id for t in trajectories if t.policy_version < floor}
+    return [t for t in trajectories if t.group_id not in stale]
+

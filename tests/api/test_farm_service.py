@@ -159,3 +159,18 @@ def test_bad_input_gets_clear_errors_and_loses_nothing(farm) -> None:  # type: i
     assert running.proc.poll() is None, "the daemon stays up"
     assert after["queue"] == before["queue"] and after["last_seq"] == before["last_seq"] == 8
     assert len(client.trajectories(limit=100)) == 8
+
+
+def test_staleness_keeps_or_drops_whole_groups_as_one() -> None:
+    from farmd.api.farm_service import _fresh
+    from farmd.records import Trajectory
+
+    def t(tid: int, group: int, version: int) -> Trajectory:
+        return Trajectory(id=tid, group_id=group, env="e", env_version="1", seed=1, difficulty=1, agent="a",
+                          policy_version=version, reward=1.0, passed=True, status="ok", reasons=[], flags=[],
+                          verifier_version="1", steps=[], final="", node="n")
+
+    batch = [t(1, 1, 3), t(2, 1, 2), t(3, 2, 3), t(4, 2, 3)]  # group 1 straddles a publish
+    assert [x.id for x in _fresh(batch, 3, whole_groups=False)] == [1, 3, 4]
+    assert [x.id for x in _fresh(batch, 3, whole_groups=True)] == [3, 4]
+    assert _fresh(batch, None, whole_groups=True) == batch
