@@ -54,7 +54,8 @@ class Daemon:
         self._server: grpc.aio.Server | None = None
         self._health: health_aio.HealthServicer | None = None
         self._stopping = asyncio.Event()
-        self.metrics = Metrics()
+        self.metrics = Metrics() if config.metrics_listen else None
+        """None unless metrics are served: nobody pays for figures nobody scrapes."""
         self._metrics_server: MetricsServer | None = None
 
     @property
@@ -84,8 +85,9 @@ class Daemon:
                 sandbox_config = replace(sandbox_config, max_boxes=max(sandbox_config.boxes, 2 * self.workers + 2))
             self.sandbox = Sandbox(sandbox_config)
             await self.sandbox.start()
-            sandbox = self.sandbox
-            self.metrics.watch_boxes(lambda: sandbox.outcomes)
+            if self.metrics is not None:
+                sandbox = self.sandbox
+                self.metrics.watch_boxes(lambda: sandbox.outcomes)
             key = await loop.run_in_executor(None, VerifierKey.load_or_create, self.config.data_dir)
             ctx = VerifyContext(sandbox=self.sandbox, key=key, scratch_dir=None)
             self.worker = Worker(self.scheduler, ctx, slots=self.workers, lease_s=self.config.scheduler.lease_s,
@@ -124,7 +126,7 @@ class Daemon:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         host = self.config.listen.rsplit(":", 1)[0]
         metrics_addr = None
-        if self.config.metrics_listen:
+        if self.metrics is not None and self.config.metrics_listen:
             self._metrics_server = MetricsServer(self.metrics, self.config.metrics_listen)
             await self._metrics_server.start()
             metrics_host = self.config.metrics_listen.rsplit(":", 1)[0] or "127.0.0.1"

@@ -37,7 +37,7 @@ class Metrics:
         self.rollout_seconds = Histogram("farm_rollout_seconds", "Time from a leased job to its verdict", ["env"],
                                          buckets=_LATENCY_BUCKETS, registry=r)
         self.stored = Counter("farm_trajectories_stored", "Trajectories committed to the store", registry=r)
-        self.queue = Gauge("farm_queue_jobs", "Jobs in the queue, by state", ["state"], registry=r)
+        self.queue = Gauge("farm_queue_jobs", "Jobs waiting (queued) and running (leased)", ["state"], registry=r)
         self.consumer_lag = Gauge("farm_consumer_lag", "Trajectories stored but not yet acked, by consumer",
                                   ["consumer"], registry=r)
         self.policy_version = Gauge("farm_policy_version", "The policy version jobs are leased with", registry=r)

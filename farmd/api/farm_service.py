@@ -105,6 +105,7 @@ class FarmService(farm_pb2_grpc.FarmServicer):
         self._scheduler.stream_opened(consumer)
         try:
             while True:
+                seen = self._scheduler.stored_generation  # before reading: a commit after it wakes the wait
                 floor = (self._scheduler.policy_version - request.max_staleness) if request.max_staleness else None
                 if request.whole_groups:
                     trajectories, up_to = await self._whole_groups(sent, size, request.include_steps)
@@ -113,7 +114,7 @@ class FarmService(farm_pb2_grpc.FarmServicer):
                                                                   body=request.include_steps)
                     up_to = trajectories[-1].seq if trajectories else sent
                 if up_to == sent:
-                    await self._scheduler.wait_for_more(_STREAM_POLL_S)
+                    await self._scheduler.wait_for_more(seen, _STREAM_POLL_S)
                     continue
                 fresh = _fresh(trajectories, floor, request.whole_groups)
                 sent = up_to

@@ -65,8 +65,10 @@ class Scheduler:
         self._bank_cursor = 0
         self._task: asyncio.Task[None] | None = None
         self._streams = _Streams()
-        self._changed = asyncio.Event()
-        """Set whenever trajectories were stored: wakes streams waiting for more."""
+        self.stored_generation = 0
+        """Counts commits that stored trajectories: a stream notes it before it reads."""
+        self._stored = asyncio.Event()
+        """Set (and replaced) at each such commit: wakes every stream waiting for more."""
         self._submit_lock = asyncio.Lock()
         self.counters: dict[str, int] = {"completed": 0, "failed": 0, "retried": 0, "requeued": 0, "enqueued": 0}
 
@@ -118,7 +120,7 @@ class Scheduler:
             return
         cursors = await self.store.consumers()
         slowest = min((cursors.get(name, 0) for name in self._streams.open), default=0)
-        counts = await self.store.job_counts()
+        counts = await self.store.open_job_counts()
         pending = counts.get(JobState.QUEUED, 0) + counts.get(JobState.LEASED, 0)
         ahead = await self.store.last_seq() - slowest + pending
         want = cfg.demand_buffer - ahead
@@ -137,11 +139,14 @@ class Scheduler:
         else:
             self._streams.open.pop(consumer, None)
 
-    async def wait_for_more(self, timeout_s: float) -> None:
-        """Return when trajectories were stored since the last call (or after ``timeout_s``)."""
-        self._changed.clear()
+    async def wait_for_more(self, seen_generation: int, timeout_s: float) -> None:
+        """Return once trajectories were stored after ``stored_generation`` was ``seen_generation``
+        (at once if they already were), or after ``timeout_s``. One stream's wait never swallows
+        another's wake-up: each commit sets its own event."""
+        if self.stored_generation != seen_generation:
+            return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout_s)
+            await asyncio.wait_for(self._stored.wait(), timeout_s)
 
     # -- leases (the interface local and remote workers share) ------------------------------------
 
@@ -157,7 +162,9 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.stored.inc(len(stored))
         if stored:
-            self._changed.set()
+            self.stored_generation += 1
+            stored_now, self._stored = self._stored, asyncio.Event()
+            stored_now.set()
         return stored
 
     async def fail(self, owner: str, job_id: int, error: str) -> JobState | None:
@@ -215,8 +222,8 @@ class Scheduler:
         m = self.metrics
         if m is None:
             return
-        counts = await self.store.job_counts()
-        for state in JobState:
+        counts = await self.store.open_job_counts()
+        for state in (JobState.QUEUED, JobState.LEASED):
             m.queue.labels(state.value).set(counts.get(state.value, 0))
         last = await self.store.last_seq()
         for name, acked in (await self.store.consumers()).items():

@@ -289,7 +289,13 @@ class Store:
             [(g,) for g in group_ids])
 
     async def job_counts(self) -> dict[str, int]:
+        """Jobs in every state: counts every job ever queued (for status, not for loops)."""
         rows = await self._all("SELECT state, COUNT(*) FROM jobs GROUP BY state")
+        return {state: n for state, n in rows}
+
+    async def open_job_counts(self) -> dict[str, int]:
+        """Queued and leased jobs only: an index range as long as the queue, cheap every second."""
+        rows = await self._all("SELECT state, COUNT(*) FROM jobs WHERE state IN ('queued', 'leased') GROUP BY state")
         return {state: n for state, n in rows}
 
     async def group_progress(self, group_ids: list[int]) -> tuple[int, int, int, int]:

@@ -146,3 +146,22 @@ async def test_the_task_bank_survives_a_restart(farm) -> None:  # type: ignore[n
     again = await open_()
     assert again.bank.status() == before
     assert before["envs"]["rg:chain_sum"]["groups"] == 2, before
+
+
+async def test_a_stream_never_misses_a_wake_up(farm) -> None:  # type: ignore[no-untyped-def]
+    _store, open_ = farm
+    s = await open_(group_size=1)
+    await s.submit("rg:chain_sum", "reference", 2)
+    jobs = await s.lease("w", 2)
+    seen = s.stored_generation
+    await s.complete("w", [scored(jobs[0])])  # stored between a stream's read and its wait
+    t0 = asyncio.get_running_loop().time()
+    await s.wait_for_more(seen, 5)
+    assert asyncio.get_running_loop().time() - t0 < 0.5, "the commit it had not seen wakes it at once"
+
+    seen = s.stored_generation
+    waiters = [asyncio.create_task(s.wait_for_more(seen, 5)) for _ in range(3)]
+    await asyncio.sleep(0.05)
+    await s.complete("w", [scored(jobs[1])])
+    done, _ = await asyncio.wait(waiters, timeout=0.5)
+    assert len(done) == 3, "one commit wakes every waiting stream"
