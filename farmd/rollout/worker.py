@@ -56,6 +56,7 @@ class Worker:
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
+        self._flush_now = asyncio.Event()
         self.counters = {"ran": 0, "infra_failures": 0}
         self.metrics = metrics
 
@@ -67,18 +68,25 @@ class Worker:
                        loop.create_task(self._heartbeat_loop(), name="worker-heartbeat")]
 
     async def stop(self, grace_s: float) -> None:
-        """No new leases; in-flight rollouts get ``grace_s`` to finish; the rest go back to the queue."""
+        """No new leases; in-flight rollouts get ``grace_s`` to finish; the rest go back to the queue.
+
+        The lease and flush loops are let finish, not cancelled: a completion cancelled in the
+        middle of its transaction would be rolled back and its rollouts run again.
+        """
         self._stopping = True
         self._wake.set()
+        self._flush_now.set()
+        leasing, flushing, heartbeat = self._tasks
+        await asyncio.gather(leasing, return_exceptions=True)  # no lease is taken after this
         if self._running:
             _, pending = await asyncio.wait(list(self._running.values()), timeout=grace_s)
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(flushing, return_exceptions=True)
+        heartbeat.cancel()
+        await asyncio.gather(heartbeat, return_exceptions=True)
         await self._flush()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
         given_back = await self.leases.release(self.owner)
         if given_back:
             log.info("gave back %d unfinished leases", given_back)
@@ -128,7 +136,7 @@ class Worker:
                 m.verdict_seconds.labels(job.env).observe(trajectory.timings.get("verify_s", 0.0))
                 m.rollout_seconds.labels(job.env).observe(trajectory.timings.get("total_s", 0.0))
             if len(self._done) >= _FLUSH_MAX:
-                await self._flush()
+                self._flush_now.set()  # only the flush loop writes: a rollout's cancellation never cuts one
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # InfraFailure or a bug: not the attempt's fault, so retried, never scored
@@ -153,8 +161,10 @@ class Worker:
                           len(batch))
 
     async def _flush_loop(self) -> None:
-        while True:
-            await asyncio.sleep(_FLUSH_S)
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._flush_now.wait(), _FLUSH_S)
+            self._flush_now.clear()
             await self._flush()
 
     async def _heartbeat_loop(self) -> None:

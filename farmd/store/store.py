@@ -10,7 +10,9 @@ store twice), and an accepted job is in the database before ``enqueue`` returns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import sqlite3
 import time
 import zlib
 from collections.abc import AsyncIterator, Iterable
@@ -112,13 +114,22 @@ class Store:
         in order, but would interleave two coroutines' transactions)."""
         async with self._write_lock:
             db = self._wdb
-            await db.execute("BEGIN IMMEDIATE")
             try:
+                await db.execute("BEGIN IMMEDIATE")
                 yield db
             except BaseException:
-                await db.execute("ROLLBACK")
+                # Also when the caller was cancelled: a statement already handed to the
+                # connection's thread runs anyway (a BEGIN included), so the transaction must
+                # be ended here, or the next writer finds one open. The rollback is queued
+                # behind it and shielded from a second cancellation.
+                await asyncio.shield(self._rollback())
                 raise
             await db.execute("COMMIT")
+
+    async def _rollback(self) -> None:
+        # OperationalError: the BEGIN itself failed, so there is nothing to end.
+        with contextlib.suppress(sqlite3.OperationalError):
+            await self._wdb.execute("ROLLBACK")
 
     async def _all(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
         """Rows of one read, in one call on the reader's thread: a cursor held open across awaits

@@ -145,3 +145,21 @@ async def test_everything_survives_a_reopen(tmp_path: Path) -> None:
         assert await s.finished_since(time.time() - 60) == 1
     finally:
         await s.close()
+
+
+async def test_a_writer_cancelled_anywhere_leaves_no_transaction_open(store: Store) -> None:
+    finished = 0
+    for delay in range(60):  # cancel at every point of a write: waiting for the lock, in BEGIN, mid-way, in COMMIT
+        task = asyncio.ensure_future(store.enqueue([("py-func", delay, 1, "reference", 2)]))
+        for _ in range(delay % 12):
+            await asyncio.sleep(0)
+        task.cancel()
+        try:
+            await task
+            finished += 1
+        except asyncio.CancelledError:
+            pass
+    await store.enqueue([("py-func", 999, 1, "reference", 1)])  # would fail: "cannot start a transaction within..."
+    counts = await store.job_counts()
+    # a cancelled write either committed whole (its COMMIT was already on its way) or not at all
+    assert counts["queued"] % 2 == 1 and counts["queued"] >= 2 * finished + 1, counts
