@@ -22,6 +22,18 @@ TIMEOUT = "timeout"
 """The attempt ran out of time."""
 NO_ANSWER = "no_answer"
 """There was nothing to verify (empty submission, no answer block)."""
+UNPARSEABLE = "unparseable"
+"""The submission could not be parsed or compiled (a syntax error, nesting too deep, an expression too
+long): checked in the judge's box, never on the host."""
+INVALID_TEXT = "invalid_text"
+"""The attempt's text held what UTF-8 cannot encode (a lone surrogate); it was repaired with U+FFFD where
+it entered the farm, and the attempt judged as repaired."""
+VERIFIER_FAULT = "verifier_fault"
+"""The verifier failed while judging this attempt but judges the task's reference soundly: whatever the
+attempt did to it, the attempt gets 0 (a verifier error is never an escape from a 0)."""
+TRUNCATED = "truncated"
+"""Part of the attempt (a reply, an observation, a step list) was cut to the bounds of a stored
+trajectory; the verdict was given on the whole attempt."""
 
 
 @dataclass

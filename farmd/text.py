@@ -1,0 +1,68 @@
+"""Text that came from outside farm, made safe once at the boundary where it enters.
+
+Untrusted text arrives from boxes (bytes), model endpoints (JSON, which may hold lone
+surrogates such as ``"\\ud800"``), API clients and contributed environments. A lone
+surrogate is a valid Python ``str`` and valid JSON, but protobuf, SQLite's UTF-8 and
+every encoder refuse it, so one such string stored would break every later read of
+the record. ``valid_text`` repairs it (U+FFFD) and says how many characters it
+replaced, so the repair can be recorded; ``clip`` bounds a string with a visible
+marker. ``for_terminal`` is for the other end: text shown to an operator, with
+control characters and invisible reordering characters made visible, so a name
+or an attempt's output can never move the cursor, retitle a window or hide text.
+
+Standard library only: every layer of farm may import this.
+"""
+
+from __future__ import annotations
+
+import re
+
+REPLACEMENT = "\ufffd"
+
+# Lone (or mis-paired) surrogates: the only str contents that cannot be encoded as UTF-8.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+# C0 controls but tab and newline, DEL, C1 controls; bidirectional overrides and isolates, which
+# reorder what a terminal shows ("Trojan Source"); zero-width joiners and the BOM, which hide text.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+_UNSAFE_INLINE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def valid_text(text: str) -> tuple[str, int]:
+    """``text`` with every character UTF-8 cannot encode replaced by U+FFFD, and how many were."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.subn(REPLACEMENT, text)
+    return text, 0
+
+
+def decode(data: bytes) -> tuple[str, int]:
+    """``data`` as text (invalid UTF-8 sequences become U+FFFD), and how many characters were replaced."""
+    text = data.decode("utf-8", "replace")
+    return text, (text.count(REPLACEMENT) - data.count(REPLACEMENT.encode())) if REPLACEMENT in text else 0
+
+
+def clip(text: str, max_chars: int) -> tuple[str, bool]:
+    """``text`` cut to at most ``max_chars`` characters (a marker says how much went), and whether it was."""
+    if len(text) <= max_chars:
+        return text, False
+    marker = f"\n[... {len(text) - max_chars} more characters not kept]"
+    keep = max(0, max_chars - len(marker))
+    return text[:keep] + marker[: max_chars - keep], True
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def for_terminal(text: str, *, inline: bool = True) -> str:
+    """``text`` safe to print: control and invisible reordering characters shown as escapes.
+
+    ``inline`` (for table cells and names) escapes newlines and tabs too. The result is
+    plain text: callers that print through rich must still not let it be read as markup
+    (``rich.text.Text(...)`` or ``rich.markup.escape``).
+    """
+    pattern = _UNSAFE_INLINE if inline else _UNSAFE
+    return pattern.sub(_visible, valid_text(text)[0])
