@@ -10,16 +10,17 @@ import uvloop
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench import farm_bench, sandbox_bench, verifier_bench
+from bench import farm_bench, kernel_speed_bench, sandbox_bench, verifier_bench
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="farm's benchmarks")
-    parser.add_argument("--only", choices=("sandbox", "verifier", "farm"), help="run one part")
+    parser.add_argument("--only", choices=("sandbox", "verifier", "kernel-speed", "farm"), help="run one part")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument("--n", type=int, default=60, help="repetitions of each latency figure")
     parser.add_argument("--boxes", type=int, default=200, help="programs per throughput figure")
     parser.add_argument("--verifications", type=int, default=30, help="tasks per environment")
+    parser.add_argument("--kernel-runs", type=int, default=20, help="runs of each kernel speed figure")
     parser.add_argument("--rollouts", type=int, default=200, help="py-func rollouts through farmd and inline")
     parser.add_argument("--trajectories", type=int, default=20_000, help="trajectories into and out of the store")
     parser.add_argument("--latency-s", type=float, default=10.0, help="seconds of rollouts per latency figure")
@@ -32,6 +33,8 @@ def main() -> None:
             out["sandbox"] = sandbox_bench.report(uvloop.run(sandbox_bench.measure(args.n, args.boxes, progress)))
         if args.only in (None, "verifier"):
             out["verifier"] = uvloop.run(verifier_bench.measure(args.verifications, progress))
+        if args.only in (None, "kernel-speed"):
+            out["kernel_speed"] = uvloop.run(kernel_speed_bench.measure(args.kernel_runs, progress))
         if args.only in (None, "farm"):
             out["farm"] = farm_bench.measure(args.rollouts, args.trajectories, args.latency_s, progress)
     if args.json:
@@ -42,6 +45,8 @@ def main() -> None:
         sandbox_bench.render(out["sandbox"], console)  # type: ignore[arg-type]
     if "verifier" in out:
         verifier_bench.render(out["verifier"], console)  # type: ignore[arg-type]
+    if "kernel_speed" in out:
+        kernel_speed_bench.render(out["kernel_speed"], console)  # type: ignore[arg-type]
     if "farm" in out:
         farm_bench.render(out["farm"], console)  # type: ignore[arg-type]
 

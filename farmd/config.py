@@ -1,7 +1,8 @@
 """One frozen configuration per process, built from farm.toml and command-line flags.
 
 Nothing else in farmd reads the environment or a config file: entry points build a
-``Config`` once (``load``) and hand it down.
+``Config`` once (``load``) and hand it down. That includes the API keys of model endpoints
+(``[endpoints.NAME] key_env``), read here when the config loads and nowhere else.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from farmd.agents.errors import AgentSpecError
+from farmd.agents.registry import NamedEndpoint, make_agent
 from farmd.errors import ConfigError
 from farmd.sandbox.config import SandboxConfig
 from farmd.scheduler.scheduler import SchedulerConfig
@@ -34,8 +37,15 @@ class Config:
     """``text`` for people, ``json`` (one object per line) for log pipelines."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    endpoints: tuple[NamedEndpoint, ...] = ()
+    """The model servers jobs may name (``openai:MODEL@NAME``), from farm.toml's ``[endpoints.NAME]``."""
     metrics_listen: str | None = None
     """HOST:PORT for Prometheus metrics over HTTP (None: off; port 0: any free port)."""
+    max_concurrent_calls: int = 256
+    """API calls open at once (health checks and reflection aside); a trainer's stream counts for as
+    long as it is open. One more is refused (RESOURCE_EXHAUSTED) before its request is read."""
+    max_policy_bytes: int = 4 << 30
+    """The largest policy a trainer may publish (it is kept in a file under the data directory)."""
 
 
 def _coerce_sandbox(table: dict[str, Any]) -> SandboxConfig:
@@ -63,11 +73,42 @@ def _coerce_scheduler(table: dict[str, Any]) -> SchedulerConfig:
         raise ConfigError(f"[scheduler]: {exc}") from exc
 
 
+_ENDPOINT_KEYS = ("url", "key_env", "request_timeout_s", "max_attempts", "max_tokens", "max_turns")
+
+
+def _coerce_endpoints(table: dict[str, Any]) -> tuple[NamedEndpoint, ...]:
+    endpoints = []
+    for name, settings in table.items():
+        where = f"[endpoints.{name}]"
+        if not isinstance(settings, dict):
+            raise ConfigError(f'{where} must be a table: [endpoints.{name}] with url = "http://HOST:PORT/v1"')
+        unknown = sorted(set(settings) - set(_ENDPOINT_KEYS))
+        if unknown:
+            raise ConfigError(f"{where} has no setting {unknown[0]!r}; known: {', '.join(_ENDPOINT_KEYS)}")
+        if "url" not in settings:
+            raise ConfigError(f'{where} needs a url, e.g. url = "http://127.0.0.1:8000/v1"')
+        key_env = settings.get("key_env")
+        api_key = None
+        if key_env is not None:
+            if not isinstance(key_env, str) or not key_env:
+                raise ConfigError(f"{where}: key_env is the name of an environment variable, got {key_env!r}")
+            api_key = os.environ.get(key_env)
+            if not api_key:
+                raise ConfigError(f"{where}: the environment variable {key_env} (its key_env) holds no API key")
+        try:
+            endpoints.append(NamedEndpoint(name=name, api_key=api_key, **settings))
+        except ValueError as exc:
+            why = f"the key in {key_env}: {exc}" if api_key and "API key" in str(exc) else str(exc)
+            raise ConfigError(f"{where}: {why}") from None
+    return tuple(endpoints)
+
+
 def load(path: Path | None = None, **flags: Any) -> Config:
     """Build the config: defaults, then ``path`` (TOML), then FARM_TOKEN, then non-None ``flags``."""
     values: dict[str, Any] = {}
     sandbox = SandboxConfig()
     scheduler = SchedulerConfig()
+    endpoints: tuple[NamedEndpoint, ...] = ()
     if path is not None:
         try:
             raw = tomllib.loads(path.read_text())
@@ -80,9 +121,12 @@ def load(path: Path | None = None, **flags: Any) -> Config:
             sandbox = _coerce_sandbox(raw.pop("sandbox"))
         if "scheduler" in raw:
             scheduler = _coerce_scheduler(raw.pop("scheduler"))
+        if "endpoints" in raw:
+            endpoints = _coerce_endpoints(raw.pop("endpoints"))
         if raw:
-            raise ConfigError(f"{path}: unknown tables {sorted(raw)}; expected [farm], [sandbox] and [scheduler]")
-        known = {f.name for f in fields(Config)} - {"sandbox", "scheduler"}
+            raise ConfigError(f"{path}: unknown tables {sorted(raw)}; expected [farm], [sandbox], [scheduler] "
+                              "and [endpoints.NAME]")
+        known = {f.name for f in fields(Config)} - {"sandbox", "scheduler", "endpoints"}
         for key, value in farm.items():
             if key not in known:
                 raise ConfigError(f"[farm] has no setting {key!r}; known: {', '.join(sorted(known))}")
@@ -97,4 +141,9 @@ def load(path: Path | None = None, **flags: Any) -> Config:
     for key, value in flags.items():
         if value is not None:
             values[key] = value
-    return Config(sandbox=sandbox, scheduler=scheduler, **values)
+    if scheduler.demand_agent:
+        try:  # refused now, not by every demand-driven job
+            make_agent(scheduler.demand_agent, endpoints=endpoints)
+        except AgentSpecError as exc:
+            raise ConfigError(f"[scheduler] demand_agent: {exc}") from None
+    return Config(sandbox=sandbox, scheduler=scheduler, endpoints=endpoints, **values)

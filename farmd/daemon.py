@@ -25,12 +25,14 @@ from grpc_reflection.v1alpha import reflection
 
 from farmd.api.auth import TokenInterceptor
 from farmd.api.farm_service import FarmService
+from farmd.api.limits import CallLimits, server_bound, server_options
 from farmd.api.malformed import MalformedInterceptor
 from farmd.config import Config
 from farmd.envs import VerifyContext, get, names
 from farmd.errors import ConfigError, IsolationUnavailable
 from farmd.metrics import Metrics, MetricsServer
 from farmd.node import NodeInfo
+from farmd.private import make_dir, tighten, write_file
 from farmd.rollout import Worker
 from farmd.sandbox import Sandbox, check_host
 from farmd.sandbox.host import missing
@@ -40,7 +42,7 @@ from farmd.verifier import VerifierKey
 
 log = logging.getLogger("farmd.daemon")
 
-_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_MAX_SEND_BYTES = 64 * 1024 * 1024
 
 
 class Daemon:
@@ -65,6 +67,9 @@ class Daemon:
         return os.cpu_count() or 1
 
     async def start(self) -> None:
+        max_calls = self.config.max_concurrent_calls
+        if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1:
+            raise ConfigError(f"max_concurrent_calls must be a whole number of at least 1, not {max_calls!r}")
         loop = asyncio.get_running_loop()
         checks = await loop.run_in_executor(None, check_host, self.config.sandbox)
         gaps = missing(checks)
@@ -72,7 +77,7 @@ class Daemon:
             raise IsolationUnavailable(gaps)
         if gaps:
             log.warning("this host cannot isolate untrusted code; serving as coordinator only: %s", "; ".join(gaps))
-        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        await loop.run_in_executor(None, self._make_data_dir_private)
         self.store = await Store.open(self.config.data_dir / "farm.db")
         levels = {name: get(name).max_difficulty for name in names()}
         self.scheduler = await Scheduler.open(self.store, levels, self.config.scheduler, self.metrics)
@@ -91,21 +96,26 @@ class Daemon:
             key = await loop.run_in_executor(None, VerifierKey.load_or_create, self.config.data_dir)
             ctx = VerifyContext(sandbox=self.sandbox, key=key, scratch_dir=None)
             self.worker = Worker(self.scheduler, ctx, slots=self.workers, lease_s=self.config.scheduler.lease_s,
-                                 metrics=self.metrics)
+                                 metrics=self.metrics, endpoints=self.config.endpoints)
             await self.worker.start()
 
         node = NodeInfo(workers=self.workers, max_boxes=self.config.sandbox.boxes, isolation=checks)
+        # In this order: no token, nothing read; then the call counts against its room; then it is parsed.
+        max_calls = self.config.max_concurrent_calls
         interceptors: list[Any] = [TokenInterceptor(self.config.token)] if self.config.token else []
-        interceptors.append(MalformedInterceptor())
+        interceptors += [CallLimits(max_calls), MalformedInterceptor()]
         server = grpc.aio.server(
             interceptors=interceptors,
             options=[
-                ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+                *server_options(),
+                ("grpc.max_send_message_length", _MAX_SEND_BYTES),
                 ("grpc.so_reuseport", 0),
             ],
+            maximum_concurrent_rpcs=server_bound(max_calls),
         )
-        farm_pb2_grpc.add_FarmServicer_to_server(FarmService(node, self.store, self.scheduler, ctx), server)
+        service = FarmService(node, self.store, self.scheduler, ctx, endpoints=self.config.endpoints,
+                              max_policy_bytes=self.config.max_policy_bytes)
+        farm_pb2_grpc.add_FarmServicer_to_server(service, server)
         self._health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         services = (
@@ -136,12 +146,17 @@ class Daemon:
                  self.config.data_dir, extra={"event": "listening", "addr": f"{host}:{self.port}",
                                               "metrics": metrics_addr, "workers": self.workers})
 
+    def _make_data_dir_private(self) -> None:
+        """The data directory 0700 and all in it 0600, whoever made it looser (an older farmd, a copy)."""
+        make_dir(self.config.data_dir)
+        for path, mode in tighten(self.config.data_dir):
+            log.warning("%s was readable by others (mode %o): now only by farmd", path, mode,
+                        extra={"event": "data_tightened", "path": str(path)})
+
     def _write_runfile(self, addr: str, metrics_addr: str | None) -> None:
         """Where a local farmctl or a test finds this farmd when it listens on port 0."""
-        path = self.config.data_dir / "farmd.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"pid": os.getpid(), "addr": addr, "metrics": metrics_addr}))
-        tmp.rename(path)
+        write_file(self.config.data_dir / "farmd.json",
+                   json.dumps({"pid": os.getpid(), "addr": addr, "metrics": metrics_addr}).encode())
 
     def _remove_runfile(self) -> None:
         with contextlib.suppress(FileNotFoundError):

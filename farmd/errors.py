@@ -23,6 +23,10 @@ class BadRequest(FarmError):
     """A caller asked for something out of range or unknown; nothing was changed."""
 
 
+class NotFound(FarmError):
+    """A caller named something (a trajectory, a policy) that does not exist."""
+
+
 class IsolationUnavailable(FarmError):
     """The host cannot give a box every isolation feature, so untrusted code must not run.
 

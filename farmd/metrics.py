@@ -38,8 +38,9 @@ class Metrics:
                                          buckets=_LATENCY_BUCKETS, registry=r)
         self.stored = Counter("farm_trajectories_stored", "Trajectories committed to the store", registry=r)
         self.queue = Gauge("farm_queue_jobs", "Jobs waiting (queued) and running (leased)", ["state"], registry=r)
-        self.consumer_lag = Gauge("farm_consumer_lag", "Trajectories stored but not yet acked, by consumer",
-                                  ["consumer"], registry=r)
+        self.consumer_lag = Gauge("farm_consumer_lag", "Trajectories stored but not yet acked, by consumer and "
+                                  "by what its cursor counts (trajectories, or groups for whole-group streams)",
+                                  ["consumer", "cursor"], registry=r)
         self.policy_version = Gauge("farm_policy_version", "The policy version jobs are leased with", registry=r)
         self.streams = Gauge("farm_streams_open", "Trainer streams open now", registry=r)
 

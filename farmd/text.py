@@ -16,16 +16,22 @@ Standard library only: every layer of farm may import this.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 REPLACEMENT = "\ufffd"
 
 # Lone (or mis-paired) surrogates: the only str contents that cannot be encoded as UTF-8.
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
-# C0 controls but tab and newline, DEL, C1 controls; bidirectional overrides and isolates, which
-# reorder what a terminal shows ("Trojan Source"); zero-width joiners and the BOM, which hide text.
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
-_UNSAFE_INLINE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+# Every control (C0 but tab and newline, DEL, C1), format character and line or paragraph separator
+# of Unicode (categories Cc, Cf, Zl, Zp): bidirectional marks, overrides and isolates, which reorder
+# what a terminal shows ("Trojan Source"); zero-width characters, the BOM, the soft hyphen and the
+# tag characters, which hide text; U+2028/U+2029, which some terminals and editors break lines at.
+_FORMAT = ("\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u2028-\u202e"
+           "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
+           "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f")
+_UNSAFE = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_FORMAT}]")
+_UNSAFE_INLINE = re.compile(f"[\x00-\x1f\x7f-\x9f{_FORMAT}]")
 
 
 def valid_text(text: str) -> tuple[str, int]:
@@ -35,6 +41,24 @@ def valid_text(text: str) -> tuple[str, int]:
     except UnicodeEncodeError:
         return _SURROGATE.subn(REPLACEMENT, text)
     return text, 0
+
+
+def valid_tree(value: Any) -> tuple[Any, int]:
+    """``value`` (JSON-like: dicts, lists, strings, numbers) with every string and key made valid text.
+
+    Returns the value itself when nothing needed repair, so the common case allocates nothing.
+    """
+    if isinstance(value, str):
+        return valid_text(value)
+    if isinstance(value, list | tuple):
+        items = [valid_tree(v) for v in value]
+        replaced = sum(n for _, n in items)
+        return ([v for v, _ in items] if replaced else value), replaced
+    if isinstance(value, dict):
+        pairs = [(valid_text(k) if isinstance(k, str) else (k, 0), valid_tree(v)) for k, v in value.items()]
+        replaced = sum(kn + vn for (_, kn), (_, vn) in pairs)
+        return ({k: v for (k, _), (v, _) in pairs} if replaced else value), replaced
+    return value, 0
 
 
 def decode(data: bytes) -> tuple[str, int]:
@@ -54,7 +78,9 @@ def clip(text: str, max_chars: int) -> tuple[str, bool]:
 
 def _visible(match: re.Match[str]) -> str:
     code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def for_terminal(text: str, *, inline: bool = True) -> str:

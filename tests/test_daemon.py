@@ -115,3 +115,44 @@ def test_sigterm_mid_run_hands_unfinished_rollouts_back(running_farm) -> None:  
             assert time.monotonic() < deadline, p
             time.sleep(0.1)
         assert p == {"jobs": 40, "done": 40, "failed": 0, "passed": 40}
+
+
+def test_the_data_directory_is_private_to_farmd(running_farm, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import stat
+    import time
+    from pathlib import Path
+
+    from farm_client import FarmClient
+
+    def loose(root: Path) -> list[str]:
+        """Everything under ``root`` (itself included) that a group or other user may touch."""
+        paths = [root, *root.rglob("*")]
+        return [f"{p.relative_to(root)} {stat.S_IMODE(p.lstat().st_mode):o}" for p in paths
+                if stat.S_IMODE(p.lstat().st_mode) & 0o077]
+
+    data = tmp_path / "data"
+    farm = running_farm("--workers", "1", data_dir=data)
+    with FarmClient(farm.addr) as client:
+        run = client.run("rg:chain_sum", "reference", 4, group_size=4)
+        deadline = time.monotonic() + 60
+        while client.progress(run["group_ids"])["done"] < 4:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        client.publish_policy(b"weights")
+        assert loose(data) == []
+        names = {p.name for p in data.iterdir()}
+        assert {"farm.db", "farm.db-wal", "farm.db-shm", "verifier.key", "farmd.json", "policies"} <= names, names
+    assert farm.stop() == 0
+    assert loose(data) == []
+
+    # A data directory made looser (by hand, a copy, an older farmd) is tightened when farmd starts.
+    data.chmod(0o755)
+    (data / "farm.db").chmod(0o644)
+    (data / "policies").chmod(0o755)
+    (data / "notes.txt").write_text("kept, but private")
+    (data / "notes.txt").chmod(0o664)
+    again = running_farm("--workers", "0", data_dir=data)
+    assert loose(data) == []
+    assert again.log.read_text().count("was readable by others") >= 4
+    with FarmClient(again.addr) as client:
+        assert client.get_policy()[1] == b"weights"

@@ -41,14 +41,14 @@ def test_metrics_count_rollouts_boxes_queue_and_lag(running_farm) -> None:  # ty
     deadline = time.monotonic() + 10
     while True:  # gauges follow the scheduler's upkeep (every second)
         m = scrape(metrics)
-        if m.get('farm_consumer_lag{consumer="trainer"}') == 7 or time.monotonic() > deadline:
+        if m.get('farm_consumer_lag{consumer="trainer",cursor="trajectories"}') == 7 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert m['farm_rollouts_total{env="rg:chain_sum",outcome="passed"}'] == 8
     assert m['farm_rollouts_total{env="py-func",outcome="failed"}'] == 4, "random attempts fail, scored"
     assert m["farm_trajectories_stored_total"] == 12
     assert m['farm_queue_jobs{state="queued"}'] == 0 and m['farm_queue_jobs{state="leased"}'] == 0
-    assert m['farm_consumer_lag{consumer="trainer"}'] == 7
+    assert m['farm_consumer_lag{consumer="trainer",cursor="trajectories"}'] == 7
     assert m['farm_verdict_seconds_count{env="py-func"}'] == 4
     boxes = sum(v for k, v in m.items() if k.startswith("farm_box_outcomes_total"))
     assert boxes >= 4, "py-func attempts ran in boxes"

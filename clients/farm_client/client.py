@@ -114,9 +114,14 @@ class FarmClient:
         return {"group_ids": list(reply.group_ids), "jobs": reply.jobs}
 
     def progress(self, group_ids: list[int]) -> dict[str, int]:
-        reply = self._stub.Progress(farm_pb2.ProgressRequest(group_ids=group_ids), metadata=self._metadata,
-                                    timeout=self._timeout)
-        return {"jobs": reply.jobs, "done": reply.done, "failed": reply.failed, "passed": reply.passed}
+        totals = {"jobs": 0, "done": 0, "failed": 0, "passed": 0}
+        per_call = 100_000  # ids a call carries: farmd takes request messages of about a megabyte
+        for start in range(0, max(1, len(group_ids)), per_call):
+            reply = self._stub.Progress(farm_pb2.ProgressRequest(group_ids=group_ids[start:start + per_call]),
+                                        metadata=self._metadata, timeout=self._timeout)
+            for key in totals:
+                totals[key] += getattr(reply, key)
+        return totals
 
     def trajectories(self, env: str = "", limit: int = 50, after_seq: int = 0, newest_first: bool = False,
                      include_steps: bool = False) -> list[dict[str, Any]]:
@@ -151,11 +156,16 @@ class FarmClient:
         while True:
             stream = self._stub.StreamTrajectories(request, metadata=self._metadata)
             try:
+                parts: list[farm_pb2.Trajectory] = []
                 for reply in stream:
                     down_since = None
-                    if not reply.trajectories:
+                    parts.extend(reply.trajectories)
+                    if reply.more:  # a batch too big for one message continues in the next
+                        continue
+                    whole, parts = parts, []
+                    if not whole:
                         continue  # only stale ones: the next batch's up_to covers them
-                    yield self._batch(reply, consumer, whole_groups, tensors)
+                    yield self._batch(whole, reply.up_to, consumer, whole_groups, tensors)
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or not reconnect_s:
                     raise
@@ -167,9 +177,10 @@ class FarmClient:
                 stream.cancel()  # type: ignore[no-untyped-call]
 
     @staticmethod
-    def _batch(reply: farm_pb2.Batch, consumer: str, whole_groups: bool, tensors: bool) -> Batch:
-        rows = [_trajectory(t) for t in reply.trajectories]
-        batch = Batch(consumer=consumer, whole_groups=whole_groups, up_to=reply.up_to, trajectories=rows,
+    def _batch(trajectories: list[farm_pb2.Trajectory], up_to: int, consumer: str, whole_groups: bool,
+               tensors: bool) -> Batch:
+        rows = [_trajectory(t) for t in trajectories]
+        batch = Batch(consumer=consumer, whole_groups=whole_groups, up_to=up_to, trajectories=rows,
                       group_ids=[r["group_id"] for r in rows])
         if tensors:
             import torch  # optional: only trainers that ask for tensors need it

@@ -1,10 +1,10 @@
 """Agents: the policies that act in a rollout.
 
-``make_agent(spec)`` builds one from its spec: ``reference``, ``random[:SEED]``,
-``openai:MODEL@URL`` (an OpenAI-compatible endpoint such as vLLM or SGLang), and
-later ``torch:...``. Every agent implements ``Agent.attempt(task, episode,
-policy_version) -> AgentResult``. Agents act only through the environment's
-episode; they run nothing themselves.
+``make_agent(spec, endpoints=...)`` builds one from its spec: ``reference``,
+``random[:SEED]``, ``skilled:S``, ``openai:MODEL@ENDPOINT`` (an OpenAI-compatible server
+such as vLLM or SGLang that the config names, never the job), and later ``torch:...``.
+Every agent implements ``Agent.attempt(task, episode, policy_version) -> AgentResult``.
+Agents act only through the environment's episode; they run nothing themselves.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from farmd.agents.base import Agent, AgentResult, Step
 from farmd.agents.chat import ChatAgent, ChatLimits, Completion
 from farmd.agents.endpoint import EndpointConfig, OpenAIAgent, OpenAIClient
 from farmd.agents.errors import AgentError, AgentSpecError, EndpointError
-from farmd.agents.registry import FORMS, make_agent
+from farmd.agents.registry import FORMS, NamedEndpoint, make_agent
 from farmd.agents.scripted import RandomAgent, ReferenceAgent
 from farmd.agents.torch_policy import TorchPolicy, TorchPolicyAgent
 
 __all__ = ["FORMS", "Agent", "AgentError", "AgentResult", "AgentSpecError", "ChatAgent", "ChatLimits", "Completion",
-           "EndpointConfig", "EndpointError", "OpenAIAgent", "OpenAIClient", "RandomAgent", "ReferenceAgent", "Step",
-           "TorchPolicy", "TorchPolicyAgent", "make_agent"]
+           "EndpointConfig", "EndpointError", "NamedEndpoint", "OpenAIAgent", "OpenAIClient", "RandomAgent",
+           "ReferenceAgent", "Step", "TorchPolicy", "TorchPolicyAgent", "make_agent"]

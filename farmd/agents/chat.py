@@ -31,6 +31,7 @@ from typing import Any
 from farmd.agents.base import Agent, AgentResult, Step
 from farmd.agents.errors import AgentError
 from farmd.envs.base import Attempt, Episode, Observation, Task
+from farmd.text import clip, valid_text
 
 Message = dict[str, str]
 
@@ -81,10 +82,18 @@ class ChatLimits:
     """Characters in the whole conversation; no request is made beyond it."""
     max_total_tokens: int | None = None
     """Tokens (the server's ``total_tokens``, summed over requests) one attempt may use; None: unbounded."""
+    max_reply_chars: int | None = None
+    """Characters kept of one reply; the rest is cut (and counted in ``usage["clipped_replies"]``). None:
+    ``max(65536, 32 * max_tokens)``, more than any honest reply of ``max_tokens`` tokens holds."""
+
+    @property
+    def reply_chars(self) -> int:
+        return self.max_reply_chars or max(65_536, 32 * self.max_tokens)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1 or self.max_chars < 1 or (self.max_turns is not None and self.max_turns < 1) \
-                or (self.max_total_tokens is not None and self.max_total_tokens < 1):
+                or (self.max_total_tokens is not None and self.max_total_tokens < 1) \
+                or (self.max_reply_chars is not None and self.max_reply_chars < 1):
             raise ValueError(f"chat limits must be positive: {self}")
 
 
@@ -178,7 +187,15 @@ class _Conversation:
         # The model sees a copy: a policy that kept (or mutated) the list must not change the record.
         reply = await self.agent.complete([dict(m) for m in self.messages], max_tokens=self.limits.max_tokens,
                                           policy_version=self.policy_version)
-        self.messages.append({"role": "assistant", "content": reply.text})
+        # The reply enters the farm here: valid text (a lone surrogate in the server's JSON is a str
+        # Python accepts and every encoder refuses) and bounded, both counted so the record says so.
+        text, repaired = valid_text(reply.text)
+        text, clipped = clip(text, self.limits.reply_chars)
+        if repaired:
+            self.usage["repaired_chars"] = self.usage.get("repaired_chars", 0) + repaired
+        if clipped:
+            self.usage["clipped_replies"] = self.usage.get("clipped_replies", 0) + 1
+        self.messages.append({"role": "assistant", "content": text})
         self.usage["requests"] += 1
         self.usage["retries"] += reply.attempts - 1
         for key in USAGE_KEYS:
@@ -186,7 +203,7 @@ class _Conversation:
                 self.usage[key] = self.usage.get(key, 0) + reply.usage[key]
         if reply.finish_reason == "length":
             self.usage["truncated_replies"] = self.usage.get("truncated_replies", 0) + 1
-        return reply.text
+        return text
 
     def say(self, text: str) -> None:
         self.messages.append({"role": "user", "content": text})

@@ -124,8 +124,10 @@ class OpenAIClient:
             raise EndpointError(f"{self.url} (model {payload['model']}): {_describe(response)}; not retried",
                                 status=response.status, attempts=1, transient=False)
         try:
-            return _read_completion(response.json())
-        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            # Up to MAX_BODY_BYTES of JSON from a server farm does not control: parsed off the event loop
+            # (a large or deeply nested reply would stall every box's timer and the API).
+            return _read_completion(await asyncio.to_thread(response.json))
+        except (ValueError, TypeError, KeyError, IndexError, RecursionError) as exc:
             # A proxy or an overloaded server can answer 200 with junk; another request may do better.
             raise _Retry(f"a malformed response ({type(exc).__name__}: {exc}): {_excerpt(response.body)}",
                          response.status) from None
@@ -163,7 +165,7 @@ def _describe(response: HttpResponse) -> str:
 
 
 class OpenAIAgent(ChatAgent):
-    """A ``ChatAgent`` whose model is served by an OpenAI-compatible endpoint (``openai:MODEL@URL``)."""
+    """A ``ChatAgent`` whose model is served by an OpenAI-compatible endpoint (``openai:MODEL@ENDPOINT``)."""
 
     def __init__(self, config: EndpointConfig, *, limits: ChatLimits | None = None) -> None:
         super().__init__(limits=limits)

@@ -15,7 +15,7 @@ class AgentError(FarmError):
 
 
 class AgentSpecError(AgentError):
-    """An agent spec (``reference``, ``random``, ``openai:MODEL@URL``, ...) is malformed or unknown."""
+    """An agent spec (``reference``, ``random``, ``openai:MODEL@ENDPOINT``, ...) is malformed or unknown."""
 
 
 class EndpointError(AgentError):

@@ -4,40 +4,103 @@
 - ``random`` or ``random:SEED``: a plausible wrong attempt, deterministic per task and seed.
 - ``skilled:S``: a stand-in policy of skill S (a number; levels run 1..5): the reference with probability
   1 / (1 + e^(difficulty - S)), else a random attempt. A population for the task bank before a real policy.
-- ``openai:MODEL@URL``: a model behind an OpenAI-compatible chat API whose base is URL, e.g.
-  ``openai:Qwen/Qwen2.5-7B-Instruct@http://127.0.0.1:8000/v1``. A query string sets options:
-  ``key_env=NAME`` (the API key's environment variable; default ``FARM_OPENAI_KEY``, and no key
-  if that is unset), ``max_tokens``, ``temperature``, ``timeout_s``, ``attempts``, ``max_turns``.
-  ``{version}`` in MODEL becomes the job's policy version.
+- ``openai:MODEL@ENDPOINT``: a model behind an OpenAI-compatible chat API that farm.toml names
+  ``[endpoints.ENDPOINT]`` (its ``url``, its key's environment variable ``key_env``, its request
+  timeout and retries, and the bounds below), e.g. ``openai:Qwen/Qwen2.5-7B-Instruct@vllm``.
+  ``{version}`` in MODEL becomes the job's policy version. A query string may choose sampling
+  options within the endpoint's bounds: ``max_tokens`` (per reply, at most the endpoint's
+  ``max_tokens``), ``temperature`` (0 to 2), ``max_turns`` (replies in an action episode, at most
+  the endpoint's ``max_turns``).
 - ``torch:PATH-OR-NAME``: a local torch policy (arrives in a later issue).
+
+Whoever may queue a job may write a spec, so a spec can never name a URL or a key, nor set a
+timeout or a retry count: those would let a caller make farmd call any address (with any of
+its environment variables as a bearer token) or hold a worker for hours. They live in the
+config, which only the operator writes; a URL or an unknown name in a spec is refused with
+the names that are configured.
 """
 
 from __future__ import annotations
 
-import os
+import math
 import re
-from collections.abc import Mapping
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl
 
 from farmd.agents.base import Agent
 from farmd.agents.chat import ChatLimits
 from farmd.agents.endpoint import EndpointConfig, OpenAIAgent
 from farmd.agents.errors import AgentSpecError
 from farmd.agents.scripted import RandomAgent, ReferenceAgent, SkilledAgent
+from farmd.text import clip
 
-DEFAULT_KEY_ENV = "FARM_OPENAI_KEY"
-FORMS = ("reference", "random", "random:SEED", "skilled:S", "openai:MODEL@URL[?key_env=NAME&max_tokens=N&temperature=T"
-         "&timeout_s=S&attempts=N&max_turns=N]", "torch:PATH-OR-NAME")
+FORMS = ("reference", "random", "random:SEED", "skilled:S",
+         "openai:MODEL@ENDPOINT[?max_tokens=N&temperature=T&max_turns=N]", "torch:PATH-OR-NAME")
+MAX_SPEC_CHARS = 500
+"""A spec is stored with every job and trajectory; no honest one comes near this."""
+MAX_TEMPERATURE = 2.0
+"""OpenAI's own bound; past it sampling is noise."""
 
-_OPENAI = re.compile(r"openai:(?P<model>.+?)@(?P<url>https?://.+)", re.DOTALL)
+_ENDPOINT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_SPEC_OPTIONS = ("max_tokens", "temperature", "max_turns")
+_CONFIG_ONLY = {"key_env": "key_env", "timeout_s": "request_timeout_s", "attempts": "max_attempts"}
 
 
-def make_agent(spec: str, *, environ: Mapping[str, str] | None = None) -> Agent:
-    """The agent ``spec`` names; AgentSpecError (listing the known forms) for anything else.
+@dataclass(frozen=True, kw_only=True)
+class NamedEndpoint:
+    """An OpenAI-compatible server the operator named in farm.toml (``[endpoints.NAME]``)."""
 
-    ``environ`` is where API keys are looked up (default: ``os.environ``, read now, not at import).
+    name: str
+    """What a spec calls it: ``openai:MODEL@NAME``."""
+    url: str
+    """The API's base, e.g. ``http://127.0.0.1:8000/v1``."""
+    api_key: str | None = field(default=None, repr=False)
+    """Read from the environment variable ``key_env`` when the config was loaded; never shown."""
+    key_env: str | None = None
+    request_timeout_s: float = 300.0
+    """One request, connecting included."""
+    max_attempts: int = 4
+    """Requests in all for one reply, the first included."""
+    max_tokens: int = 16384
+    """The most tokens per reply a spec may ask for."""
+    max_turns: int = 50
+    """The most replies in an action episode a spec may ask for (the task's own limit still applies)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _ENDPOINT_NAME.fullmatch(self.name):
+            raise ValueError(f"the endpoint name {self.name!r} must be letters, digits, '.', '_' or '-' "
+                             "(64 at most, starting with a letter or digit)")
+        if not isinstance(self.url, str):
+            raise ValueError(f"url must be a string, got {self.url!r}")
+        if not _number(self.request_timeout_s) or self.request_timeout_s <= 0:
+            raise ValueError(f"request_timeout_s must be a positive number of seconds, got {self.request_timeout_s!r}")
+        for name in ("max_attempts", "max_tokens", "max_turns"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.config("model")  # the URL, the key and the retry settings, checked as a request will use them
+
+    def config(self, model: str, temperature: float = 1.0) -> EndpointConfig:
+        return EndpointConfig(base_url=self.url, model=model, api_key=self.api_key, temperature=temperature,
+                              request_timeout_s=float(self.request_timeout_s), max_attempts=self.max_attempts)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def make_agent(spec: str, *, endpoints: Sequence[NamedEndpoint] = ()) -> Agent:
+    """The agent ``spec`` names; AgentSpecError (saying what would be accepted) for anything else.
+
+    ``endpoints`` are the config's: the only servers an ``openai:`` spec may name.
     """
     spec = spec.strip()
+    if len(spec) > MAX_SPEC_CHARS:
+        raise AgentSpecError(f"{_shown(spec)}: an agent spec is at most {MAX_SPEC_CHARS} characters")
+    if not spec.isprintable():
+        # Specs are stored with every job and shown to operators: no control or invisible characters.
+        raise AgentSpecError(f"{_shown(spec)}: an agent spec must be printable text")
     if spec == "reference":
         return ReferenceAgent()
     if spec == "random" or spec.startswith("random:"):
@@ -45,10 +108,15 @@ def make_agent(spec: str, *, environ: Mapping[str, str] | None = None) -> Agent:
     if spec.startswith("skilled:"):
         return _skilled(spec)
     if spec.startswith("openai:"):
-        return _openai(spec, os.environ if environ is None else environ)
+        return _openai(spec, {e.name: e for e in endpoints})
     if spec.startswith("torch:"):
-        raise AgentSpecError(f"{spec!r}: torch policies arrive in a later issue")
-    raise AgentSpecError(f"unknown agent {spec!r}; known forms: {', '.join(FORMS)}")
+        raise AgentSpecError(f"{_shown(spec)}: torch policies arrive in a later issue")
+    raise AgentSpecError(f"unknown agent {_shown(spec)}; known forms: {', '.join(FORMS)}")
+
+
+def _shown(spec: str) -> str:
+    """A spec quoted in an error: bounded, and ``repr`` makes any character visible."""
+    return repr(clip(spec, 120)[0])
 
 
 def _random(spec: str) -> Agent:
@@ -58,64 +126,100 @@ def _random(spec: str) -> Agent:
     try:
         return RandomAgent(int(seed))
     except ValueError:
-        raise AgentSpecError(f"{spec!r}: the seed of random:SEED must be an integer") from None
+        raise AgentSpecError(f"{_shown(spec)}: the seed of random:SEED must be an integer") from None
 
 
 def _skilled(spec: str) -> Agent:
     try:
         skill = float(spec.partition(":")[2])
     except ValueError:
-        raise AgentSpecError(f"{spec!r}: the skill of skilled:S must be a number, e.g. skilled:2.5") from None
+        raise AgentSpecError(f"{_shown(spec)}: the skill of skilled:S must be a number, e.g. skilled:2.5") from None
     if not -100 <= skill <= 100:
-        raise AgentSpecError(f"{spec!r}: the skill must be between -100 and 100")
+        raise AgentSpecError(f"{_shown(spec)}: the skill must be between -100 and 100")
     return SkilledAgent(skill)
+
+
+def _configured(endpoints: Mapping[str, NamedEndpoint]) -> str:
+    if not endpoints:
+        return ('no model endpoints are configured: add [endpoints.NAME] with url = "http://HOST:PORT/v1" '
+                "(and key_env, if it needs a key) to farmd's farm.toml")
+    return f"configured: {', '.join(endpoints)}"
+
+
+def _openai(spec: str, endpoints: Mapping[str, NamedEndpoint]) -> Agent:
+    body = spec.removeprefix("openai:")
+    if "://" in body:
+        raise AgentSpecError(f"{_shown(spec)}: a URL in an agent spec is not accepted; model endpoints are named in "
+                             f"farm.toml ([endpoints.NAME]) and a spec names one, openai:MODEL@NAME; "
+                             f"{_configured(endpoints)}")
+    model, at, rest = body.rpartition("@")
+    if not at or not model:
+        raise AgentSpecError(f"{_shown(spec)}: expected openai:MODEL@ENDPOINT, e.g. "
+                             f"openai:Qwen/Qwen2.5-7B-Instruct@vllm; {_configured(endpoints)}")
+    name, _, query = rest.partition("?")
+    endpoint = endpoints.get(name)
+    if endpoint is None:
+        raise AgentSpecError(f"{_shown(spec)}: no endpoint named {name!r}; {_configured(endpoints)}")
+    options = _options(spec, query, endpoint)
+    temperature = _float(spec, options, "temperature", 1.0)
+    if not 0.0 <= temperature <= MAX_TEMPERATURE:
+        raise AgentSpecError(f"{_shown(spec)}: temperature must be between 0 and {MAX_TEMPERATURE:g}")
+    max_tokens = _int(spec, options, "max_tokens", min(ChatLimits().max_tokens, endpoint.max_tokens))
+    if max_tokens > endpoint.max_tokens:
+        raise AgentSpecError(f"{_shown(spec)}: max_tokens is at most {endpoint.max_tokens} on endpoint {name} "
+                             "(its max_tokens in farm.toml)")
+    max_turns = _int(spec, options, "max_turns", 0) or None
+    if max_turns is not None and max_turns > endpoint.max_turns:
+        raise AgentSpecError(f"{_shown(spec)}: max_turns is at most {endpoint.max_turns} on endpoint {name} "
+                             "(its max_turns in farm.toml)")
+    try:
+        agent = OpenAIAgent(endpoint.config(model, temperature),
+                            limits=ChatLimits(max_tokens=max_tokens, max_turns=max_turns))
+    except ValueError as exc:
+        raise AgentSpecError(f"{_shown(spec)}: {exc}") from None
+    agent.name = f"openai:{model}@{name}"  # the endpoint's name, never its URL
+    return agent
+
+
+def _options(spec: str, query: str, endpoint: NamedEndpoint) -> dict[str, str]:
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError as exc:
+        raise AgentSpecError(f"{_shown(spec)}: a malformed query string: {exc}") from None
+    options = dict(pairs)
+    if len(options) < len(pairs):
+        raise AgentSpecError(f"{_shown(spec)}: an option is given more than once")
+    config_only = sorted(set(options) & set(_CONFIG_ONLY))
+    if config_only:
+        settings = ", ".join(_CONFIG_ONLY[k] for k in config_only)
+        raise AgentSpecError(f"{_shown(spec)}: {', '.join(config_only)} cannot be set by a job; the operator sets "
+                             f"{settings} in farm.toml's [endpoints.{endpoint.name}]")
+    unknown = sorted(set(options) - set(_SPEC_OPTIONS))
+    if unknown:
+        raise AgentSpecError(f"{_shown(spec)}: unknown option(s) {', '.join(unknown)}; a spec may set "
+                             f"{', '.join(_SPEC_OPTIONS)}")
+    return options
 
 
 def _int(spec: str, options: Mapping[str, str], name: str, default: int) -> int:
     if name not in options:
         return default
     try:
-        return int(options[name])
+        value = int(options[name])
     except ValueError:
-        raise AgentSpecError(f"{spec!r}: {name}={options[name]!r} is not an integer") from None
+        raise AgentSpecError(f"{_shown(spec)}: {name}={options[name]!r} is not an integer") from None
+    if value < 1:
+        raise AgentSpecError(f"{_shown(spec)}: {name} must be positive")
+    return value
 
 
 def _float(spec: str, options: Mapping[str, str], name: str, default: float) -> float:
     if name not in options:
         return default
     try:
-        return float(options[name])
+        value = float(options[name])
     except ValueError:
-        raise AgentSpecError(f"{spec!r}: {name}={options[name]!r} is not a number") from None
-
-
-def _openai(spec: str, environ: Mapping[str, str]) -> Agent:
-    m = _OPENAI.fullmatch(spec)
-    if m is None:
-        raise AgentSpecError(f"{spec!r}: expected openai:MODEL@http(s)://HOST[:PORT]/PATH, e.g. "
-                             "openai:Qwen/Qwen2.5-7B-Instruct@http://127.0.0.1:8000/v1")
-    parts = urlsplit(m["url"])
-    try:
-        options = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
-    except ValueError as exc:
-        raise AgentSpecError(f"{spec!r}: a malformed query string: {exc}") from None
-    base_url = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
-    unknown = sorted(set(options) - {"key_env", "max_tokens", "temperature", "timeout_s", "attempts", "max_turns"})
-    if unknown:
-        raise AgentSpecError(f"{spec!r}: unknown option(s) {', '.join(unknown)}; known forms: {', '.join(FORMS)}")
-    key_env = options.get("key_env", DEFAULT_KEY_ENV)
-    api_key = environ.get(key_env) or None
-    if "key_env" in options and api_key is None:
-        raise AgentSpecError(f"{spec!r}: the environment variable {key_env} holds no API key")
-    try:
-        plain = EndpointConfig(base_url=base_url, model=m["model"], api_key=api_key)
-        config = EndpointConfig(
-            base_url=base_url, model=m["model"], api_key=api_key,
-            temperature=_float(spec, options, "temperature", plain.temperature),
-            request_timeout_s=_float(spec, options, "timeout_s", plain.request_timeout_s),
-            max_attempts=_int(spec, options, "attempts", plain.max_attempts))
-        limits = ChatLimits(max_tokens=_int(spec, options, "max_tokens", ChatLimits().max_tokens),
-                            max_turns=_int(spec, options, "max_turns", 0) or None)
-    except ValueError as exc:
-        raise AgentSpecError(f"{spec!r}: {exc}") from None
-    return OpenAIAgent(config, limits=limits)
+        raise AgentSpecError(f"{_shown(spec)}: {name}={options[name]!r} is not a number") from None
+    if not math.isfinite(value):
+        raise AgentSpecError(f"{_shown(spec)}: {name} must be a finite number")
+    return value

@@ -9,12 +9,26 @@ import grpc
 
 from farmd.agents.errors import AgentSpecError, EndpointError
 from farmd.envs.base import TaskError
-from farmd.errors import BadRequest, ConfigError, FarmError, IsolationUnavailable, PolicyError, SandboxError
+from farmd.errors import (
+    BadRequest,
+    ConfigError,
+    FarmError,
+    IsolationUnavailable,
+    NotFound,
+    PolicyError,
+    SandboxError,
+)
+from farmd.text import clip, valid_text
 
 T = TypeVar("T")
 
+MAX_DETAIL_CHARS = 500
+"""A status's details travel in a header, which clients refuse past 16 KiB (and a message may quote
+what the caller sent, a name of any length): a reason, not a copy of the request."""
+
 _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (BadRequest, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFound, grpc.StatusCode.NOT_FOUND),
     (PolicyError, grpc.StatusCode.INVALID_ARGUMENT),
     (AgentSpecError, grpc.StatusCode.INVALID_ARGUMENT),
     (TaskError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -38,5 +52,5 @@ async def guarded(context: grpc.aio.ServicerContext[Any, Any], call: Callable[[]
     try:
         return await call()
     except FarmError as exc:
-        await context.abort(status_for(exc), str(exc))
+        await context.abort(status_for(exc), clip(valid_text(str(exc))[0], MAX_DETAIL_CHARS)[0])
         raise  # abort raises; this keeps type checkers honest

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import AsyncIterator
@@ -10,33 +11,33 @@ from typing import Any
 import grpc
 from farm.v1 import farm_pb2, farm_pb2_grpc
 
-from farmd.agents import make_agent
+from farmd.agents import NamedEndpoint, make_agent
 from farmd.api.errors import guarded
+from farmd.api.limits import POLICY_CHUNK_BYTES
+from farmd.api.trajectories import batch_messages, fitting, trajectory_pb
 from farmd.envs import Attempt, VerifyContext, get, verify_safely
-from farmd.errors import BadRequest, FarmError
+from farmd.errors import BadRequest, FarmError, NotFound
 from farmd.node import NodeInfo
-from farmd.records import Trajectory
 from farmd.scheduler import Scheduler
-from farmd.store import Store
+from farmd.store import Store, StoreError
 
 MAX_ROLLOUTS = 1_000_000
 MAX_GROUP = 1024
 MAX_BATCH = 4096
+MAX_CONSUMER_CHARS = 200
+MAX_AGENT_SPEC_CHARS = 1000
 MAX_POLICY_BYTES = 4 << 30
-_POLICY_CHUNK = 1 << 20
-_STREAM_POLL_S = 1.0
-
-
-def trajectory_pb(t: Trajectory, steps: bool = True) -> farm_pb2.Trajectory:
-    return farm_pb2.Trajectory(
-        id=t.id, seq=t.seq, group_id=t.group_id, env=t.env, env_version=t.env_version, seed=t.seed,
-        difficulty=t.difficulty, agent=t.agent, policy_version=t.policy_version, reward=t.reward, passed=t.passed,
-        status=t.status, reasons=t.reasons, flags=t.flags, verifier_version=t.verifier_version, node=t.node,
-        finished_at=t.finished_at, steps_json=json.dumps(t.steps) if steps else "", final=t.final if steps else "")
+"""The default bound on one policy's content (the ``max_policy_bytes`` setting)."""
+MAX_POLICY_URI_CHARS = 4096
+_HEX = frozenset("0123456789abcdef")
 
 
 class FarmService(farm_pb2_grpc.FarmServicer):
-    def __init__(self, node: NodeInfo, store: Store, scheduler: Scheduler, verify_ctx: VerifyContext | None) -> None:
+    def __init__(self, node: NodeInfo, store: Store, scheduler: Scheduler, verify_ctx: VerifyContext | None,
+                 *, max_policy_bytes: int = MAX_POLICY_BYTES, endpoints: tuple[NamedEndpoint, ...] = ()) -> None:
+        self._endpoints = endpoints
+        """The config's model endpoints: the only ones a job's agent spec may name."""
+        self._max_policy_bytes = max_policy_bytes
         self._node = node
         self._store = store
         self._scheduler = scheduler
@@ -62,8 +63,10 @@ class FarmService(farm_pb2_grpc.FarmServicer):
                 raise BadRequest(f"rollouts must be 1..{MAX_ROLLOUTS}, got {request.rollouts}")
             if request.group_size > MAX_GROUP:
                 raise BadRequest(f"group_size must be at most {MAX_GROUP}, got {request.group_size}")
+            if len(request.agent) > MAX_AGENT_SPEC_CHARS:  # it is stored with every trajectory of the run
+                raise BadRequest(f"an agent spec is at most {MAX_AGENT_SPEC_CHARS} characters")
             get(request.env)  # an unknown environment is the caller's error, before anything is queued
-            make_agent(request.agent)
+            make_agent(request.agent, endpoints=self._endpoints)  # a URL or an unknown endpoint: refused here
             ids, jobs = await self._scheduler.submit(request.env, request.agent, request.rollouts,
                                                      request.group_size or None)
             return farm_pb2.RunReply(group_ids=ids, jobs=jobs)
@@ -82,102 +85,104 @@ class FarmService(farm_pb2_grpc.FarmServicer):
             rows = await self._store.trajectories(after_seq=request.after_seq, limit=min(request.limit or 50, 1000),
                                                   env=request.env or None, newest_first=request.newest_first,
                                                   body=request.include_steps)
-            return farm_pb2.ListTrajectoriesReply(trajectories=[trajectory_pb(t, steps=request.include_steps)
-                                                                for t in rows])
+            return farm_pb2.ListTrajectoriesReply(trajectories=fitting(rows, steps=request.include_steps))
         return await guarded(context, call)
 
     async def GetTrajectory(self, request: farm_pb2.GetTrajectoryRequest,
                             context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.Trajectory:
-        traj = await self._store.trajectory(request.id)
-        if traj is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no trajectory {request.id}")
-        assert traj is not None
-        return trajectory_pb(traj)
+        async def call() -> farm_pb2.Trajectory:
+            traj = await self._store.trajectory(request.id)
+            if traj is None:
+                raise NotFound(f"no trajectory {request.id}")
+            return trajectory_pb(traj)
+        return await guarded(context, call)
 
     async def StreamTrajectories(self, request: farm_pb2.StreamRequest,
                                  context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[farm_pb2.Batch]:
-        consumer = request.consumer.strip()
-        if not consumer or len(consumer) > 200:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a stream needs a consumer name (1-200 chars)")
-        size = min(request.batch_size or 64, MAX_BATCH)
-        key = _cursor_key(consumer, request.whole_groups)
-        sent = await self._store.cursor(key)
-        self._scheduler.stream_opened(consumer)
-        try:
-            while True:
-                seen = self._scheduler.stored_generation  # before reading: a commit after it wakes the wait
-                floor = (self._scheduler.policy_version - request.max_staleness) if request.max_staleness else None
-                if request.whole_groups:
-                    trajectories, up_to = await self._whole_groups(sent, size, request.include_steps)
-                else:
-                    trajectories = await self._store.trajectories(after_seq=sent, limit=size,
-                                                                  body=request.include_steps)
-                    up_to = trajectories[-1].seq if trajectories else sent
-                if up_to == sent:
-                    await self._scheduler.wait_for_more(seen, _STREAM_POLL_S)
-                    continue
-                fresh = _fresh(trajectories, floor, request.whole_groups)
-                sent = up_to
-                if fresh or request.max_staleness:  # a batch of only stale ones still moves the cursor along
-                    yield farm_pb2.Batch(trajectories=[trajectory_pb(t, request.include_steps) for t in fresh],
-                                         up_to=up_to)
-        finally:
-            self._scheduler.stream_closed(consumer)
-
-    async def _whole_groups(self, after: int, size: int, body: bool) -> tuple[list[Trajectory], int]:
-        groups = await self._store.finished_groups(after, max(1, size // 2))
-        picked: list[dict[str, Any]] = []
-        total = 0
-        for g in groups:  # whole groups only: stop before one would overflow the batch (but take at least one)
-            if picked and total + g["size"] > size:
-                break
-            picked.append(g)
-            total += g["size"]
-        if not picked:
-            return [], after
-        trajectories = await self._store.group_trajectories([g["id"] for g in picked], body)
-        return trajectories, picked[-1]["done_seq"]
+        consumer = _consumer(request.consumer)
+        if consumer is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"a stream needs a consumer name (1-{MAX_CONSUMER_CHARS} characters)")
+        assert consumer is not None
+        async for batch in self._scheduler.delivery.batches(
+                consumer, whole_groups=request.whole_groups, batch_size=min(request.batch_size or 64, MAX_BATCH),
+                max_staleness=request.max_staleness, body=request.include_steps):
+            for message in batch_messages(batch.trajectories, batch.up_to, request.include_steps):
+                yield message
 
     async def Ack(self, request: farm_pb2.AckRequest, context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.AckReply:
         async def call() -> farm_pb2.AckReply:
-            consumer = request.consumer.strip()
-            if not consumer or len(consumer) > 200:
-                raise BadRequest("an ack needs a consumer name (1-200 chars)")
-            cursor = await self._store.ack(_cursor_key(consumer, request.whole_groups), request.up_to,
-                                           groups=request.whole_groups)
+            consumer = _consumer(request.consumer)
+            if consumer is None:
+                raise BadRequest(f"an ack needs a consumer name (1-{MAX_CONSUMER_CHARS} characters)")
+            cursor = await self._scheduler.delivery.ack(consumer, request.up_to, whole_groups=request.whole_groups)
             return farm_pb2.AckReply(cursor=cursor)
         return await guarded(context, call)
 
     async def PublishPolicy(self, request_iterator: AsyncIterator[farm_pb2.PolicyChunk],
                             context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.PolicyReply:
+        """Content goes to a file as it arrives, hashed on the way: farmd holds a chunk, never a policy.
+        Whatever ends the call before the policy is stored (a wrong hash, a cancel) removes the file."""
         declared = uri = ""
-        data = bytearray()
-        async for chunk in request_iterator:
-            declared = declared or chunk.sha256
-            uri = uri or chunk.uri
-            data += chunk.data
-            if len(data) > MAX_POLICY_BYTES:
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"a policy is at most {MAX_POLICY_BYTES} bytes")
-        if not data and not uri:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a policy needs content or a uri")
-        actual = hashlib.sha256(bytes(data) if data else uri.encode()).hexdigest()
-        if declared and declared != actual:
-            await context.abort(grpc.StatusCode.DATA_LOSS, f"content hashes to {actual}, not the declared {declared}")
-        policy = await self._store.add_policy(actual, bytes(data) if data else None, uri or None)
+        upload = None
+
+        async def refuse(code: grpc.StatusCode, detail: str) -> None:
+            if upload is not None:
+                await upload.discard()  # before the caller hears of it: by then nothing is left
+            await context.abort(code, detail)
+
+        try:
+            async for chunk in request_iterator:
+                declared = declared or chunk.sha256
+                uri = uri or chunk.uri
+                if not chunk.data:
+                    continue
+                upload = upload or await self._store.policy_upload()
+                if upload.size + len(chunk.data) > self._max_policy_bytes:
+                    await refuse(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 f"a policy is at most {self._max_policy_bytes} bytes (max_policy_bytes)")
+                await upload.write(chunk.data)
+            if declared and not _is_sha256(declared):
+                await refuse(grpc.StatusCode.INVALID_ARGUMENT, "sha256 is 64 lowercase hex digits")
+            if len(uri) > MAX_POLICY_URI_CHARS:
+                await refuse(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"a policy uri is at most {MAX_POLICY_URI_CHARS} characters")
+            if upload is None and not uri:
+                await refuse(grpc.StatusCode.INVALID_ARGUMENT, "a policy needs content or a uri")
+            actual = upload.sha256 if upload is not None else hashlib.sha256(uri.encode()).hexdigest()
+            if declared and declared != actual:
+                await refuse(grpc.StatusCode.DATA_LOSS, f"content hashes to {actual}, not the declared {declared}")
+            policy = await self._store.add_policy(actual, upload, uri or None)
+        finally:
+            if upload is not None:
+                await upload.discard()
         self._scheduler.set_policy_version(policy.version)
         return farm_pb2.PolicyReply(version=policy.version, sha256=policy.sha256, size=policy.size)
 
     async def GetPolicy(self, request: farm_pb2.GetPolicyRequest,
                         context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[farm_pb2.PolicyChunk]:
+        """The policy in chunks read one at a time from where it is kept: farmd never holds it whole."""
+        if request.sha256 and not _is_sha256(request.sha256):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "sha256 is 64 lowercase hex digits")
         policy = await (self._store.policy_by_hash(request.sha256) if request.sha256 else self._store.latest_policy())
         if policy is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, "no such policy")
         assert policy is not None
-        blob = await self._store.policy_blob(policy.sha256) or b""
-        yield farm_pb2.PolicyChunk(sha256=policy.sha256, uri=policy.uri or "", version=policy.version,
-                                   data=blob[:_POLICY_CHUNK])
-        for start in range(_POLICY_CHUNK, len(blob), _POLICY_CHUNK):
-            yield farm_pb2.PolicyChunk(data=blob[start:start + _POLICY_CHUNK])
+        header: farm_pb2.PolicyChunk | None = farm_pb2.PolicyChunk(sha256=policy.sha256, uri=policy.uri or "",
+                                                                  version=policy.version)
+        try:
+            async with contextlib.aclosing(self._store.policy_content(policy.sha256, POLICY_CHUNK_BYTES)) as content:
+                async for data in content:
+                    if header is not None:
+                        header.data = data
+                        yield header
+                        header = None
+                    else:
+                        yield farm_pb2.PolicyChunk(data=data)
+        except StoreError as exc:
+            await context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
+        if header is not None:  # a uri only: no content to carry it
+            yield header
 
     async def Rescore(self, request: farm_pb2.RescoreRequest,
                       context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.RescoreReply:
@@ -215,19 +220,10 @@ class FarmService(farm_pb2_grpc.FarmServicer):
         return await guarded(context, call)
 
 
-def _cursor_key(consumer: str, whole_groups: bool) -> str:
-    # The two kinds of stream count in different sequences (trajectories, finished groups).
-    return f"{consumer}#groups" if whole_groups else consumer
+def _consumer(name: str) -> str | None:
+    name = name.strip()
+    return name if 0 < len(name) <= MAX_CONSUMER_CHARS else None
 
 
-def _fresh(trajectories: list[Trajectory], floor: int | None, whole_groups: bool) -> list[Trajectory]:
-    """Trajectories at policy version ``floor`` or newer; with ``whole_groups``, whole groups whose
-    every attempt is (a group's jobs may be leased under different versions: it is kept or
-    passed over as one, so a group-relative advantage never sees half a group)."""
-    if floor is None:
-        return trajectories
-    if not whole_groups:
-        return [t for t in trajectories if t.policy_version >= floor]
-    stale = {t.group_id for t in trajectories if t.policy_version < floor}
-    return [t for t in trajectories if t.group_id not in stale]
-
+def _is_sha256(text: str) -> bool:
+    return len(text) == 64 and set(text) <= _HEX

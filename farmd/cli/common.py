@@ -13,6 +13,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 from rich.console import Console
 
+from farmd.cli.shown import plain
 from farmd.config import Config
 from farmd.errors import ConfigError, FarmError, IsolationUnavailable, PolicyError, SandboxError
 
@@ -34,7 +35,8 @@ class CliState:
 
 
 def console() -> Console:
-    return Console(stderr=False, highlight=False, soft_wrap=True)
+    """stdout for people. Untrusted values go in as ``shown.text(...)``, never inside markup."""
+    return Console(stderr=False, highlight=False, soft_wrap=True, emoji=False)
 
 
 def emit_json(value: Any) -> None:
@@ -44,7 +46,8 @@ def emit_json(value: Any) -> None:
 
 
 def fail(message: str, code: int) -> NoReturn:
-    click.echo(f"error: {message}", err=True)
+    """Print ``message`` (escaped: it may quote a server's details or a client's names) and exit."""
+    click.echo(f"error: {plain(message, inline=False)}", err=True)
     sys.exit(code)
 
 

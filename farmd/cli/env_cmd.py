@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from farmd.cli.common import EXIT_INFRA, CliState, console, emit_json, fail, run_async
+from farmd.cli.shown import plain, text
 from farmd.envs import Attempt, VerifyContext, get, verify_safely
 from farmd.envs.base import Environment, TaskError
 from farmd.sandbox import Sandbox
@@ -20,7 +21,7 @@ def _env(name: str) -> Environment:
     try:
         return get(name)
     except TaskError as exc:
-        raise click.BadParameter(str(exc), param_hint="--env") from None
+        raise click.BadParameter(plain(exc, inline=False), param_hint="--env") from None
 
 
 def _task_args(f: Any) -> Any:
@@ -43,7 +44,7 @@ def task_show(env_name: str, seed: int, difficulty: int) -> None:
     try:
         task = env.generate(seed, difficulty)
     except TaskError as exc:
-        raise click.BadParameter(str(exc), param_hint="--difficulty") from None
+        raise click.BadParameter(plain(exc, inline=False), param_hint="--difficulty") from None
     emit_json(task.public())
 
 
@@ -81,7 +82,7 @@ def verify(state: CliState, env_name: str, seed: int, difficulty: int, submissio
     try:
         task = env.generate(seed, difficulty)
     except TaskError as exc:
-        raise click.BadParameter(str(exc), param_hint="--difficulty") from None
+        raise click.BadParameter(plain(exc, inline=False), param_hint="--difficulty") from None
     attempt = env.reference(task) if reference else _read_attempt(submission, task.kind)  # type: ignore[arg-type]
     key = VerifierKey.load_or_create(data_dir or state.config.data_dir)
     verdict = run_async(_verify(state, env, task, attempt, key))
@@ -119,10 +120,12 @@ def audit(state: CliState, env_name: str, n: int, data_dir: Path | None, as_json
 
 def _print_audit(report: dict[str, Any]) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     out = console()
-    out.print(f"[bold]{report['env']}[/bold] verifier {report['verifier_version']}: "
-              f"{report['seeds_per_level']} seeds x {report['levels']} levels")
+    # Environments and their exploits' descriptions may come from contributors: shown, never markup.
+    out.print(Text.assemble(text(report["env"], "bold"), " verifier ", text(report["verifier_version"]),
+                            f": {report['seeds_per_level']} seeds x {report['levels']} levels"))
     r = report["recall"]
     out.print(f"recall    {r['passed']}/{r['total']} reference attempts passed ({r['rate']:.3f})")
     p = report["precision"]
@@ -130,5 +133,6 @@ def _print_audit(report: dict[str, Any]) -> None:
               f"{p['false_positives']} were exploits")
     table = Table("exploit", "attempts", "rewarded", "flagged as hack", "what it tries")
     for e in report["exploits"]:
-        table.add_row(e["name"], str(e["attempts"]), str(e["rewarded"]), str(e["flagged"]), e["description"])
+        table.add_row(text(e["name"]), str(e["attempts"]), str(e["rewarded"]), str(e["flagged"]),
+                      text(e["description"]))
     out.print(table)

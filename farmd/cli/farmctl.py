@@ -20,7 +20,7 @@ from farmd.errors import ConfigError
 @click.option("--addr", default=None, metavar="HOST:PORT", help=f"farmd to talk to (default {DEFAULT_LISTEN}).")
 @click.option("--token", default=None, envvar="FARM_TOKEN", help="Shared secret (or FARM_TOKEN).")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="farm.toml with [farm] and [sandbox] settings.")
+              help="farm.toml: [farm], [sandbox], [scheduler] and [endpoints.NAME] settings.")
 @click.pass_context
 def cli(ctx: click.Context, addr: str | None, token: str | None, config_path: Path | None) -> None:
     """farm: an RL environment farm. Local commands run here; the rest talk to farmd over gRPC."""

@@ -26,7 +26,7 @@ def cli() -> None:
 @click.option("--workers", type=click.IntRange(min=0), help="Rollout workers (default: one per core; 0: none).")
 @click.option("--token", envvar="FARM_TOKEN", help="Shared secret every call must carry (or FARM_TOKEN).")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="farm.toml with [farm] and [sandbox] settings.")
+              help="farm.toml: [farm], [sandbox], [scheduler] and [endpoints.NAME] settings.")
 @click.option("--metrics", "metrics_listen", metavar="HOST:PORT",
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)

@@ -5,12 +5,15 @@ with pytest's reporting)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import IO
+
+from farmd.private import FILE_MODE, make_dir
 
 FARMD = str(Path(sys.executable).parent / "farmd")
 
@@ -24,10 +27,11 @@ class LocalFarmd:
                  env: dict[str, str] | None = None, start_timeout_s: float = 120.0) -> None:
         self.data_dir = data_dir
         self.log_path = log_path or data_dir / "farmd.log"
-        data_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(data_dir)  # farmd's alone, the log too
         runfile = data_dir / "farmd.json"
         runfile.unlink(missing_ok=True)
-        self._log: IO[bytes] = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
+        log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
+        self._log: IO[bytes] = os.fdopen(log_fd, "ab")  # closed in stop
         self.proc = subprocess.Popen([FARMD, "serve", "--listen", "127.0.0.1:0", "--data", str(data_dir), *flags],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.addr = self._wait_for_addr(runfile, start_timeout_s)

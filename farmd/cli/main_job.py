@@ -20,8 +20,10 @@ from typing import Any
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from farmd.cli.local_farmd import FarmdFailed, LocalFarmd
+from farmd.cli.shown import plain, text
 from farmd.cli.status_view import band_table, pass_table
 from farmd.envs import get, names
 
@@ -72,10 +74,11 @@ def run(data_dir: Path, scale: float, n_waves: int, console: Console) -> int:
     try:
         farmd = LocalFarmd(data_dir)
     except FarmdFailed as exc:
-        console.print(f"[red]{exc}[/red]")
+        console.print(text(exc, "red", inline=False))  # ends with farmd's log, which quotes attempts
         return 1
     addr = farmd.addr
-    console.print(f"[bold]farm[/bold]: farmd {farmd.proc.pid} at {addr}, data in {data_dir}, log in {farmd.log_path}")
+    console.print(Text.assemble(("farm", "bold"), f": farmd {farmd.proc.pid} at ", text(addr), ", data in ",
+                                text(data_dir), ", log in ", text(farmd.log_path)))
     try:
         with FarmClient(addr) as client:
             info = client.status()
@@ -124,9 +127,10 @@ def run(data_dir: Path, scale: float, n_waves: int, console: Console) -> int:
         return 0 if p["failed"] == 0 else 1
     finally:
         farmd.stop()
-        console.print(f"farmd stopped; the data stays in {data_dir}. Try:\n"
-                      f"  .venv/bin/farmctl export --data {data_dir} --format jsonl --out farm.jsonl\n"
-                      f"  .venv/bin/farmd serve --data {data_dir}   # and then .venv/bin/farmctl status")
+        shown = plain(data_dir)
+        console.print(Text(f"farmd stopped; the data stays in {shown}. Try:\n"
+                           f"  .venv/bin/farmctl export --data {shown} --format jsonl --out farm.jsonl\n"
+                           f"  .venv/bin/farmd serve --data {shown}   # and then .venv/bin/farmctl status"))
 
 
 def main() -> None:
@@ -137,7 +141,7 @@ def main() -> None:
     args = parser.parse_args()
     for env in names():
         get(env)  # an environment that cannot load fails here, before farmd starts
-    sys.exit(run(args.data, args.scale, max(1, args.waves), Console(highlight=False)))
+    sys.exit(run(args.data, args.scale, max(1, args.waves), Console(highlight=False, emoji=False)))
 
 
 if __name__ == "__main__":

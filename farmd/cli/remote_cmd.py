@@ -13,8 +13,11 @@ from typing import Any
 import click
 import grpc
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from farmd.cli.common import EXIT_FAILED, CliState, console, emit_json, fail, run_async
+from farmd.cli.shown import joined, text
 from farmd.cli.status_view import status_view
 
 EXPORT_FIELDS = ("id", "env", "seed", "difficulty", "agent", "policy_version", "reward", "passed", "flags", "node",
@@ -52,7 +55,7 @@ def status(state: CliState, as_json: bool) -> None:
 
 @click.command()
 @click.option("--env", "env_name", required=True, help="Environment, e.g. py-func.")
-@click.option("--agent", required=True, help="reference, random, openai:MODEL@URL, ...")
+@click.option("--agent", required=True, help="reference, random, skilled:S, openai:MODEL@ENDPOINT, ...")
 @click.option("--rollouts", type=click.IntRange(min=1), required=True)
 @click.option("--group-size", type=click.IntRange(min=0), default=0, help="Attempts per task (0: the farm's default).")
 @click.option("--wait", is_flag=True, help="Wait, with a progress bar, until every rollout has ended.")
@@ -105,14 +108,17 @@ def trajectories_list(state: CliState, env_name: str, limit: int, as_json: bool)
     if as_json:
         emit_json(rows)
         return
-    from rich.table import Table
+    console().print(trajectory_table(rows))
 
+
+def trajectory_table(rows: list[dict[str, Any]]) -> Table:
+    """One row per trajectory; agent specs, flags and nodes are whatever a client or an attempt made them."""
     table = Table("id", "env", "seed", "level", "agent", "policy", "reward", "passed", "flags", "node")
     for r in rows:
-        table.add_row(str(r["id"]), r["env"], str(r["seed"]), str(r["difficulty"]), r["agent"],
+        table.add_row(str(r["id"]), text(r["env"]), str(r["seed"]), str(r["difficulty"]), text(r["agent"]),
                       str(r["policy_version"]), f"{r['reward']:.3f}", "yes" if r["passed"] else "no",
-                      ",".join(r["flags"]), r["node"])
-    console().print(table)
+                      joined(r["flags"]), text(r["node"]))
+    return table
 
 
 @trajectories_group.command("show")
@@ -143,7 +149,7 @@ def export(state: CliState, fmt: str, out_path: Path, data_dir: Path | None, env
                 writer.write(page)
                 after = page[-1]["seq"]
             n = writer.count
-    console().print(f"exported {n} trajectories to {out_path}")
+    console().print(Text.assemble(f"exported {n} trajectories to ", text(out_path)))
 
 
 async def _export_store(data_dir: Path, env: str, out_path: Path, fmt: str) -> int:
@@ -179,7 +185,7 @@ class _Writer:
     def __enter__(self) -> _Writer:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.fmt == "jsonl":
-            self._fh = open(self.path, "w")
+            self._fh = open(self.path, "w", encoding="utf-8")
         self._status = Console(stderr=True).status("exporting", spinner="dots")
         self._status.start()
         return self
@@ -231,5 +237,6 @@ def rescore(state: CliState, env_name: str, limit: int, as_json: bool) -> None:
     if as_json:
         emit_json(result)
     else:
-        console().print(f"verifier {result['verifier_version']}: {result['scored']} scored, {result['already']} "
-                        f"already scored, {result['errors']} could not be judged")
+        console().print(Text.assemble("verifier ", text(result["verifier_version"]),
+                                      f": {result['scored']} scored, {result['already']} already scored, "
+                                      f"{result['errors']} could not be judged"))

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from farmd.cli.common import console, emit_json, run_async
+from farmd.cli.shown import text
 from farmd.errors import FarmError
 from farmd.sandbox import NAMED_POLICIES, Sandbox, SandboxPolicy, check_host
 from farmd.sandbox.config import SandboxConfig
@@ -92,7 +93,7 @@ def sandbox_policies(as_json: bool) -> None:
                   "what for")
     for name, d in data.items():
         table.add_row(name, f"{d['wall_time_s']:g}", f"{d['cpu_time_s']:g}", f"{d['cpus']:g}", str(d["memory_mb"]),
-                      str(d["pids"]), str(d["disk_mb"]), str(d["tmp_mb"]), str(d["output_kb"]), d["description"])
+                      str(d["pids"]), str(d["disk_mb"]), str(d["tmp_mb"]), str(d["output_kb"]), text(d["description"]))
     console().print(table)
 
 
@@ -110,15 +111,22 @@ def doctor(ctx: click.Context, as_json: bool, no_trial: bool) -> None:
     if as_json:
         emit_json({"ok": ok, "checks": checks})
     else:
-        out = console()
-        for c in checks:
-            mark = "[green]ok[/green]  " if c["ok"] else "[red]MISSING[/red]"
-            out.print(f"{mark} [bold]{c['name']}[/bold]: {c['detail']}", highlight=False)
-            if c["fix"] and not c["ok"]:
-                out.print(f"         fix: {c['fix']}", highlight=False)
-        out.print("[green]every isolation feature is available[/green]" if ok else
-                  "[red]farmd will refuse to run untrusted code on this host[/red]")
+        _print_checks(checks, ok)
     sys.exit(0 if ok else 1)
+
+
+def _print_checks(checks: list[dict[str, Any]], ok: bool) -> None:
+    from rich.text import Text
+
+    out = console()
+    for c in checks:
+        # A detail quotes configured paths and, for the trial box, what the box printed.
+        mark = Text.assemble(("ok", "green"), "  ") if c["ok"] else Text("MISSING", "red")
+        out.print(Text.assemble(mark, " ", text(c["name"], "bold"), ": ", text(c["detail"])))
+        if c["fix"] and not c["ok"]:
+            out.print(Text.assemble("         fix: ", text(c["fix"])))
+    out.print("[green]every isolation feature is available[/green]" if ok else
+              "[red]farmd will refuse to run untrusted code on this host[/red]")
 
 
 _TRIAL = """

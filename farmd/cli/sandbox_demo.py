@@ -14,6 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from farmd.cli.common import run_async
+from farmd.cli.shown import text
 from farmd.sandbox import Sandbox, SandboxConfig, SandboxPolicy, check_host
 from farmd.sandbox.host import missing
 
@@ -41,21 +42,22 @@ DEMOS: list[tuple[str, str, str]] = [
 ]
 
 
-async def _demo(console: Console) -> int:
+async def _demo(console: Console, demos: list[tuple[str, str, str]] = DEMOS) -> int:
     async with Sandbox(SandboxConfig(warm_boxes=2)) as sandbox:
         table = Table("program", "exit", "signal", "violations", "wall s", "what came back")
         progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                             TimeElapsedColumn(), console=console, transient=True)
         held = 0
         with progress:
-            task = progress.add_task("boxing hostile programs", total=len(DEMOS))
-            for name, tries, code in DEMOS:
+            task = progress.add_task("boxing hostile programs", total=len(demos))
+            for name, tries, code in demos:
                 res = await sandbox.run(["python3", "-c", code], POLICY)
                 err_lines = res.stderr.decode(errors="replace").strip().splitlines()
                 out = res.stdout.decode(errors="replace").strip().replace("\n", "; ") or (
                     err_lines[-1] if err_lines else "")
+                # What came back is whatever the program chose to print: shown, never obeyed.
                 table.add_row(f"{name}: {tries}", str(res.exit_code), str(res.signal), ", ".join(res.violations) or "-",
-                              f"{res.wall_s:.2f}", out[:60])
+                              f"{res.wall_s:.2f}", text(out[:60]))
                 held += 1
                 progress.advance(task)
         console.print(table)
@@ -63,12 +65,12 @@ async def _demo(console: Console) -> int:
 
 
 def main(console: Console | None = None) -> None:
-    console = console or Console(highlight=False)
+    console = console or Console(highlight=False, emoji=False)
     console.print("[bold]farm[/bold]: checking that this host can isolate untrusted code")
     gaps = missing(check_host())
     if gaps:
         for gap in gaps:
-            console.print(f"  [red]missing[/red] {gap}")
+            console.print("  [red]missing[/red]", text(gap))
         console.print("farm refuses to run untrusted code here. `farmctl doctor` explains each check.")
         sys.exit(3)
     started = time.monotonic()

@@ -1,4 +1,9 @@
-"""How a farm's status reads to a person: shared by ``farmctl status`` and ``make run``'s live view."""
+"""How a farm's status reads to a person: shared by ``farmctl status`` and ``make run``'s live view.
+
+Every name in a status reply may have been chosen by someone else (a consumer's name by
+a trainer, a node's by its operator, an environment's by a contributor): each goes in
+as ``shown.text``, so it is shown, never obeyed.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +11,23 @@ from typing import Any
 
 from rich.console import RenderableType
 from rich.table import Table
+from rich.text import Text
+
+from farmd.cli.shown import text
 
 
 def _pct(x: object) -> str:
     return f"{x:.2f}" if isinstance(x, float) else "-"
 
 
-def headline(info: dict[str, Any], addr: str) -> list[str]:
-    iso = "[green]yes[/green]" if info["isolation_ok"] else "[red]NO: it refuses to run untrusted code[/red]"
-    lines = [f"[bold]farmd {info['version']}[/bold] on {info['node']} at {addr}, up {info['uptime_s']:.0f}s; "
-             f"policy version {info.get('policy_version', 0)}",
-             f"workers: {info['workers']}   boxes at once: {info['max_boxes']}   isolation: {iso}"]
-    lines += [f"  missing {c['name']}: {c['detail']}" for c in info["isolation"] if not c["ok"]]
+def headline(info: dict[str, Any], addr: str) -> list[Text]:
+    iso = Text("yes", "green") if info["isolation_ok"] else Text("NO: it refuses to run untrusted code", "red")
+    lines = [Text.assemble(Text.assemble("farmd ", text(info["version"]), style="bold"), " on ", text(info["node"]),
+                           " at ", text(addr), f", up {info['uptime_s']:.0f}s; "
+                           f"policy version {info.get('policy_version', 0)}"),
+             Text.assemble(f"workers: {info['workers']}   boxes at once: {info['max_boxes']}   isolation: ", iso)]
+    lines += [Text.assemble("  missing ", text(c["name"]), ": ", text(c["detail"]))
+              for c in info["isolation"] if not c["ok"]]
     return lines
 
 
@@ -32,7 +42,7 @@ def pass_table(info: dict[str, Any]) -> Table:
                   title="pass rate by environment and level", title_justify="left")
     for r in info["pass_rates"]:
         rate = r["passed"] / r["trajectories"] if r["trajectories"] else 0.0
-        table.add_row(r["env"], str(r["difficulty"]), str(r["trajectories"]), str(r["passed"]), f"{rate:.2f}",
+        table.add_row(text(r["env"]), str(r["difficulty"]), str(r["trajectories"]), str(r["passed"]), f"{rate:.2f}",
                       f"{r['mean_reward']:.3f}" if r["mean_reward"] is not None else "-", str(r["errors"]))
     return table
 
@@ -42,9 +52,23 @@ def band_table(info: dict[str, Any]) -> Table:
                  title="task bank: the productive band (pass rate near one half)", title_justify="left")
     for env, b in info.get("bank", {}).get("envs", {}).items():
         if b.get("tasks"):
-            band.add_row(env, str(b.get("level")), str(b.get("tasks")), str(b.get("in_band")),
+            band.add_row(text(env), str(b.get("level")), str(b.get("tasks")), str(b.get("in_band")),
                          _pct(b.get("band_occupancy")), _pct(b.get("informative_fraction")), str(b.get("retired")))
     return band
+
+
+def consumers_table(info: dict[str, Any]) -> Table:
+    """Each trainer's cursor: where it has acked to, what it has not taken yet, its streams."""
+    rows = info["consumers"]
+    if isinstance(rows, dict):  # a farmd from before consumers had more to say than their cursor
+        rows = [{"name": name, "cursor": cursor} for name, cursor in rows.items()]
+    table = Table("consumer", "cursor", "lag", "streams", "state", title_justify="left",
+                  title=f"consumers (the stream is at {info.get('last_seq', 0)})")
+    for c in rows:
+        name = Text.assemble(text(c["name"]), " (whole groups)" if c.get("whole_groups") else "")
+        table.add_row(name, str(c.get("cursor", "-")), str(c.get("lag", "-")), str(c.get("streams", "-")),
+                      text(c.get("state", "-")))
+    return table
 
 
 def status_view(info: dict[str, Any], addr: str) -> list[RenderableType]:
@@ -52,6 +76,5 @@ def status_view(info: dict[str, Any], addr: str) -> list[RenderableType]:
     if "queue" in info:
         parts += [queue_line(info), pass_table(info), band_table(info)]
         if info.get("consumers"):
-            parts.append("consumers: " + ", ".join(f"{k} at {v}" for k, v in info["consumers"].items())
-                         + f" (stream at {info.get('last_seq', 0)})")
+            parts.append(consumers_table(info))
     return parts

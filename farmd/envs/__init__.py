@@ -14,9 +14,10 @@ from farmd.envs.base import (
     Task,
     TaskError,
     VerifyContext,
+    judge_episode_safely,
     verify_safely,
 )
 from farmd.envs.registry import get, names
 
 __all__ = ["Attempt", "Environment", "Episode", "Observation", "Task", "TaskError", "VerifyContext", "get",
-           "names", "verify_safely"]
+           "judge_episode_safely", "names", "verify_safely"]

@@ -18,8 +18,9 @@ from typing import Any, Literal
 
 from farmd.errors import FarmError
 from farmd.sandbox import Sandbox
+from farmd.text import valid_text
 from farmd.verifier.secret import VerifierKey
-from farmd.verifier.verdict import Verdict, errored
+from farmd.verifier.verdict import VERIFIER_FAULT, Verdict, errored, failed
 
 
 class TaskError(FarmError):
@@ -128,11 +129,54 @@ class Environment(abc.ABC):
 
 
 async def verify_safely(env: Environment, task: Task, attempt: Attempt, ctx: VerifyContext) -> Verdict:
-    """``env.verify``, with any exception turned into an error verdict: a verifier bug is never a score."""
+    """``env.verify``, never raising. A verifier error is never a pass, and never an escape from a 0.
+
+    A verifier that fails on purpose (``errored``: its reference failed, a box would not start)
+    reports an infrastructure failure, and so does a failure of the farm's own parts
+    (``FarmError``). Any other exception happened while judging *this* attempt: whether the
+    attempt caused it is decided by judging the task's reference the same way. If the reference
+    is judged soundly, the verifier works for this task, so the failure is the attempt's doing:
+    reward 0, flagged ``verifier_fault``, stored like any result. If it is not, the verifier (or
+    the node) is broken, which no attempt can be blamed for.
+    """
     try:
         return await env.verify(task, attempt, ctx)
+    except FarmError as exc:
+        return errored(env.verifier_version, f"{type(exc).__name__}: {exc}")
     except Exception as exc:
-        return errored(env.verifier_version, f"the verifier raised {type(exc).__name__}: {exc}")
+        return await _blame(env, task, ctx, f"the verifier raised {_describe(exc)}")
+
+
+async def judge_episode_safely(env: Environment, task: Task, episode: Episode, final: str,
+                               ctx: VerifyContext) -> Verdict:
+    """``env.judge_episode`` under the rules of ``verify_safely``."""
+    try:
+        return await env.judge_episode(task, episode, final, ctx)
+    except FarmError as exc:
+        return errored(env.verifier_version, f"{type(exc).__name__}: {exc}")
+    except Exception as exc:
+        return await _blame(env, task, ctx, f"the verifier raised {_describe(exc)}")
+
+
+async def _blame(env: Environment, task: Task, ctx: VerifyContext, error: str) -> Verdict:
+    """The verdict for an attempt whose judging failed with ``error``: 0 if the reference is judged soundly."""
+    try:
+        control = await env.verify(task, env.reference(task), ctx)
+    except Exception as exc:
+        return errored(env.verifier_version, f"{error}; and on the task's reference it raised {_describe(exc)}")
+    if control.status != "ok" or not control.passed:
+        return errored(env.verifier_version, f"{error}; and the task's reference was not judged a pass either "
+                                             f"({'; '.join(control.reasons)[:300]})")
+    return failed(env.verifier_version, f"judging this attempt failed ({error}), while the task's reference "
+                                        "is judged soundly: the attempt gets 0", flags=(VERIFIER_FAULT,))
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # a hostile __str__ cannot reach here from a box, but a verifier bug might
+        text = "(no description)"
+    return f"{type(exc).__name__}: {valid_text(text)[0][:500]}"
 
 
 def numbered(lines: Sequence[str]) -> str:

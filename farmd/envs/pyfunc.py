@@ -10,6 +10,7 @@ they are compared on the host.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import random
 from collections.abc import Callable
@@ -19,10 +20,12 @@ from typing import Any
 from farmd.envs.base import Attempt, Environment, Task, TaskError, VerifyContext, numbered
 from farmd.errors import FarmError
 from farmd.sandbox import SandboxPolicy
+from farmd.text import valid_text
 from farmd.verifier import canon as C
 from farmd.verifier.boxjudge import JudgeReport, opening_verdict, run_judge
 from farmd.verifier.secret import public_rng
 from farmd.verifier.verdict import (
+    INVALID_TEXT,
     SUSPECTED_HACK,
     TIMEOUT,
     Verdict,
@@ -255,8 +258,15 @@ class PyFunc(Environment):
         return [e["input"][0] for e in task.examples] + edge_inputs(chain.start) + inputs
 
     async def verify(self, task: Task, attempt: Attempt, ctx: VerifyContext) -> Verdict:
+        # Judged as the text the farm keeps: what UTF-8 cannot encode is replaced, and flagged.
+        source, repaired = valid_text(attempt.final)
+        verdict = await self._verify(task, source, ctx)
+        if repaired:
+            verdict.flag(INVALID_TEXT)
+        return verdict
+
+    async def _verify(self, task: Task, source: str, ctx: VerifyContext) -> Verdict:
         v = self.verifier_version
-        source = attempt.final
         bad = unreadable_source(v, source, MAX_SUBMISSION_BYTES)
         if bad is not None:
             return bad
@@ -278,7 +288,8 @@ class PyFunc(Environment):
             report = await run_judge(ctx.sandbox, source, spec, POLICY)
         except FarmError as exc:
             return errored(v, f"the judge's box failed: {exc}")
-        return judge_calls(v, report, expected)
+        # Claimed values are parsed (up to megabytes of JSON): off the event loop.
+        return await asyncio.to_thread(judge_calls, v, report, expected)
 
 
 def judge_calls(version: str, report: JudgeReport, expected: list[Any], *, rel_tol: float = 0.0,

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from farmd.envs.base import Attempt, Environment, Task, TaskError, VerifyContext
+from farmd.text import valid_text
 from farmd.verifier.answer import (
     AnswerKind,
     BadExpression,
@@ -38,7 +39,7 @@ from farmd.verifier.answer import (
     several_candidates,
 )
 from farmd.verifier.secret import public_rng
-from farmd.verifier.verdict import NO_ANSWER, SUSPECTED_HACK, Verdict, errored, failed
+from farmd.verifier.verdict import INVALID_TEXT, NO_ANSWER, SUSPECTED_HACK, Verdict, errored, failed
 
 RG_VERSION = "0.1.25"
 """The reasoning-gym release the tasks come from (pinned: another one may make other tasks)."""
@@ -165,19 +166,29 @@ class ReasoningGym(Environment):
         return Attempt(final=f"<answer>{self._item(task.seed, task.difficulty).oracle}</answer>")
 
     async def verify(self, task: Task, attempt: Attempt, ctx: VerifyContext) -> Verdict:
-        # Making a zebra puzzle can take a second: keep the event loop free meanwhile.
-        try:
-            return await asyncio.to_thread(self.judge, task, attempt.final)
-        except Exception as exc:  # a bug of ours, whatever the attempt was: never a score
-            return errored(self.verifier_version, f"the verifier failed: {type(exc).__name__}: {exc}")
+        # Making a zebra puzzle can take a second: keep the event loop free meanwhile. An exception
+        # (reasoning-gym's scorer raising on an answer farm's own checks let through, a bug of ours) is
+        # left to ``verify_safely``, which judges the task's reference to tell whose doing it was.
+        return await asyncio.to_thread(self.judge, task, attempt.final)
 
     def judge(self, task: Task, text: str) -> Verdict:
-        """The verdict on ``text`` as the final answer to ``task`` (what ``verify`` does, synchronously)."""
+        """The verdict on ``text`` as the final answer to ``task`` (what ``verify`` does, synchronously).
+
+        What UTF-8 cannot encode (a lone surrogate) is replaced, the text judged as repaired, and the
+        verdict flagged ``invalid_text``.
+        """
+        if not isinstance(text, str):
+            return failed(self.verifier_version, "the attempt is not text")
+        text, repaired = valid_text(text)
+        verdict = self._judge(task, text)
+        if repaired:
+            verdict.flag(INVALID_TEXT)
+        return verdict
+
+    def _judge(self, task: Task, text: str) -> Verdict:
         v = self.verifier_version
         if task.env != self.name:
             return errored(v, f"a task of {task.env!r} was given to {self.name}")
-        if not isinstance(text, str):
-            return failed(v, "the attempt is not text")
         answer, problem = extract_single_answer(text)
         if problem is not None or answer is None:
             return failed(v, str(problem), flags=problem.flags if problem else ())
@@ -203,10 +214,7 @@ class ReasoningGym(Environment):
             return errored(v, str(exc))
         if wrong is not None:
             return failed(v, wrong, flags=flags)
-        try:
-            score = float(item.dataset.score_answer(answer, item.entry))
-        except Exception as exc:  # the answer passed farm's checks, so this is the source's failure
-            return errored(v, f"reasoning-gym's scorer raised {type(exc).__name__}: {exc}")
+        score = float(item.dataset.score_answer(answer, item.entry))
         verdict = failed(v, f"reasoning-gym's own scorer gave {score:g}, not full credit")
         verdict.details = {"dataset": self.dataset, "rg_score": score}
         if score == 1.0:

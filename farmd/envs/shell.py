@@ -45,8 +45,10 @@ from farmd.envs.base import Attempt, Environment, Episode, Observation, Task, Ta
 from farmd.errors import FarmError
 from farmd.sandbox import Sandbox, SandboxPolicy
 from farmd.sandbox.result import WALL_TIME
+from farmd.text import valid_text
 from farmd.verifier.secret import public_rng
 from farmd.verifier.verdict import (
+    INVALID_TEXT,
     NO_ANSWER,
     SANDBOX_VIOLATION,
     SUSPECTED_HACK,
@@ -828,8 +830,9 @@ def build_puzzle(env: str, version: str, seed: int, difficulty: int) -> Puzzle:
 
 # -- checks --------------------------------------------------------------------------------------------
 
-_INI_LINE = re.compile(r"^\s*([^#;=\s][^=]*?)\s*=\s*(.*?)\s*$")
 _NUMBER = re.compile(r"^[+-]?\d+(\.\d+)?$")
+_MAX_NUMBER_CHARS = 1000
+"""Longer is not the plain number a check wants (and Decimal would take its time over it)."""
 
 
 def _decoded(content: bytes) -> str | None:
@@ -852,17 +855,20 @@ def _as_lines(text: str) -> list[str]:
 
 
 def _as_ini(text: str) -> list[str]:
+    # "key = value" lines (a key starts with neither "#", ";" nor "=") with the blanks around "="
+    # and at the ends made one form; by partition, in linear time: the regular expression this
+    # replaces backtracked quadratically on a long line of blanks, and a file is the agent's to fill.
     out = []
     for line in text.split("\n"):
         line = line.rstrip()
-        m = _INI_LINE.match(line)
-        out.append(f"{m.group(1)} = {m.group(2)}" if m else line)
+        key, eq, value = line.lstrip().partition("=")
+        out.append(f"{key.rstrip()} = {value.strip()}" if eq and key and key[0] not in "#;" else line)
     return _trimmed(out)
 
 
 def _as_number(text: str) -> Decimal | None:
     text = text.strip()
-    if not _NUMBER.match(text):
+    if len(text) > _MAX_NUMBER_CHARS or not _NUMBER.match(text):
         return None
     try:
         return Decimal(text)
@@ -1182,14 +1188,19 @@ class Shell(Environment):
             return failed(v, "no actions and no answer", flags=(NO_ANSWER,))
         if len(actions) > MAX_STEPS:
             return failed(v, f"{len(actions)} actions: at most {MAX_STEPS} are allowed")
+        # Replayed as the text the farm keeps: what UTF-8 cannot encode is replaced, and flagged.
+        repaired = [valid_text(str(action)) for action in actions]
         try:
             episode = await ShellEpisode.start(ctx.sandbox, puzzle.files, ctx.scratch_dir)
         except (FarmError, OSError) as exc:
             return errored(v, f"cannot start an episode: {exc}")
         try:
-            for action in actions:
-                await episode.act(str(action))
-            return await self.judge_episode(task, episode, attempt.final, ctx)
+            for action, _ in repaired:
+                await episode.act(action)
+            verdict = await self.judge_episode(task, episode, attempt.final, ctx)
+            if any(n for _, n in repaired):
+                verdict.flag(INVALID_TEXT)
+            return verdict
         except (FarmError, OSError) as exc:
             return errored(v, f"the replay failed: {type(exc).__name__}: {exc}")
         finally:
@@ -1200,6 +1211,7 @@ class Shell(Environment):
         v = self.verifier_version
         if not isinstance(episode, ShellEpisode):
             return errored(v, "not a shell episode")
+        final, repaired = valid_text(final)
         try:
             puzzle = self.puzzle(task.seed, task.difficulty)
             problems = (_check_answer(puzzle, final) if puzzle.finish == "answer"
@@ -1207,7 +1219,10 @@ class Shell(Environment):
             planted = await asyncio.to_thread(_planted, puzzle, episode)
         except (TaskError, GeneratorBug, OSError) as exc:
             return errored(v, f"cannot check the episode: {type(exc).__name__}: {exc}")
-        return _verdict(v, puzzle, episode, problems, planted)
+        verdict = _verdict(v, puzzle, episode, problems, planted)
+        if repaired:
+            verdict.flag(INVALID_TEXT)
+        return verdict
 
 
 def _check_answer(puzzle: Puzzle, final: str) -> list[str]:
@@ -1219,7 +1234,8 @@ def _check_answer(puzzle: Puzzle, final: str) -> list[str]:
     if "\n" in got:
         return ["the final answer must be one line"]
     if got.isascii() and got.isdigit() and puzzle.answer.isdigit():
-        return [] if int(got) == int(puzzle.answer) else ["wrong answer"]
+        # Leading zeros aside, digit for digit: int() refuses more than 4300 digits with a ValueError.
+        return [] if got.lstrip("0") == puzzle.answer.lstrip("0") else ["wrong answer"]
     return [] if got == puzzle.answer else ["wrong answer"]
 
 

@@ -13,9 +13,10 @@ import contextlib
 import logging
 import os
 import socket
+from collections import OrderedDict
 from typing import Protocol
 
-from farmd.agents import Agent, make_agent
+from farmd.agents import Agent, NamedEndpoint, make_agent
 from farmd.envs import VerifyContext, get
 from farmd.metrics import Metrics
 from farmd.records import Job, JobState, Trajectory
@@ -27,6 +28,9 @@ _IDLE_MIN_S = 0.02
 _IDLE_MAX_S = 0.1
 """An idle worker asks for work at least this often: the cost of one indexed query, and the
 most a job queued on an idle farm waits to start."""
+_AGENTS_KEPT = 64
+"""Agents are cheap to make and shared by a spec's rollouts; a caller queueing endless distinct specs
+(model names) must not grow a worker without bound."""
 _FLUSH_S = 0.02
 _FLUSH_MAX = 64
 
@@ -42,14 +46,17 @@ class Leases(Protocol):
 
 class Worker:
     def __init__(self, leases: Leases, ctx: VerifyContext, slots: int, lease_s: float, node: str | None = None,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, endpoints: tuple[NamedEndpoint, ...] = ()) -> None:
         self.leases = leases
+        self.endpoints = endpoints
+        """This node's configured model endpoints, which jobs' ``openai:MODEL@NAME`` specs resolve against."""
         self.ctx = ctx
         self.slots = slots
         self.node = node or socket.gethostname()
         self.owner = f"{self.node}:{os.getpid()}:{id(self):x}"
         self._lease_s = lease_s
-        self._agents: dict[str, Agent] = {}
+        self._agents: OrderedDict[str, Agent] = OrderedDict()
+        """Agents by spec, the most recently used last; at most ``_AGENTS_KEPT`` (specs come from callers)."""
         self._running: dict[int, asyncio.Task[None]] = {}
         self._done: list[Trajectory] = []
         self._flushed = asyncio.Event()
@@ -94,7 +101,10 @@ class Worker:
     def _agent(self, spec: str) -> Agent:
         agent = self._agents.get(spec)
         if agent is None:
-            agent = self._agents[spec] = make_agent(spec)
+            agent = self._agents[spec] = make_agent(spec, endpoints=self.endpoints)
+            if len(self._agents) > _AGENTS_KEPT:
+                self._agents.popitem(last=False)
+        self._agents.move_to_end(spec)
         return agent
 
     async def _lease_loop(self) -> None:

@@ -51,6 +51,9 @@ class HostLayout:
     host's ld.so.cache and alternatives; nothing else of the host's."""
     runtime_dir: str
     """Host directory bound at BOX_RUNTIME: bin/python3 (execute-only) and site/ (numpy)."""
+    proc_masks: tuple[tuple[str, str], ...] = ()
+    """(host path, box path) pairs bound read-only over the box's /proc: empty files and directories
+    over what shows the host, a neutral boot id (``procfs.masks``)."""
     python: str = BOX_PYTHON
     """The box's Python for programs, as seen inside the box."""
     setpriv: str | None = "/usr/bin/setpriv"
@@ -96,6 +99,12 @@ def bwrap_args(policy: SandboxPolicy, layout: HostLayout, scratch_dir: str, fds:
     args += ["--ro-bind", layout.etc_dir, "/etc"]
     args += ["--ro-bind", layout.runtime_dir, BOX_RUNTIME]
     args += ["--proc", "/proc"]
+    for host, box in layout.proc_masks:
+        args += ["--ro-bind", host, box]
+    # All of /proc read-only: the box never writes there (its stdio reopened through
+    # /proc/self/fd lands on the pipe's own mount), and /proc/sys, sysrq-trigger and
+    # /proc/<pid>/mem are then out of reach whatever a permission check would say.
+    args += ["--remount-ro", "/proc"]
     # A minimal /dev, smaller than bwrap's --dev (no tty, pts or full): every bind
     # costs bwrap a pass over the mount table.
     args += ["--perms", "0755", "--size", str(_DEV_TMPFS_BYTES), "--tmpfs", "/dev"]

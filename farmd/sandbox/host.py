@@ -16,7 +16,13 @@ from typing import Any
 
 from farmd.sandbox import cgroups, scratch, seccomp
 from farmd.sandbox.config import SandboxConfig
-from farmd.sandbox.runtime import bundled_bwrap, default_run_dir, default_site_dir, ensure_run_dir
+from farmd.sandbox.runtime import (
+    allow_core_limit_of_one,
+    bundled_bwrap,
+    default_run_dir,
+    default_site_dir,
+    ensure_run_dir,
+)
 
 _MIN_BWRAP = (0, 11)
 _SETPRIV = "/usr/bin/setpriv"
@@ -103,7 +109,37 @@ def _check_seccomp() -> Check:
         return Check("seccomp", False, str(exc), "install libseccomp2 (apt-get install libseccomp2)")
     return Check("seccomp", True,
                  f"filter of {len(program) // 8} BPF instructions denying {len(seccomp.denied_syscalls())} syscalls "
-                 "outright, plus namespace clone flags, raw/netlink sockets, TIOCSTI and foreign ABIs")
+                 "outright, plus namespace clone flags, raw/netlink sockets and protocols that load modules, "
+                 "dnotify, RWF_NOWAIT, changes to RLIMIT_CORE, TIOCSTI and foreign ABIs")
+
+
+_CORE_PATTERN = "/proc/sys/kernel/core_pattern"
+
+
+def _check_core_dumps(core_pattern: str = _CORE_PATTERN) -> Check:
+    """Boxes run with RLIMIT_CORE 1, which keeps the kernel from writing a core file and from starting
+    a core_pattern pipe helper; a socket pattern ('@', Linux 6.16+) ignores the limit altogether.
+    Raises farm's own hard core limit from 0 to 1 where it may (``allow_core_limit_of_one``)."""
+    try:
+        pattern = Path(core_pattern).read_text().strip()
+    except OSError as exc:
+        return Check("core dumps", False, f"cannot read {core_pattern}: {exc.strerror}",
+                     "run farmd where /proc/sys is readable")
+    shown = pattern if len(pattern) <= 60 else pattern[:57] + "..."
+    if pattern.startswith("@"):
+        return Check("core dumps", False,
+                     f"kernel.core_pattern is {shown!r}: a socket the kernel hands every crash to whatever the "
+                     "crashing process's core limit, so a box's crash would reach a host service",
+                     "set kernel.core_pattern to a pipe helper ('|...') or a file name: boxes run with "
+                     "RLIMIT_CORE 1, which stops both")
+    if not allow_core_limit_of_one():
+        return Check("core dumps", False,
+                     "farm's hard core limit is 0 and it may not raise it, so boxes cannot run with the limit "
+                     "of 1 that keeps their crashes from the host's core-dump helper",
+                     "raise farmd's hard core limit to at least 1 (ulimit -Hc 1; LimitCORE=0:1 in a systemd unit)")
+    kind = "a pipe helper" if pattern.startswith("|") else "a file"
+    return Check("core dumps", True, f"kernel.core_pattern is {kind} ({shown!r}); boxes run with RLIMIT_CORE 1, "
+                 "so a crash in one starts no helper and writes no core file")
 
 
 def _check_cgroups() -> Check:
@@ -163,7 +199,7 @@ def check_host(config: SandboxConfig | None = None) -> list[Check]:
     """Every isolation feature a box needs, each checked on this host. Blocking (runs processes)."""
     config = config or SandboxConfig()
     run_dir = config.run_dir or default_run_dir()
-    checks = [_check_root(), _check_bwrap(config), _check_userns(), _check_seccomp()]
+    checks = [_check_root(), _check_bwrap(config), _check_userns(), _check_seccomp(), _check_core_dumps()]
     root = checks[0].ok
     checks.append(_check_cgroups() if root else Check("cgroups", False, "needs root", checks[0].fix))
     checks.append(_check_tmpfs(run_dir) if root else Check("scratch tmpfs", False, "needs root", checks[0].fix))

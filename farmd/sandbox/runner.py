@@ -366,7 +366,8 @@ def _rlimits(policy: SandboxPolicy) -> dict[str, tuple[int, int]]:
         "RLIMIT_NOFILE": (policy.open_files, policy.open_files),
         "RLIMIT_NPROC": (nproc, nproc),
         "RLIMIT_FSIZE": (file_bytes, file_bytes),
-        "RLIMIT_CORE": (0, 0),
+        # RLIMIT_CORE is the init's (stub.py), fixed at 1 for the whole box: 0 would not stop a
+        # core_pattern pipe helper, and the filter refuses the program's own attempts to set it.
         # A per-process backstop; the cgroup monitor bounds the box as a whole.
         "RLIMIT_CPU": (cpu + 1, cpu + 2),
     }

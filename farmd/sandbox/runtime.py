@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import resource
 import shutil
 import stat
 import subprocess
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from farmd.sandbox import creds
+from farmd.sandbox import creds, procfs
 from farmd.sandbox.command import BOX_GID, BOX_HOSTNAME, BOX_UID, BOX_WORKDIR, HostLayout
 
 # The host's /usr, read-only, with /usr/local hidden: that is where a pip or make install
@@ -225,6 +226,38 @@ def empty_dir(run_dir: Path) -> Path:
     return empty
 
 
+def proc_masks(run_dir: Path) -> tuple[tuple[str, str], ...]:
+    """What is bound over the box's /proc (``procfs.masks``), from files made once in the run directory."""
+    content = {"empty": "", "boot_id": procfs.BOX_BOOT_ID + "\n"}
+
+    def build(tmp: Path) -> None:
+        for name, text in content.items():
+            (tmp / name).write_text(text)
+            os.chmod(tmp / name, 0o444)
+
+    digest = hashlib.sha256(repr(sorted(content.items())).encode()).hexdigest()[:16]
+    files = _build_once(run_dir / "runtime" / f"proc-{digest}", build)
+    return procfs.masks(str(files / "empty"), str(empty_dir(run_dir)), str(files / "boot_id"))
+
+
+def allow_core_limit_of_one() -> bool:
+    """Let boxes have an RLIMIT_CORE of exactly 1; False if they cannot.
+
+    A box inherits farm's limit and its init sets it to 1 (see ``stub.py``), which it
+    cannot do from a hard limit of 0: it holds no capabilities. So a hard limit of 0 is
+    raised to 1 where farm may (CAP_SYS_RESOURCE); farm's soft limit, and with it what
+    farm's own crashes do, stays as it is.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    if hard == resource.RLIM_INFINITY or hard >= 1:
+        return True
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (soft, 1))
+    except (ValueError, OSError):
+        return False
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class RuntimeSources:
     bwrap: Path
@@ -242,6 +275,7 @@ def prepare_layout(run_dir: Path, sources: RuntimeSources) -> HostLayout:
     ``compile_box_init`` must be run with ``sources.python`` (the same interpreter).
     """
     ensure_run_dir(run_dir)
+    allow_core_limit_of_one()
     bwrap = sources.bwrap
     bundled = bundled_bwrap()
     if bundled is not None and bwrap == bundled:
@@ -266,6 +300,7 @@ def prepare_layout(run_dir: Path, sources: RuntimeSources) -> HostLayout:
         symlinks=tuple(symlinks),
         etc_dir=str(etc),
         runtime_dir=str(runtime),
+        proc_masks=proc_masks(run_dir),
         python=str(sources.python),
         setpriv=str(sources.setpriv) if os.geteuid() == 0 and not creds.supported() else None,
     )

@@ -29,6 +29,10 @@ _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _COPY_CHUNK = 1 << 20
 _MAX_DEPTH = 64
+# Directory levels below the root whose descriptors the harvest keeps open. Enough that a
+# wide tree never reopens a directory; few enough that, at two descriptors a level, the
+# harvest holds two dozen at most however the box shaped its tree.
+_HELD_LEVELS = 8
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -128,8 +132,10 @@ def harvest(scratch: Path, dest: Path, max_bytes: int, private_fs: bool = False)
     directory is a filesystem of its own (a box's tmpfs), so that every other link is
     inside it too; otherwise it is skipped. Both trees are walked by
     descriptor, one component at a time, so neither depth nor path length nor odd
-    bytes in names can break it; what it will not copy is listed with the reason.
-    Call only once the box is dead.
+    bytes in names can break it, and with a bounded number of descriptors held, so
+    neither can thousands of directories (in farmd, a descriptor held here is one
+    another box cannot launch with). What it will not copy is listed with the
+    reason. Call only once the box is dead.
     """
     out = Harvest()
     dest.mkdir(parents=True, exist_ok=True)
@@ -148,66 +154,151 @@ def _shown(path: str) -> str:
     return os.fsencode(path).decode("utf-8", errors="backslashreplace")
 
 
+@dataclass
+class _Level:
+    """One directory on the walk's current path, in the source tree and in its copy."""
+
+    name: str
+    """Its name in its parent ('' for the root)."""
+    shown: str
+    """Its path below the root as the result shows it, with a trailing slash ('' for the root)."""
+    ident: tuple[int, int]
+    """(st_dev, st_ino) of the source directory, to know it again when it is reopened."""
+    src: int = -1
+    dst: int = -1
+    """Open descriptors, or -1 while closed to bound how many the walk holds."""
+    pending: list[str] = field(default_factory=list)
+    """Subdirectories still to walk, the next one last."""
+
+
 def _harvest_tree(root_fd: int, dest_root_fd: int, out: Harvest, max_bytes: int, device: int) -> None:
-    # (source dir fd, destination dir fd, relative path, depth); the roots are closed by the caller.
-    stack: list[tuple[int, int, str, int]] = [(root_fd, dest_root_fd, "", 0)]
-    while stack:
-        src_fd, dst_fd, rel, depth = stack.pop()
-        try:
-            _harvest_dir(src_fd, dst_fd, rel, depth, out, max_bytes, stack, device)
-        finally:
-            if rel:
-                os.close(src_fd)
-                os.close(dst_fd)
+    """Depth first, the files of a directory before its subdirectories, in name order.
 
-
-def _harvest_dir(src_fd: int, dst_fd: int, rel: str, depth: int, out: Harvest, max_bytes: int,
-                 stack: list[tuple[int, int, str, int]], device: int) -> None:
+    Only the root and the deepest ``_HELD_LEVELS`` directories of the current path stay open
+    (two descriptors each: source and copy). A directory whose descriptors were closed is
+    reopened from its nearest open ancestor, one O_NOFOLLOW component at a time, when the
+    walk comes back to it. The roots are closed by the caller.
+    """
+    st = os.fstat(root_fd)
+    root = _Level("", "", (st.st_dev, st.st_ino), src=root_fd, dst=dest_root_fd)
+    root.pending = _harvest_dir(root, 0, out, max_bytes, device)
+    path = [root]
     try:
-        names = sorted(os.listdir(src_fd))
+        while path:
+            top = path[-1]
+            if not top.pending:
+                path.pop()
+                if top is not root:
+                    _close(top)
+                continue
+            if top.src < 0 and not _reopen(path, out):
+                top.pending.clear()
+                continue
+            child = _enter(top, top.pending.pop(), out)
+            if child is None:
+                continue
+            path.append(child)
+            for far in path[1:-_HELD_LEVELS]:
+                _close(far)
+            child.pending = _harvest_dir(child, len(path) - 1, out, max_bytes, device)
+    finally:
+        for level in path[1:]:
+            _close(level)
+
+
+def _close(level: _Level) -> None:
+    for fd in (level.src, level.dst):
+        if fd >= 0:
+            os.close(fd)
+    level.src = level.dst = -1
+
+
+def _enter(parent: _Level, name: str, out: Harvest) -> _Level | None:
+    """Open subdirectory ``name`` of ``parent`` and its copy (made here), or skip it with the reason."""
+    shown = f"{parent.shown}{_shown(name)}"
+    try:
+        src = os.open(name, _O_DIR, dir_fd=parent.src)
     except OSError as exc:
-        out.skipped.append((_shown(rel) or ".", f"cannot list: {exc.strerror}"))
-        return
-    subdirs: list[tuple[int, int, str, int]] = []
-    for name in names:
-        path = f"{rel}{name}"
+        out.skipped.append((shown, f"open failed: {exc.strerror}"))
+        return None
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o755, dir_fd=parent.dst)
+        dst = os.open(name, _O_DIR, dir_fd=parent.dst)
+    except OSError as exc:
+        os.close(src)
+        out.skipped.append((shown, f"cannot create: {exc.strerror}"))
+        return None
+    st = os.fstat(src)
+    return _Level(name, f"{shown}/", (st.st_dev, st.st_ino), src=src, dst=dst)
+
+
+def _reopen(path: list[_Level], out: Harvest) -> bool:
+    """Reopen the closed directories at the end of ``path``, from the nearest open one down; those
+    above the deepest ``_HELD_LEVELS`` are closed again as soon as the next one is open.
+
+    False, with the reason recorded, when one of them cannot be opened or is no longer the
+    directory the walk left there (only a tree that changes under the harvest can do that).
+    """
+    base = max(i for i, level in enumerate(path) if level.src >= 0)
+    held_from = len(path) - _HELD_LEVELS
+    reason = ""
+    for i in range(base + 1, len(path)):
+        parent, level = path[i - 1], path[i]
         try:
-            st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
+            level.src = os.open(level.name, _O_DIR, dir_fd=parent.src)
+            level.dst = os.open(level.name, _O_DIR, dir_fd=parent.dst)
         except OSError as exc:
-            out.skipped.append((_shown(path), f"stat failed: {exc.strerror}"))
+            reason = f"cannot reopen: {exc.strerror}"
+            break
+        if base < i - 1 < held_from:
+            _close(parent)
+        st = os.fstat(level.src)
+        if (st.st_dev, st.st_ino) != level.ident:
+            reason = "changed while it was copied"
+            break
+    if not reason:
+        return True
+    out.skipped.append((path[-1].shown.rstrip("/"), reason))
+    for level in path[base + 1:]:
+        _close(level)
+    return False
+
+
+def _harvest_dir(level: _Level, depth: int, out: Harvest, max_bytes: int, device: int) -> list[str]:
+    """Copy the regular files of one directory; return its subdirectories to walk, the first one last."""
+    try:
+        names = sorted(os.listdir(level.src))
+    except OSError as exc:
+        out.skipped.append((level.shown.rstrip("/") or ".", f"cannot list: {exc.strerror}"))
+        return []
+    subdirs: list[str] = []
+    for name in names:
+        shown = f"{level.shown}{_shown(name)}"
+        try:
+            st = os.stat(name, dir_fd=level.src, follow_symlinks=False)
+        except OSError as exc:
+            out.skipped.append((shown, f"stat failed: {exc.strerror}"))
             continue
         if stat.S_ISDIR(st.st_mode):
             if depth >= _MAX_DEPTH:
-                out.skipped.append((_shown(path), f"deeper than {_MAX_DEPTH} directories"))
-                continue
-            try:
-                sub_src = os.open(name, _O_DIR, dir_fd=src_fd)
-            except OSError as exc:
-                out.skipped.append((_shown(path), f"open failed: {exc.strerror}"))
-                continue
-            try:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(name, 0o755, dir_fd=dst_fd)
-                sub_dst = os.open(name, _O_DIR, dir_fd=dst_fd)
-            except OSError as exc:
-                os.close(sub_src)
-                out.skipped.append((_shown(path), f"cannot create: {exc.strerror}"))
-                continue
-            subdirs.append((sub_src, sub_dst, f"{path}/", depth + 1))
-            continue
-        if stat.S_ISLNK(st.st_mode):
-            out.skipped.append((_shown(path), "symbolic link"))
+                out.skipped.append((shown, f"deeper than {_MAX_DEPTH} directories"))
+            else:
+                subdirs.append(name)
+        elif stat.S_ISLNK(st.st_mode):
+            out.skipped.append((shown, "symbolic link"))
         elif not stat.S_ISREG(st.st_mode):
-            out.skipped.append((_shown(path), "not a regular file"))
+            out.skipped.append((shown, "not a regular file"))
         elif st.st_nlink != 1 and st.st_dev != device:
             # On a private tmpfs every link is the box's own (a link to a host file would cross
             # filesystems: EXDEV); anywhere else a second link may be a host file's.
-            out.skipped.append((_shown(path), "hard link"))
+            out.skipped.append((shown, "hard link"))
         elif out.bytes_copied + st.st_size > max_bytes:
-            out.skipped.append((_shown(path), "over the harvest size bound"))
+            out.skipped.append((shown, "over the harvest size bound"))
         else:
-            _copy_file(src_fd, dst_fd, name, _shown(path), out, st.st_mode)
-    stack.extend(reversed(subdirs))  # files first, then each subdirectory, in name order
+            _copy_file(level.src, level.dst, name, shown, out, st.st_mode)
+    subdirs.reverse()
+    return subdirs
 
 
 def _copy_file(src_dir: int, dst_dir: int, name: str, shown: str, out: Harvest, mode: int) -> None:

@@ -3,8 +3,12 @@
 The filter allows by default and denies what code-running tasks never need: the
 kernel surfaces behind most container escapes (namespaces, mounts, keyrings, BPF,
 perf, io_uring, userfaultfd, ptrace), anything that changes the host (clock,
-modules, swap, reboot), raw and netlink sockets, and TIOCSTI. Syscalls of any
-other ABI (i386 via int 0x80, x32) kill the process: a filter written for one
+modules, swap, reboot), raw and netlink sockets, and TIOCSTI. It also closes what
+reaches past the box through what every box shares: watches on the read-only host
+directories (a covert channel between boxes), the shared page cache, the host's
+disks (sync, fsync), the host's modprobe (sockets of protocols built as modules),
+and the core-dump helper (RLIMIT_CORE, fixed at 1 by the box's init). Syscalls of
+any other ABI (i386 via int 0x80, x32) kill the process: a filter written for one
 ABI says nothing about another.
 
 ``deny_rules()`` is pure and unit-tested; ``compile_bpf()`` hands the rules to
@@ -37,6 +41,19 @@ _SOCK_RAW = 3
 _SOCK_PACKET = 10
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
+# The protocols the kernel has built in for the stream and datagram sockets of AF_INET and
+# AF_INET6, as (type, protocol) pairs; 0 picks the default. Anything else sends the kernel
+# looking for a module: it runs modprobe on the host, as root, outside the box's cgroup.
+_INET_FAMILIES = (2, 10)
+_SOCK_STREAM, _SOCK_DGRAM = 1, 2
+_IPPROTO_TCP, _IPPROTO_UDP = 6, 17
+_NON_BUILTIN_SOCK_TYPES = {4: "SOCK_RDM", 5: "SOCK_SEQPACKET", 6: "SOCK_DCCP"}
+_F_NOTIFY = 1026
+_RWF_NOWAIT = 0x8
+_POSIX_FADV_DONTNEED = 4
+_MS_SYNC = 4
+_RLIMIT_CORE = 4
+_BOX_INIT_PID = 1
 _PERSONALITY_FLAGS = {
     0x0040000: "ADDR_NO_RANDOMIZE",
     0x0200000: "ADDR_COMPAT_LAYOUT",
@@ -58,7 +75,11 @@ class ArgCheck:
 
 @dataclass(frozen=True, slots=True)
 class DenyRule:
-    """Fail ``syscall`` with ``errno_value`` when every check in ``when`` holds (always, if empty)."""
+    """Fail ``syscall`` with ``errno_value`` when every check in ``when`` holds (always, if empty).
+
+    An ``errno_value`` of 0 makes the call return 0 without reaching the kernel: for calls
+    that have nothing to do for the box and something to do to the host.
+    """
 
     syscall: str
     errno_value: int
@@ -68,6 +89,28 @@ class DenyRule:
 
 def _deny_all(names: tuple[str, ...], why: str, err: int = errno.EPERM) -> list[DenyRule]:
     return [DenyRule(n, err, why) for n in names]
+
+
+def _int_is(index: int, value: int) -> ArgCheck:
+    """The argument, as the C ``int`` the kernel reads (upper 32 bits ignored), equals ``value``."""
+    return ArgCheck(index, "masked_eq", value, _INT_MASK)
+
+
+def _outside(index: int, allowed: tuple[int, int]) -> list[tuple[ArgCheck, ...]]:
+    """Checks, one rule each, that together hold for every value of the argument but the two in
+    ``allowed`` (0 and one more, ascending). libseccomp takes one comparison per argument per rule,
+    so a range is a run of aligned blocks: ``(arg & ~(size-1)) == start``."""
+    low, high = allowed
+    assert low == 0 < high
+    checks: list[tuple[ArgCheck, ...]] = [(ArgCheck(index, "gt", high),)]
+    start = 1
+    while start < high:
+        size = 1
+        while start % (size * 2) == 0 and start + size * 2 <= high:
+            size *= 2
+        checks.append((ArgCheck(index, "masked_eq", start, ~(size - 1) & (2**64 - 1)),))
+        start += size
+    return checks
 
 
 def deny_rules() -> tuple[DenyRule, ...]:
@@ -106,11 +149,14 @@ def deny_rules() -> tuple[DenyRule, ...]:
         (
             "acct", "quotactl", "quotactl_fd", "lookup_dcookie", "nfsservctl", "syslog", "vhangup",
             "iopl", "ioperm", "uselib", "ustat", "sysfs", "_sysctl", "sethostname", "setdomainname",
-            "fanotify_init", "open_by_handle_at", "name_to_handle_at", "vm86", "vm86old",
+            "open_by_handle_at", "name_to_handle_at", "vm86", "vm86old",
             "mbind", "set_mempolicy", "migrate_pages", "move_pages", "memfd_secret",
         ),
         "host administration and known escape primitives",
     )
+    rules += _shared_inode_rules()
+    rules += _whole_host_rules()
+    rules += _core_limit_rules()
     # clone3 passes its flags in memory where a filter cannot look: ENOSYS makes
     # glibc fall back to clone(2), whose flags the rules below can check.
     rules.append(DenyRule("clone3", errno.ENOSYS, "flags not inspectable; libc falls back to clone"))
@@ -135,6 +181,7 @@ def deny_rules() -> tuple[DenyRule, ...]:
                 DenyRule(call, errno.EPERM, label,
                          (ArgCheck(1, "masked_eq", sock_type, _SOCK_TYPE_MASK),))
             )
+    rules += _module_loading_socket_rules()
     for request, label in ((_TIOCSTI, "TIOCSTI"), (_TIOCLINUX, "TIOCLINUX")):
         rules.append(
             DenyRule("ioctl", errno.EPERM, f"{label}: pushing input into a terminal",
@@ -150,6 +197,79 @@ def deny_rules() -> tuple[DenyRule, ...]:
                      (ArgCheck(0, "masked_eq", flag, flag),))
         )
     return tuple(rules)
+
+
+def _shared_inode_rules() -> list[DenyRule]:
+    """Every box reads the same host files (/usr, bound read-only): what one box does to them, another
+    must not be able to observe, or two attempts have a channel no bound or namespace sees."""
+    # ENOSYS and EINVAL are what a kernel built without inotify or dnotify answers: programs
+    # that watch files fall back to polling, which sees only changes, and nothing shared changes.
+    rules = _deny_all(("inotify_init", "inotify_init1", "inotify_add_watch"),
+                      "inotify reports other boxes' opens and reads of the files every box shares",
+                      errno.ENOSYS)
+    rules += _deny_all(("fanotify_init", "fanotify_mark"),
+                       "fanotify reports other boxes' opens and reads of the files every box shares")
+    rules.append(DenyRule("fcntl", errno.EINVAL,
+                          "F_NOTIFY (dnotify) signals other boxes' reads in a shared directory",
+                          (_int_is(1, _F_NOTIFY),)))
+    rules += _deny_all(("cachestat",), "whether a shared file is in the page cache says what another box read")
+    for call in ("preadv2", "pwritev2"):
+        # EOPNOTSUPP is what files that cannot do RWF_NOWAIT answer; callers retry without it.
+        rules.append(DenyRule(call, errno.EOPNOTSUPP,
+                              "RWF_NOWAIT fails exactly when a shared file is not cached: a probe of other boxes' reads",
+                              (ArgCheck(5, "masked_eq", _RWF_NOWAIT, _RWF_NOWAIT),)))
+    # A hint with nothing to do in the box (tmpfs pages are the box's own memory) and
+    # something to do to every other box: empty the page cache of a shared file.
+    rules.append(DenyRule("fadvise64", 0, "DONTNEED drops a shared file's pages from the page cache",
+                          (_int_is(3, _POSIX_FADV_DONTNEED),)))
+    return rules
+
+
+def _whole_host_rules() -> list[DenyRule]:
+    """Flushes. Every filesystem a box can write is a tmpfs, where they have nothing to do, so they
+    succeed without reaching the kernel: what they would reach is the host's own filesystems (sync
+    writes back all of them, syncfs the one holding /usr; fsync, fdatasync and msync on a read-only
+    host file still cost a journal commit and a disk cache flush each), once per call, as often as a
+    box likes. Failing them instead would break programs that flush their own files before exit."""
+    why = "flushes the host's filesystems and disk caches; the box's own are all tmpfs"
+    rules = _deny_all(("sync", "syncfs", "fsync", "fdatasync"), why, 0)
+    rules.append(DenyRule("msync", 0, why, (ArgCheck(2, "masked_eq", _MS_SYNC, _MS_SYNC),)))
+    return rules
+
+
+def _core_limit_rules() -> list[DenyRule]:
+    """A crash that dumps core hands the process's memory to the host's core_pattern: a file, or a
+    helper the kernel starts on the host as root (apport, systemd-coredump). With RLIMIT_CORE at
+    exactly 1 the kernel starts no pipe helper (1 marks a helper's own crash) and writes no core file
+    (the limit is under a page). The box's init sets it before the program exists and every box
+    process inherits it; setting it to 0, the usual "no core", would start the helper again."""
+    why = "RLIMIT_CORE stays at 1, so a crash reaches no host helper and leaves no core file"
+    return [
+        DenyRule("setrlimit", errno.EPERM, why, (_int_is(0, _RLIMIT_CORE),)),
+        # pid 1 is the box's init, which sets the limit once, before anything of the program runs; the
+        # program can reach only the init's own limit that way, and the init never crashes (it ignores
+        # the box's signals and its memory is out of the program's reach). Reading (no new limit) is free.
+        DenyRule("prlimit64", errno.EPERM, why,
+                 (ArgCheck(0, "ne", _BOX_INIT_PID), _int_is(1, _RLIMIT_CORE), ArgCheck(2, "ne", 0))),
+    ]
+
+
+def _module_loading_socket_rules() -> list[DenyRule]:
+    """Stream and datagram sockets of AF_INET and AF_INET6 with what the kernel has built in (TCP, UDP,
+    the default); for any other type or protocol it asks modprobe, on the host, to load one."""
+    why = "a type or protocol not built in makes the kernel run modprobe on the host"
+    rules: list[DenyRule] = []
+    for call in ("socket", "socketpair"):  # socketpair creates its sockets the same way first
+        for family in _INET_FAMILIES:
+            fam = _int_is(0, family)
+            for sock_type, label in _NON_BUILTIN_SOCK_TYPES.items():
+                rules.append(DenyRule(call, errno.ESOCKTNOSUPPORT, f"{label}: {why}",
+                                      (fam, ArgCheck(1, "masked_eq", sock_type, _SOCK_TYPE_MASK))))
+            for sock_type, proto in ((_SOCK_STREAM, _IPPROTO_TCP), (_SOCK_DGRAM, _IPPROTO_UDP)):
+                kind = ArgCheck(1, "masked_eq", sock_type, _SOCK_TYPE_MASK)
+                for checks in _outside(2, (0, proto)):
+                    rules.append(DenyRule(call, errno.EPROTONOSUPPORT, f"protocol: {why}", (fam, kind, *checks)))
+    return rules
 
 
 def denied_syscalls() -> frozenset[str]:

@@ -240,6 +240,10 @@ def main():
     ctrl = int(sys.argv[2])
     os.closerange(3, ctrl)
     os.closerange(ctrl + 1, 1 << 16)
+    # A core limit of exactly 1 keeps every crash in the box from the host's core-dump helper
+    # and from writing a core file. Set here, before the program's process is forked, it is
+    # every box process's; the seccomp filter lets no process but pid 1 (this one) change it.
+    resource.prlimit(1, resource.RLIMIT_CORE, (1, 1))
     # Fork before the request arrives: the fork is then off the request's path, and the
     # program starts the moment its request is read.
     released_r, released_w = os.pipe()

@@ -16,17 +16,19 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from farmd.metrics import Metrics
 from farmd.records import Job, JobState, Trajectory
+from farmd.scheduler.delivery import Delivery
 from farmd.store import Store
 from farmd.taskbank import TaskBank, TaskKey
 
 log = logging.getLogger("farmd.scheduler")
 
 _BANK_STATE = "taskbank"
+_LAG_SHOWN_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,15 +44,13 @@ class SchedulerConfig:
     demand_agent: str | None = None
     """The agent demand-driven rollouts use (the current policy's); None: only explicit requests run."""
     demand_envs: tuple[str, ...] = ()
+    demand_consumers: tuple[str, ...] = ()
+    """The trainers demand follows, by consumer name; empty: every consumer that is consuming."""
+    consumer_stall_s: float = 300.0
+    """A consumer holding a batch unacknowledged this long stops counting for demand until it acks (a client
+    that streams under a new name and never acks must not halt production for every trainer)."""
     group_size: int = 8
     seed: int = 0
-
-
-@dataclass
-class _Streams:
-    """Trainers streaming now: consumer name -> how many streams it has open."""
-
-    open: dict[str, int] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -64,11 +64,8 @@ class Scheduler:
         self._rng = random.Random(self.config.seed)
         self._bank_cursor = 0
         self._task: asyncio.Task[None] | None = None
-        self._streams = _Streams()
-        self.stored_generation = 0
-        """Counts commits that stored trajectories: a stream notes it before it reads."""
-        self._stored = asyncio.Event()
-        """Set (and replaced) at each such commit: wakes every stream waiting for more."""
+        self.delivery = Delivery(store, lambda: self.policy_version, stall_s=self.config.consumer_stall_s,
+                                 consumers=self.config.demand_consumers)
         self._submit_lock = asyncio.Lock()
         self.counters: dict[str, int] = {"completed": 0, "failed": 0, "retried": 0, "requeued": 0, "enqueued": 0}
 
@@ -116,37 +113,18 @@ class Scheduler:
 
     async def _top_up_demand(self) -> None:
         cfg = self.config
-        if not cfg.demand_agent or not cfg.demand_envs or not self._streams.open:
+        if not cfg.demand_agent or not cfg.demand_envs:
             return
-        cursors = await self.store.consumers()
-        slowest = min((cursors.get(name, 0) for name in self._streams.open), default=0)
+        unconsumed = await self.delivery.backlog()
+        if unconsumed is None:  # no trainer is consuming: nobody to produce ahead of
+            return
         counts = await self.store.open_job_counts()
         pending = counts.get(JobState.QUEUED, 0) + counts.get(JobState.LEASED, 0)
-        ahead = await self.store.last_seq() - slowest + pending
-        want = cfg.demand_buffer - ahead
+        want = cfg.demand_buffer - (unconsumed + pending)
         if want < cfg.group_size:
             return
         env = cfg.demand_envs[self._rng.randrange(len(cfg.demand_envs))]
         await self.submit(env, cfg.demand_agent, want, source="demand")
-
-    def stream_opened(self, consumer: str) -> None:
-        self._streams.open[consumer] = self._streams.open.get(consumer, 0) + 1
-
-    def stream_closed(self, consumer: str) -> None:
-        left = self._streams.open.get(consumer, 1) - 1
-        if left > 0:
-            self._streams.open[consumer] = left
-        else:
-            self._streams.open.pop(consumer, None)
-
-    async def wait_for_more(self, seen_generation: int, timeout_s: float) -> None:
-        """Return once trajectories were stored after ``stored_generation`` was ``seen_generation``
-        (at once if they already were), or after ``timeout_s``. One stream's wait never swallows
-        another's wake-up: each commit sets its own event."""
-        if self.stored_generation != seen_generation:
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stored.wait(), timeout_s)
 
     # -- leases (the interface local and remote workers share) ------------------------------------
 
@@ -162,9 +140,7 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.stored.inc(len(stored))
         if stored:
-            self.stored_generation += 1
-            stored_now, self._stored = self._stored, asyncio.Event()
-            stored_now.set()
+            self.delivery.stored()
         return stored
 
     async def fail(self, owner: str, job_id: int, error: str) -> JobState | None:
@@ -225,12 +201,15 @@ class Scheduler:
         counts = await self.store.open_job_counts()
         for state in (JobState.QUEUED, JobState.LEASED):
             m.queue.labels(state.value).set(counts.get(state.value, 0))
-        last = await self.store.last_seq()
-        for name, acked in (await self.store.consumers()).items():
-            if not name.endswith("#groups"):  # group cursors count groups, not trajectories
-                m.consumer_lag.labels(name).set(last - acked)
+        # A series per consumer streaming now, acked within the last hour, or followed by name: names come
+        # from clients, so a series for every name ever acked would grow without bound.
+        m.consumer_lag.clear()
+        recent = time.time() - _LAG_SHOWN_S
+        for c in await self.delivery.status():
+            if c["state"] != "closed" or (c["acked_at"] or 0) > recent or c["name"] in self.config.demand_consumers:
+                m.consumer_lag.labels(c["name"], "groups" if c["whole_groups"] else "trajectories").set(c["lag"])
         m.policy_version.set(self.policy_version)
-        m.streams.set(sum(self._streams.open.values()))
+        m.streams.set(self.delivery.open_streams())
 
     async def _observe_finished(self) -> int:
         seen = 0
@@ -257,8 +236,8 @@ class Scheduler:
             "throughput_per_s": await self.store.finished_since(now - 60) / 60.0,
             "pass_rates": await self.store.pass_rates(),
             "bank": self.bank.status(),
-            "consumers": await self.store.consumers(),
-            "streams": dict(self._streams.open),
+            "consumers": await self.delivery.status(),
+            "streams": self.delivery.open_streams(),
             "policy_version": self.policy_version,
             "last_seq": await self.store.last_seq(),
             "counters": dict(self.counters),

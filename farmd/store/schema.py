@@ -103,4 +103,38 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX jobs_by_lease;
     CREATE INDEX jobs_leased_by_expiry ON jobs(lease_expires) WHERE state = 'leased';
     """,
+    # 3: a policy's content lives in a file under the data directory (``policies/<sha256>``, written
+    # as it arrives), no longer in a blob that had to be held whole: ``file`` names it. Rows an older
+    # farmd stored with a blob keep it, and are still served from it.
+    """
+    ALTER TABLE policies ADD COLUMN file TEXT;
+    """,
+    # 4: a consumer's cursors are keyed by (name, kind), not by a "NAME#groups" string (which let a
+    # consumer called "x#groups" move x's group cursor); each finished group keeps the running total of
+    # trajectories in groups finished up to it, so a group cursor says in one lookup how many
+    # trajectories it has passed (what trainer demand is counted in).
+    """
+    CREATE TABLE consumers_by_kind (
+        name TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('trajectories', 'groups')),
+        acked_seq INTEGER NOT NULL DEFAULT 0,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (name, kind)
+    );
+    INSERT INTO consumers_by_kind(name, kind, acked_seq, updated_at)
+        SELECT CASE WHEN name LIKE '%#groups' THEN substr(name, 1, length(name) - 7) ELSE name END,
+               CASE WHEN name LIKE '%#groups' THEN 'groups' ELSE 'trajectories' END, acked_seq, updated_at
+        FROM consumers;
+    DROP TABLE consumers;
+    ALTER TABLE consumers_by_kind RENAME TO consumers;
+    ALTER TABLE groups ADD COLUMN done_total INTEGER;
+    WITH counted AS (
+        SELECT g.id, g.done_seq, (SELECT COUNT(*) FROM trajectories t WHERE t.group_id = g.id) AS n
+        FROM groups g WHERE g.done_seq IS NOT NULL
+    ), running AS (
+        SELECT id, SUM(n) OVER (ORDER BY done_seq) AS total FROM counted
+    )
+    UPDATE groups SET done_total = (SELECT total FROM running WHERE running.id = groups.id)
+    WHERE done_seq IS NOT NULL;
+    """,
 )

@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import sqlite3
 import time
 import zlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,13 @@ from typing import Any
 import aiosqlite
 
 from farmd.errors import BadRequest, FarmError
+from farmd.private import create_file, make_dir
 from farmd.records import Job, JobState, Policy, Trajectory
+from farmd.store.policy_files import PolicyFiles, PolicyUpload
 from farmd.store.schema import MIGRATIONS
+from farmd.text import valid_text, valid_tree
+
+log = logging.getLogger("farmd.store")
 
 _JOB_COLUMNS = "id, group_id, env, seed, difficulty, agent, state, attempts, lease_owner, lease_expires, " \
                "policy_version, source"
@@ -33,6 +39,16 @@ _TRAJ_COLUMNS = "id, seq, group_id, env, env_version, seed, difficulty, agent, p
 
 
 _MAX_VARS = 10_000
+
+
+CURSOR_KINDS = ("trajectories", "groups")
+"""What a consumer's cursor counts: stored trajectories (``seq``) or finished groups (``done_seq``)."""
+
+
+def _kind(kind: str) -> str:
+    if kind not in CURSOR_KINDS:
+        raise ValueError(f"a cursor counts {' or '.join(CURSOR_KINDS)}, not {kind!r}")
+    return kind
 
 
 class StoreError(FarmError):
@@ -47,19 +63,59 @@ def _job(row: aiosqlite.Row) -> Job:
 
 def _pack(traj: Trajectory) -> bytes:
     body = {"steps": traj.steps, "final": traj.final, "timings": traj.timings, "details": traj.details}
-    return zlib.compress(json.dumps(body, separators=(",", ":")).encode(), 3)
+    return zlib.compress(_utf8(json.dumps(body, separators=(",", ":"), ensure_ascii=False)), 3)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _utf8(text: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        # Text reaches the store already made valid where it entered the farm (a trajectory is sealed
+        # by the rollout runner); this is the store refusing to keep what no reader could decode.
+        log.error("text that is not valid UTF-8 reached the store; it is kept repaired")
+        return valid_text(text)[0].encode("utf-8")
+
+
+def _read_json(raw: str | bytes) -> Any:
+    value = json.loads(raw)
+    # Rows written before text was repaired on the way in kept lone surrogates as JSON escapes
+    # (``"\ud800"``), which decode to strings no encoder takes: repaired here, so an old row can
+    # never break a stream or an export. Only escapes can carry one, so only they cost the walk.
+    marks = (b"\\ud", b"\\uD") if isinstance(raw, bytes) else ("\\ud", "\\uD")
+    if marks[0] in raw or marks[1] in raw:  # type: ignore[operator]
+        value, _ = valid_tree(value)
+    return value
 
 
 def _trajectory(row: aiosqlite.Row) -> Trajectory:
     # A row read without its body (a stream that sends no steps) has NULL there.
-    body: dict[str, Any] = json.loads(zlib.decompress(row[15])) if row[15] is not None else {"steps": [], "final": ""}
+    body: dict[str, Any] = _read_json(zlib.decompress(row[15])) if row[15] is not None else {"steps": [], "final": ""}
     return Trajectory(
         id=row[0], seq=row[1], group_id=row[2], env=row[3], env_version=row[4], seed=row[5], difficulty=row[6],
         agent=row[7], policy_version=row[8], reward=row[9], passed=bool(row[10]), status=row[11],
-        reasons=json.loads(row[12]), flags=json.loads(row[13]), verifier_version=row[14], steps=body["steps"],
+        reasons=_read_json(row[12]), flags=_read_json(row[13]), verifier_version=row[14], steps=body["steps"],
         final=body["final"], timings=body.get("timings", {}), details=body.get("details", {}), node=row[16],
         finished_at=row[17],
     )
+
+
+def _blob_slice(db_path: Path, version: int, offset: int, size: int) -> bytes:
+    """``size`` bytes of policy ``version``'s blob from ``offset`` (blocking: run it in a thread).
+
+    SQLite's incremental blob I/O reads only those bytes, where a SELECT would load the whole blob.
+    A connection of its own per slice: a read held open between slices would pin an old snapshot.
+    """
+    uri = f"{db_path.resolve().as_uri()}?mode=ro"
+    with contextlib.closing(sqlite3.connect(uri, uri=True)) as db, \
+            db.blobopen("policies", "blob", version, readonly=True) as blob:
+        if offset >= len(blob):
+            return b""
+        blob.seek(offset)
+        return blob.read(size)
 
 
 class Store:
@@ -72,10 +128,14 @@ class Store:
         never the middle of a write another coroutine has open on the writing connection."""
         self._write_lock = asyncio.Lock()
         self.path = path
+        self._policies = PolicyFiles(path.parent)
 
     @classmethod
     async def open(cls, path: Path) -> Store:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        # The file exists, private, before SQLite opens it: SQLite gives the -wal and -shm files it
+        # makes the database file's mode.
+        await asyncio.to_thread(make_dir, path.parent)
+        await asyncio.to_thread(create_file, path)
         db = await aiosqlite.connect(path, isolation_level=None)
         reader = None
         try:
@@ -89,6 +149,7 @@ class Store:
             await reader.execute("PRAGMA busy_timeout=10000")
             store = cls(db, reader, path)
             await store._migrate()
+            await asyncio.to_thread(store._policies.sweep)
         except BaseException:
             await db.close()
             if reader is not None:
@@ -254,7 +315,7 @@ class Store:
             await db.executemany(
                 f"INSERT INTO trajectories({_TRAJ_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 [(t.id, t.seq, t.group_id, t.env, t.env_version, t.seed, t.difficulty, t.agent, t.policy_version,
-                  t.reward, int(t.passed), t.status, json.dumps(t.reasons), json.dumps(t.flags), t.verifier_version,
+                  t.reward, int(t.passed), t.status, _json(t.reasons), _json(t.flags), t.verifier_version,
                   bodies[t.id], t.node, t.finished_at) for _, t in keep])
             await self._finish_groups(db, sorted({t.group_id for _, t in keep}))
         return [t.id for _, t in keep]
@@ -292,9 +353,12 @@ class Store:
         await self._finish_groups(db, [int(r[0]) for r in rows])
 
     async def _finish_groups(self, db: aiosqlite.Connection, group_ids: list[int]) -> None:
-        """Groups whose last job just ended get their places in the done order (whole-group streams)."""
+        """Groups whose last job just ended get their places in the done order (whole-group streams),
+        and the running total of trajectories in groups finished so far (how far a group cursor is)."""
         await db.executemany(
-            "UPDATE groups SET done_seq = (SELECT COALESCE(MAX(done_seq), 0) + 1 FROM groups) "
+            "UPDATE groups SET done_seq = (SELECT COALESCE(MAX(done_seq), 0) + 1 FROM groups), "
+            "done_total = COALESCE((SELECT done_total FROM groups WHERE done_seq = "
+            "(SELECT MAX(done_seq) FROM groups)), 0) + (SELECT COUNT(*) FROM trajectories WHERE group_id = groups.id) "
             "WHERE id = ? AND done_seq IS NULL AND NOT EXISTS "
             "(SELECT 1 FROM jobs WHERE group_id = groups.id AND state IN ('queued', 'leased'))",
             [(g,) for g in group_ids])
@@ -405,15 +469,16 @@ class Store:
             await db.executemany(
                 "INSERT OR IGNORE INTO scores(trajectory_id, verifier_version, reward, passed, status, reasons, "
                 "flags, scored_at) VALUES (?,?,?,?,?,?,?,?)",
-                [(t, v, r, int(p), s, json.dumps(rs), json.dumps(fl), now) for t, v, r, p, s, rs, fl in rows])
+                [(t, v, r, int(p), s, _json(valid_tree(rs)[0]), _json(valid_tree(fl)[0]), now)
+                 for t, v, r, p, s, rs, fl in rows])
             return db.total_changes - before
 
     async def scores(self, traj_id: int) -> list[dict[str, Any]]:
         rows = await self._all(
             "SELECT verifier_version, reward, passed, status, reasons, flags, scored_at FROM scores "
             "WHERE trajectory_id=? ORDER BY scored_at", (traj_id,))
-        return [{"verifier_version": v, "reward": r, "passed": bool(p), "status": s, "reasons": json.loads(rs),
-                 "flags": json.loads(f), "scored_at": t} for v, r, p, s, rs, f, t in rows]
+        return [{"verifier_version": v, "reward": r, "passed": bool(p), "status": s, "reasons": _read_json(rs),
+                 "flags": _read_json(f), "scored_at": t} for v, r, p, s, rs, f, t in rows]
 
     async def scored_versions(self, env: str) -> dict[int, set[str]]:
         rows = await self._all(
@@ -426,39 +491,71 @@ class Store:
 
     # -- consumers ------------------------------------------------------------------------------
 
-    async def cursor(self, consumer: str) -> int:
-        row = await self._one("SELECT acked_seq FROM consumers WHERE name=?", (consumer,))
+    async def cursor(self, consumer: str, kind: str) -> int:
+        """Where ``consumer``'s cursor of ``kind`` (``trajectories`` or ``groups``) stands; 0 if it never acked."""
+        row = await self._one("SELECT acked_seq FROM consumers WHERE name=? AND kind=?", (consumer, _kind(kind)))
         return int(row[0]) if row else 0
 
-    async def ack(self, consumer: str, up_to: int, *, groups: bool = False) -> int:
-        """Move ``consumer``'s cursor to ``up_to`` (never backwards). Returns the cursor.
+    async def ack(self, consumer: str, kind: str, up_to: int) -> int:
+        """Move ``consumer``'s cursor of ``kind`` to ``up_to`` (never backwards). Returns the cursor.
 
-        ``up_to`` counts trajectories, or finished groups with ``groups``; a cursor past the
-        last one would silently skip what comes next, so it is refused.
+        ``up_to`` counts trajectories (``seq``), or finished groups (``done_seq``) for ``groups``; a
+        cursor past the last one would silently skip what comes next, so it is refused.
         """
+        column, table = ("done_seq", "groups") if _kind(kind) == "groups" else ("seq", "trajectories")
         async with self._write() as db:
-            column, table = ("done_seq", "groups") if groups else ("seq", "trajectories")
             async with db.execute(f"SELECT COALESCE(MAX({column}), 0) FROM {table}") as cur:
                 row = await cur.fetchone()
             high = int(row[0]) if row else 0
             if not 0 <= up_to <= high:
                 raise BadRequest(f"cannot ack up to {up_to}: the stream has only reached {high}")
             cur = await db.execute(
-                "INSERT INTO consumers(name, acked_seq, updated_at) VALUES (?,?,?) ON CONFLICT(name) DO UPDATE SET "
-                "acked_seq=MAX(acked_seq, excluded.acked_seq), updated_at=excluded.updated_at RETURNING acked_seq",
-                (consumer, up_to, time.time()))
+                "INSERT INTO consumers(name, kind, acked_seq, updated_at) VALUES (?,?,?,?) ON CONFLICT(name, kind) "
+                "DO UPDATE SET acked_seq=MAX(acked_seq, excluded.acked_seq), updated_at=excluded.updated_at "
+                "RETURNING acked_seq", (consumer, kind, up_to, time.time()))
             row = await cur.fetchone()
         return int(row[0]) if row else up_to
 
-    async def consumers(self) -> dict[str, int]:
-        rows = await self._all("SELECT name, acked_seq FROM consumers ORDER BY name")
-        return {name: int(seq) for name, seq in rows}
+    async def consumers(self) -> list[dict[str, Any]]:
+        """Every cursor ever acked: name, kind, position, when it last moved."""
+        rows = await self._all("SELECT name, kind, acked_seq, updated_at FROM consumers ORDER BY name, kind")
+        return [{"name": n, "kind": k, "acked": int(a), "updated_at": float(t)} for n, k, a, t in rows]
+
+    async def consumed(self, kind: str, position: int) -> int:
+        """Trajectories a cursor of ``kind`` at ``position`` has passed: for ``groups``, every trajectory of
+        the groups that finished at or before it (kept as a running total, so this is one lookup)."""
+        if _kind(kind) == "trajectories" or position <= 0:
+            return max(0, position)
+        row = await self._one("SELECT done_total FROM groups WHERE done_seq=?", (position,))
+        return int(row[0] or 0) if row else 0
 
     # -- policies -------------------------------------------------------------------------------
 
-    async def add_policy(self, sha256: str, blob: bytes | None, uri: str | None) -> Policy:
-        """Store a policy; the same content twice is the same version."""
+    async def policy_upload(self) -> PolicyUpload:
+        """Somewhere to write a policy's content as it arrives; ``add_policy`` keeps it, ``discard`` drops it."""
+        return await self._policies.upload()
+
+    async def add_policy(self, sha256: str, content: PolicyUpload | bytes | None, uri: str | None) -> Policy:
+        """Store a policy: its content (an upload that hashed to ``sha256``, or bytes) and/or a uri.
+        The same content twice is the same version (and the same file)."""
+        if isinstance(content, bytes):
+            upload = await self._policies.upload()
+            try:
+                await upload.write(content)
+                return await self.add_policy(sha256, upload, uri)
+            finally:
+                await upload.discard()
+        name = None
+        if content is not None:
+            if content.sha256 != sha256:
+                raise ValueError(f"the content hashes to {content.sha256}, not {sha256}")
+            known = await self._one("SELECT version, sha256, size, uri, created_at, file FROM policies "
+                                    "WHERE sha256=?", (sha256,))
+            if known is not None and known[5] is None:
+                return Policy(*known[:5])  # kept in a blob by an older farmd: no second copy
+            name = await content.keep()  # before the row: a row never names a file that is not there
         now = time.time()
+        size = content.size if content is not None else 0
         async with self._write() as db:
             async with db.execute("SELECT version, sha256, size, uri, created_at FROM policies WHERE sha256=?",
                                   (sha256,)) as cur:
@@ -468,18 +565,37 @@ class Store:
             async with db.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM policies") as cur:
                 row = await cur.fetchone()
             version = int(row[0]) if row else 1
-            await db.execute("INSERT INTO policies(version, sha256, size, blob, uri, created_at) VALUES (?,?,?,?,?,?)",
-                             (version, sha256, len(blob or b""), blob, uri, now))
-        return Policy(version, sha256, len(blob or b""), uri, now)
+            await db.execute("INSERT INTO policies(version, sha256, size, blob, uri, created_at, file) "
+                             "VALUES (?,?,?,NULL,?,?,?)", (version, sha256, size, uri, now, name))
+        return Policy(version, sha256, size, uri, now)
 
     async def policy_by_hash(self, sha256: str) -> Policy | None:
         row = await self._one(
             "SELECT version, sha256, size, uri, created_at FROM policies WHERE sha256=?", (sha256,))
         return Policy(*row) if row else None
 
-    async def policy_blob(self, sha256: str) -> bytes | None:
-        row = await self._one("SELECT blob FROM policies WHERE sha256=?", (sha256,))
-        return bytes(row[0]) if row and row[0] is not None else None
+    async def policy_content(self, sha256: str, chunk_bytes: int) -> AsyncGenerator[bytes, None]:
+        """A policy's content, ``chunk_bytes`` at a time, never read whole: from its file, or from the
+        blob an older farmd stored it in. Nothing for a policy that is only a uri (or none at all)."""
+        row = await self._one("SELECT version, file, blob IS NOT NULL FROM policies WHERE sha256=?", (sha256,))
+        if row is None:
+            return
+        version, name, in_blob = row
+        if name is not None:
+            try:
+                async for chunk in self._policies.read(name, chunk_bytes):
+                    yield chunk
+            except FileNotFoundError as exc:
+                raise StoreError(f"the content of policy {version} ({name}) is missing from the data directory"
+                                 ) from exc
+            return
+        offset = 0
+        while in_blob:
+            chunk = await asyncio.to_thread(_blob_slice, self.path, int(version), offset, chunk_bytes)
+            if not chunk:
+                return
+            offset += len(chunk)
+            yield chunk
 
     async def latest_policy(self) -> Policy | None:
         row = await self._one(

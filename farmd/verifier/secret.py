@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import random
 import secrets
+import stat
 from pathlib import Path
+
+from farmd.private import FILE_MODE, make_dir
+
+log = logging.getLogger("farmd.verifier")
 
 KEY_FILE = "verifier.key"
 _KEY_BYTES = 32
@@ -30,10 +36,16 @@ class VerifierKey:
         """The key of a farm's data directory, created (0600) on first use."""
         path = data_dir / KEY_FILE
         try:
-            return cls(path.read_bytes())
+            key = path.read_bytes()
         except FileNotFoundError:
             pass
-        data_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            loose = stat.S_IMODE(os.stat(path).st_mode)
+            if loose & ~FILE_MODE:  # a key others could read makes every hidden test public
+                os.chmod(path, FILE_MODE)
+                log.warning("%s was mode %o: now %o", path, loose, FILE_MODE)
+            return cls(key)
+        make_dir(data_dir)
         key = secrets.token_bytes(_KEY_BYTES)
         tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

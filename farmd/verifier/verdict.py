@@ -11,29 +11,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+# The flags a verdict may carry live with every other flag, in farmd/flags.py; named here too
+# because every verifier reaches for them.
+from farmd.flags import (
+    INVALID_TEXT,
+    NO_ANSWER,
+    SANDBOX_VIOLATION,
+    SUSPECTED_HACK,
+    TIMEOUT,
+    TRUNCATED,
+    UNPARSEABLE,
+    VERIFIER_FAULT,
+)
+
 Status = Literal["ok", "error"]
 
-# Flags: facts about an attempt worth filtering or inspecting trajectories by.
-SANDBOX_VIOLATION = "sandbox_violation"
-"""A box that ran the attempt's code hit a bound or policy (see reasons)."""
-SUSPECTED_HACK = "suspected_hack"
-"""The attempt did something only an attempt at gaming the verifier does."""
-TIMEOUT = "timeout"
-"""The attempt ran out of time."""
-NO_ANSWER = "no_answer"
-"""There was nothing to verify (empty submission, no answer block)."""
-UNPARSEABLE = "unparseable"
-"""The submission could not be parsed or compiled (a syntax error, nesting too deep, an expression too
-long): checked in the judge's box, never on the host."""
-INVALID_TEXT = "invalid_text"
-"""The attempt's text held what UTF-8 cannot encode (a lone surrogate); it was repaired with U+FFFD where
-it entered the farm, and the attempt judged as repaired."""
-VERIFIER_FAULT = "verifier_fault"
-"""The verifier failed while judging this attempt but judges the task's reference soundly: whatever the
-attempt did to it, the attempt gets 0 (a verifier error is never an escape from a 0)."""
-TRUNCATED = "truncated"
-"""Part of the attempt (a reply, an observation, a step list) was cut to the bounds of a stored
-trajectory; the verdict was given on the whole attempt."""
+
+__all__ = ["INVALID_TEXT", "NO_ANSWER", "SANDBOX_VIOLATION", "SUSPECTED_HACK", "TIMEOUT", "TRUNCATED",
+           "UNPARSEABLE", "VERIFIER_FAULT", "Status", "Verdict", "errored", "failed", "unreadable_source"]
 
 
 @dataclass
@@ -75,16 +70,15 @@ def errored(version: str, reason: str) -> Verdict:
 
 
 def unreadable_source(version: str, source: str, max_bytes: int) -> Verdict | None:
-    """The failing verdict for source code that is empty, too big or does not parse; else None.
+    """The failing verdict for source code that is empty or too big; else None.
 
-    Parsing runs nothing of the submission (compile only), so it is safe on the host.
+    Nothing here parses: compiling untrusted text can fail in every way the compiler can (a
+    RecursionError on a long expression, a MemoryError on a deep one), so it is compiled in the
+    judge's box, where any failure is the submission's (``unparseable``). A lone surrogate counts
+    as the three bytes of the U+FFFD it will be judged as.
     """
     if not source.strip():
         return failed(version, "empty submission", flags=(NO_ANSWER,))
-    if len(source.encode("utf-8", "surrogateescape")) > max_bytes:
+    if len(source) > max_bytes or len(source.encode("utf-8", "surrogatepass")) > max_bytes:
         return failed(version, f"submission larger than {max_bytes} bytes")
-    try:
-        compile(source, "submission.py", "exec", dont_inherit=True)
-    except (SyntaxError, ValueError) as exc:
-        return failed(version, f"does not compile: {exc}")
     return None

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from farmd.agents import ChatLimits, EndpointConfig, EndpointError, OpenAIAgent, make_agent
+from farmd.agents import ChatLimits, EndpointConfig, EndpointError, NamedEndpoint, OpenAIAgent, make_agent
 from farmd.agents.chat import ANSWER_NOW
 from farmd.agents.httpclient import HttpError, Url, post_json
 from farmd.envs import get
@@ -248,7 +248,8 @@ async def test_an_openai_agent_solves_a_real_shell_task(tmp_path: Path) -> None:
         ctx = VerifyContext(sandbox=sandbox, key=VerifierKey(b"k" * 32), scratch_dir=tmp_path)
         episode = await env.episode(task, ctx)
         try:
-            result = await make_agent(f"openai:fake@{ep.url}").attempt(task, episode, 0)
+            agent = make_agent("openai:fake@local", endpoints=(NamedEndpoint(name="local", url=ep.url),))
+            result = await agent.attempt(task, episode, 0)
         finally:
             await episode.close()
         verdict = await env.verify(task, result.attempt, ctx)

@@ -55,7 +55,8 @@ def test_stream_resumes_after_the_last_ack_with_no_gap(farm) -> None:  # type: i
     assert seen == list(range(9, 41)) and [t["seq"] for t in second.trajectories] == seen[:8]
     ids = {t["id"] for t in client.trajectories(limit=100)}
     assert len(ids) == 40
-    assert client.status()["consumers"]["trainer"] == 40
+    (trainer,) = [c for c in client.status()["consumers"] if c["name"] == "trainer"]
+    assert (trainer["cursor"], trainer["lag"], trainer["whole_groups"]) == (40, 0, False)
 
 
 def test_whole_groups_with_tensors(farm) -> None:  # type: ignore[no-untyped-def]
@@ -78,7 +79,8 @@ def test_whole_groups_with_tensors(farm) -> None:  # type: ignore[no-untyped-def
             break
     assert len({t["id"] for t in got}) == 36
     assert all(t["reward"] == 1.0 for t in got if t["agent"] == "reference")
-    assert client.status()["consumers"]["grpo#groups"] == 6
+    grpo = [c for c in client.status()["consumers"] if c["name"] == "grpo"]
+    assert [(c["whole_groups"], c["cursor"], c["lag"]) for c in grpo] == [(True, 6, 0)]
 
 
 def test_policies_are_versioned_by_content_and_staleness_filters(farm) -> None:  # type: ignore[no-untyped-def]
@@ -159,18 +161,3 @@ def test_bad_input_gets_clear_errors_and_loses_nothing(farm) -> None:  # type: i
     assert running.proc.poll() is None, "the daemon stays up"
     assert after["queue"] == before["queue"] and after["last_seq"] == before["last_seq"] == 8
     assert len(client.trajectories(limit=100)) == 8
-
-
-def test_staleness_keeps_or_drops_whole_groups_as_one() -> None:
-    from farmd.api.farm_service import _fresh
-    from farmd.records import Trajectory
-
-    def t(tid: int, group: int, version: int) -> Trajectory:
-        return Trajectory(id=tid, group_id=group, env="e", env_version="1", seed=1, difficulty=1, agent="a",
-                          policy_version=version, reward=1.0, passed=True, status="ok", reasons=[], flags=[],
-                          verifier_version="1", steps=[], final="", node="n")
-
-    batch = [t(1, 1, 3), t(2, 1, 2), t(3, 2, 3), t(4, 2, 3)]  # group 1 straddles a publish
-    assert [x.id for x in _fresh(batch, 3, whole_groups=False)] == [1, 3, 4]
-    assert [x.id for x in _fresh(batch, 3, whole_groups=True)] == [3, 4]
-    assert _fresh(batch, None, whole_groups=True) == batch

@@ -45,7 +45,8 @@ def test_run_status_trajectories_export_rescore(running_farm, tmp_path: Path) ->
     farm.farmctl("export", "--format", "parquet", "--out", str(parquet), "--env", "py-func")
     table = pq.read_table(parquet)
     assert table.num_rows == 6 and set(table.column("env").to_pylist()) == {"py-func"}
-    assert json.loads(table.column("steps").to_pylist()[0])[0]["action"].startswith("def ")
+    assert table.column("final").to_pylist()[0].startswith("def ")
+    assert json.loads(table.column("steps").to_pylist()[0])[0]["action"] is None, "the submission is kept once"
 
     first = json.loads(farm.farmctl("rescore", "--env", "py-func", "--json").stdout)
     assert (first["scored"], first["already"], first["errors"]) == (6, 0, 0)

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from farmd.envs import Attempt, Task, TaskError, VerifyContext, get, names, rg
+from farmd.envs import Attempt, Task, TaskError, VerifyContext, get, names, rg, verify_safely
 from farmd.envs.rg import DATASETS, ReasoningGym
 from farmd.sandbox import Sandbox
 from farmd.verifier import Verdict, VerifierKey
 from farmd.verifier.answer import extract_single_answer
 from farmd.verifier.exploits import for_kind
 from farmd.verifier.exploits.answer import CODE_MARKER
-from farmd.verifier.verdict import NO_ANSWER, SUSPECTED_HACK
+from farmd.verifier.verdict import NO_ANSWER, SUSPECTED_HACK, VERIFIER_FAULT
 from tests.conftest import farmctl
 
 ALL = sorted(DATASETS)
@@ -319,8 +319,20 @@ async def test_a_broken_source_is_an_error_not_a_zero(monkeypatch: pytest.Monkey
         raise RuntimeError("scorer bug")
 
     monkeypatch.setattr(type(item.dataset), "score_answer", broken_scorer)
-    verdict = await judge(task, f"<answer>{right}</answer>")
+    verdict = await verify_safely(env("chain_sum"), task, Attempt(final=f"<answer>{right}</answer>"), CTX)
     assert verdict.status == "error" and not verdict.passed and "scorer bug" in verdict.reasons[0]
+
+    def scorer_broken_by_one_answer(self: object, answer: str, entry: object) -> float:
+        if answer != right:
+            raise RuntimeError("scorer bug this answer found")
+        return 1.0
+
+    # A scorer that fails only on this answer, while judging the reference soundly: the answer's 0.
+    monkeypatch.setattr(type(item.dataset), "score_answer", scorer_broken_by_one_answer)
+    other = f"<answer>{int(right) + 1}</answer>" if right.lstrip("-").isdigit() else "<answer>0</answer>"
+    monkeypatch.setattr(rg, "_strict", lambda kind, answer, item: None)  # let it reach the scorer
+    verdict = await verify_safely(env("chain_sum"), task, Attempt(final=other), CTX)
+    assert (verdict.status, verdict.reward) == ("ok", 0.0) and VERIFIER_FAULT in verdict.flags, verdict
 
     monkeypatch.setattr(type(item.dataset), "score_answer", lambda self, answer, entry: 0.5)
     verdict = await judge(task, f"<answer>{right}</answer>")
@@ -391,3 +403,16 @@ def test_farmctl_verify(tmp_path: Path) -> None:
     submission.write_text(f"<answer>{wrong(env('chain_sum').generate(3, 1))}</answer>\n")
     bad = json.loads(farmctl(*common, "--submission", str(submission)).stdout)
     assert bad["passed"] is False and bad["reward"] == 0.0 and bad["status"] == "ok"
+
+
+async def test_a_lone_surrogate_is_judged_as_repaired_and_flagged() -> None:
+    from farmd.verifier.verdict import INVALID_TEXT
+
+    task = env("chain_sum").generate(6, 2)
+    right = oracle(task)
+    texts = {f"thinking \ud800 done <answer>{right}</answer>": True, f"<answer>{right}\udfff</answer>": False,
+             "<answer>\ud800</answer>": False, "\udc80" * 10: False}
+    for text, passes in texts.items():
+        verdict = await env("chain_sum").verify(task, Attempt(final=text), CTX)
+        assert verdict.status == "ok" and verdict.passed is passes and INVALID_TEXT in verdict.flags, (text, verdict)
+        json.dumps(verdict.to_json(), ensure_ascii=False).encode("utf-8")

@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -438,3 +439,63 @@ def test_farmctl_shows_a_shell_task() -> None:
     task = ENV.generate(4, 3)
     assert shown["prompt"] == task.prompt and shown["kind"] == "actions"
     assert shown["answer_format"] == task.answer_format and shown["metadata"]["family"] == "move-files"
+
+
+# -- the host reads what the agent left, whatever it is --------------------------------------------------
+
+# The pattern ini files were once read with: it backtracked quadratically on a long line of blanks.
+_OLD_INI_LINE = re.compile(r"^\s*([^#;=\s][^=]*?)\s*=\s*(.*?)\s*$")
+
+
+def test_ini_files_are_read_as_before_in_linear_time() -> None:
+    from farmd.envs.shell import _as_ini
+
+    def old(text: str) -> list[str]:
+        out = []
+        for line in text.split("\n"):
+            m = _OLD_INI_LINE.match(line.rstrip())
+            out.append(f"{m.group(1)} = {m.group(2)}" if m else line.rstrip())
+        while out and not out[-1]:
+            out.pop()
+        while out and not out[0]:
+            out.pop(0)
+        return out
+
+    rng = random.Random(3)
+    alphabet = [" ", "\t", "=", "#", ";", "a", "b", "[", "]", "\x1c", "\u3000", "\x85", "\r", "\n", "k_1", " = "]
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 16)))
+        assert _as_ini(text) == old(text), repr(text)
+    ini = Expect("ini", b"[s]\nport = 1\n")
+    for hostile in (b"[s]\na" + b" " * 50_000 + b"b", b"[s]\na=b" + b" " * 50_000 + b"c", b" " * 50_000 + b"=" * 50_000):
+        started = time.perf_counter()
+        assert matches(ini, hostile) is not None
+        assert time.perf_counter() - started < 0.5
+    number = Expect("number", b"12\n")
+    assert matches(number, b"1" * 5_000_000) == "it does not hold a plain decimal number"
+
+
+@pytest.mark.sandbox
+async def test_a_lone_surrogate_never_makes_verify_raise_and_is_flagged() -> None:
+    from farmd.verifier.verdict import INVALID_TEXT
+
+    tasks = {}
+    for seed in range(20):
+        task = ENV.generate(seed, 1)
+        tasks.setdefault(ENV.puzzle(seed, 1).finish, task)
+    answer, files = tasks["answer"], tasks["files"]
+    ref = ENV.reference(answer)
+    attempts = [
+        (answer, Attempt(final=ref.final + "\ud800", actions=ref.actions), False),
+        (answer, Attempt(final="\udfff", actions=["echo \ud800"]), False),
+        (answer, Attempt(final="1" + "0" * 4000, actions=["true"]), False),
+        (files, Attempt(final="\ud800 done", actions=ENV.reference(files).actions), True),
+        (files, Attempt(final="", actions=[*ENV.reference(files).actions, "echo '\udc80' > /dev/null"]), True),
+    ]
+    async with _context() as ctx:
+        verdicts = await _verify_all(ctx, [(t, a) for t, a, _ in attempts])
+    for (_, attempt, passes), verdict in zip(attempts, verdicts, strict=True):
+        assert verdict.status == "ok" and verdict.passed is passes, (attempt, verdict)
+        if not attempt.final.isascii() or not all(a.isascii() for a in attempt.actions):
+            assert INVALID_TEXT in verdict.flags, (attempt, verdict)
+        json.dumps(verdict.to_json(), ensure_ascii=False).encode("utf-8")

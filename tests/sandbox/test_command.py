@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from farmd.sandbox import command
@@ -44,8 +46,9 @@ def test_filesystem_is_minimal_and_read_only() -> None:
     assert not any(src in ("/", "/home", "/root", "/etc", "/run", "/tmp") for src, _ in ro)
     # Device binds: only harmless character devices.
     assert {src for src, _ in _pairs(args, "--dev-bind", 2)} == {"/dev/null", "/dev/zero", "/dev/urandom"}
-    assert args[args.index("--remount-ro") + 1] == "/"
-    assert args.index("--remount-ro") > max(i for i, a in enumerate(args) if a in ("--bind", "--ro-bind"))
+    root_ro = max(i for i, a in enumerate(args) if a == "--remount-ro")
+    assert args[root_ro + 1] == "/"
+    assert root_ro > max(i for i, a in enumerate(args) if a in ("--bind", "--ro-bind"))
     assert _pairs(args, "--chdir", 1) == [(command.BOX_WORKDIR,)]
 
 
@@ -88,3 +91,22 @@ def test_args_payload_is_nul_separated_and_refuses_nul() -> None:
 def test_unprivileged_launch_has_no_setpriv() -> None:
     layout = HostLayout(**{**{f: getattr(LAYOUT, f) for f in LAYOUT.__slots__}, "setpriv": None})  # type: ignore[arg-type]
     assert command.launch_argv(layout, 1, 1, 5, 6, 7)[0] == LAYOUT.bwrap
+
+
+def test_proc_is_masked_and_read_only() -> None:
+    masks = (("/run/farm/runtime/proc-x/empty", "/proc/cmdline"), ("/run/farm/runtime/empty", "/proc/acpi"),
+             ("/run/farm/runtime/proc-x/boot_id", "/proc/sys/kernel/random/boot_id"))
+    layout = dataclasses.replace(LAYOUT, proc_masks=masks)
+    args = command.bwrap_args(SandboxPolicy(), layout, "/s", FDS)
+    proc_at = args.index("--proc")
+    assert args[proc_at + 1] == "/proc"
+    # Each mask is a read-only bind made after /proc is mounted (before, it would be covered by it).
+    at = [i for i, a in enumerate(args) if a == "--ro-bind" and args[i + 2].startswith("/proc/")]
+    assert [tuple(args[i + 1 : i + 3]) for i in at] == list(masks)
+    assert min(at) > proc_at
+    remounts = [args[i + 1] for i, a in enumerate(args) if a == "--remount-ro"]
+    assert remounts == ["/proc", "/"]
+    assert args.index("--remount-ro") > max(at)
+    # Without masks (a kernel that shows none of those paths) /proc is still read-only.
+    plain = command.bwrap_args(SandboxPolicy(), LAYOUT, "/s", FDS)
+    assert [plain[i + 1] for i, a in enumerate(plain) if a == "--remount-ro"] == ["/proc", "/"]

@@ -94,10 +94,30 @@ def proc_status(pid: int) -> dict[str, list[str]]:
     return {k: v.split() for k, v in (line.split(":", 1) for line in lines if ":" in line)}
 
 
+def others_box(name: str) -> bool:
+    """True for a box (``<pid>-<n>``, ``box-<pid>-<n>``) of a farmd or farmctl that still runs and is
+    not this test's: the host is shared, and another process's boxes are not this test's leftovers.
+    (Every farmctl a test starts has exited by the time its leftovers are counted.)"""
+    from farmd.sandbox.owners import box_name_owner, owner_alive
+
+    owner = box_name_owner(name)
+    return owner is not None and owner != os.getpid() and owner_alive(name)
+
+
+def _box_of(pid: int) -> str:
+    """The box cgroup a process is in (``box-<pid>-<n>``), or "" if none."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            for part in line.rpartition(":")[2].split("/"):
+                if part.startswith("box-"):
+                    return part
+    return ""
+
+
 def live_box_processes() -> list[int]:
-    """Processes of slot uids that can still run code. A zombie cannot: an orphaned one waits for
-    the host's pid 1, which on some VMs reaps lazily."""
-    return [pid for pid in box_processes() if proc_state(pid) not in (None, "Z")]
+    """Processes of slot uids that can still run code, but for other running farms' boxes. A zombie
+    cannot: an orphaned one waits for the host's pid 1, which on some VMs reaps lazily."""
+    return [pid for pid in box_processes() if proc_state(pid) not in (None, "Z") and not others_box(_box_of(pid))]
 
 
 def pids_with(text: str, exclude: set[int] | frozenset[int] = frozenset()) -> list[int]:
@@ -134,13 +154,14 @@ def descendants(root: int) -> list[int]:
 
 
 def traces() -> set[str]:
-    """Scratch mount points and box cgroups on the host, as paths."""
+    """Scratch mount points and box cgroups on the host, as paths, but for other running farms' boxes."""
     found = set()
     with contextlib.suppress(FileNotFoundError):
-        found |= {str(p) for p in (run_dir() / "boxes").iterdir()}
+        found |= {str(p) for p in (run_dir() / "boxes").iterdir() if not others_box(p.name)}
     for parent in cgroup_parents():
         with contextlib.suppress(FileNotFoundError):
-            found |= {str(p) for p in parent.iterdir() if p.is_dir() and p.name.startswith("box-")}
+            found |= {str(p) for p in parent.iterdir()
+                      if p.is_dir() and p.name.startswith("box-") and not others_box(p.name)}
     return found
 
 
@@ -1250,3 +1271,221 @@ def test_out_with_a_non_utf8_file_name_still_gives_valid_json(tmp_path: Path) ->
     res = json.loads(text)
     assert "ok.txt" in res["files_out"]
     assert (out / "ok.txt").read_text() == "ok"
+
+
+# -- issue 7: harvesting, host facts, shared inodes, whole-host calls, crashes ---------------------
+
+
+def _farmctl_with_few_descriptors(args: list[str], nofile: int) -> subprocess.CompletedProcess[bytes]:
+    """farmctl run with RLIMIT_NOFILE soft = hard = ``nofile`` (as a farmd that holds many boxes would
+    have few descriptors to spare)."""
+    return subprocess.run(["prlimit", f"--nofile={nofile}:{nofile}", "--", *args], capture_output=True,
+                          timeout=180)
+
+
+@pytest.mark.parametrize("layout", ["wide", "deep"])
+def test_out_harvests_with_a_bounded_number_of_descriptors(tmp_path: Path, layout: str) -> None:
+    """The box makes 4,000 sibling directories holding a file each (or a 60-deep chain with a file at
+    every level), and farmctl harvests it with --out while allowed 128 descriptors in all. Every file
+    must come out byte-exact and none may be skipped: a harvest that holds a descriptor per directory
+    runs out of them, and in farmd that starves every other box's launch."""
+    code = """
+import os, sys
+if sys.argv[1] == "wide":
+    for i in range(4000):
+        os.mkdir(f"d{i}")
+        open(f"d{i}/f", "w").write(str(i))
+else:
+    for i in range(60):
+        open("f", "w").write(str(i))
+        os.mkdir("d")
+        os.chdir("d")
+"""
+    out = tmp_path / "out"
+    args = sandbox_args("python3", "-c", code, layout, out=out, policy="build", wall_time=60, cpu_time=60,
+                        open_files=64)
+    proc = _farmctl_with_few_descriptors(args, 128)
+    assert proc.returncode == 0, f"farmctl exited {proc.returncode}: {proc.stderr[-600:]!r}"
+    res = json.loads(proc.stdout)
+    assert res["exit_code"] == 0, res["stderr"]
+    assert res["files_skipped"] == [], res["files_skipped"][:5]
+    if layout == "wide":
+        expected = {f"d{i}/f": str(i) for i in range(4000)}
+    else:
+        expected = {"d/" * i + "f": str(i) for i in range(60)}
+    assert len(res["files_out"]) == len(expected) and set(res["files_out"]) == set(expected)
+    wrong = [rel for rel, content in expected.items() if (out / rel).read_text() != content]
+    assert wrong == [], wrong[:5]
+
+
+# What of the host a box's /proc must not show: what container runtimes mask (their list is the floor,
+# kept here independently of farm's own list), the host's identity and its kernel's internals.
+HOST_FACT_FILES = ("/proc/cmdline", "/proc/config.gz", "/proc/kallsyms", "/proc/modules", "/proc/kcore",
+                   "/proc/keys", "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
+                   "/proc/sched_debug", "/proc/interrupts", "/proc/sysrq-trigger",
+                   "/proc/sys/kernel/core_pattern")
+HOST_FACT_DIRS = ("/proc/acpi", "/proc/asound", "/proc/scsi", "/proc/bus", "/sys/firmware")
+READ_ONLY_PROC = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def test_host_facts_in_proc_are_masked() -> None:
+    """The box reads what /proc shows of the host: its kernel command line, build config, symbols,
+    modules, boot id, timers, interrupts, key lists, hardware directories. Each masked file reads as
+    empty or not at all, never the host's content (compared with the host's own read); each masked
+    directory lists as empty; the box's boot id is a well-formed id that is not the host's; /proc
+    (with /proc/sys, bus, fs, irq, sysrq-trigger in it) is read-only, and nothing in it takes a write."""
+    res = box("python3", "-c", probe("host_facts.py"), *HOST_FACT_FILES, *HOST_FACT_DIRS, *READ_ONLY_PROC, "/proc",
+              BOOT_ID, wall_time=10)
+    assert res["exit_code"] == 0, res["stderr"]
+    seen = json.loads(res["stdout"])
+    for path in HOST_FACT_FILES:
+        outcome = seen[path]
+        if "read" in outcome:
+            assert outcome["read"] == "", f"the box read {len(outcome['read']) // 2} bytes of {path}"
+        else:
+            assert outcome["error"] in ("ENOENT", "EACCES", "EPERM"), (path, outcome)
+        with contextlib.suppress(OSError):
+            host = Path(path).read_bytes()[:4096]
+            assert not host or host.hex() != outcome.get("read"), f"{path} shows the host's content"
+    for path in HOST_FACT_DIRS:
+        assert seen[path] in ({"list": []}, {"error": "ENOENT"}, {"error": "EACCES"}), (path, seen[path])
+    boot_id = bytes.fromhex(seen[BOOT_ID]["read"]).decode().strip()
+    assert str(uuid.UUID(boot_id)) == boot_id, boot_id
+    assert boot_id != Path(BOOT_ID).read_text().strip(), "the box sees the host's boot id"
+    for path in (*READ_ONLY_PROC, "/proc"):
+        if Path(path).exists():
+            assert seen[f"read-only {path}"] is True, f"{path} is on a writable mount"
+    written = {k: v for k, v in seen.items() if k.startswith("write ") and v == "written"}
+    assert written == {}, written
+
+
+def test_file_watches_cannot_see_other_boxes() -> None:
+    """Box A watches /usr/lib/python3.X (a read-only bind of a directory every box shares) with
+    inotify, fanotify and dnotify; meanwhile box B reads files there. Before the fix A saw B's reads:
+    a covert channel between attempts. Now no watch can be made, and nothing reaches A."""
+    target = sorted(str(p) for p in Path("/usr/lib").glob("python3.*") if (p / "os.py").exists())[0]
+    marker = new_marker()
+    with background_box("python3", "-X", "utf8", "-c", probe("watch.py"), target, marker, wall_time=30) as a:
+        found: list[int] = []
+
+        def a_waits() -> bool:  # in rt_sigtimedwait (128): its watches, if any, are in place
+            found[:] = pids_with(marker, {a.pid})
+            with contextlib.suppress(OSError):
+                return len(found) == 1 and Path(f"/proc/{found[0]}/syscall").read_text().split()[0] == "128"
+            return False
+
+        assert wait_until(a_waits, 20), "box A never got ready"
+        b = box("python3", "-c", "import sys\nfor name in ('os.py', 'abc.py', 'types.py'):\n"
+                "    open(sys.argv[1] + '/' + name, 'rb').read()\n", target, wall_time=10)
+        assert b["exit_code"] == 0, b["stderr"]
+        os.kill(found[0], signal.SIGUSR1)
+        a_res = result_of(a, 30)
+    assert a_res["exit_code"] == 0, a_res["stderr"]
+    seen = json.loads(a_res["stdout"])
+    assert {api: v for api, v in seen.items() if not isinstance(v, str)} == {}, (
+        f"box A made a watch on a shared directory (and saw {seen})")
+    assert seen["inotify"].startswith("ENOSYS from inotify_init1"), seen
+    assert seen["fanotify"].startswith("EPERM from fanotify_init"), seen
+    assert seen["dnotify"].startswith("EINVAL from fcntl"), seen
+
+
+def _cachestat(path: Path) -> tuple[int, int]:
+    """(pages of ``path`` in the host's page cache, of which dirty), by cachestat(2), as root on the host."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        rng = (ctypes.c_uint64 * 2)(0, 0)
+        stat = (ctypes.c_uint64 * 5)()
+        if libc.syscall(ctypes.c_long(451), fd, rng, stat, 0) != 0:
+            pytest.fail(f"cachestat on the host failed: {os.strerror(ctypes.get_errno())}")
+        return stat[0], stat[1]
+    finally:
+        os.close(fd)
+
+
+def _fs_type(path: Path) -> str:
+    """The type of the filesystem ``path`` is on, from this process's mount table."""
+    best, fstype = "", ""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        mount_point, kind = fields[4], fields[fields.index("-") + 1]
+        if (str(path) + "/").startswith(mount_point.rstrip("/") + "/") and len(mount_point) >= len(best):
+            best, fstype = mount_point, kind
+    return fstype
+
+
+@pytest.fixture
+def disk_dir() -> Iterator[Path]:
+    """A fresh directory on a disk-backed filesystem (/var/tmp), where written pages stay dirty until
+    written back: on a tmpfs nothing is ever written back, and a check of sync would prove nothing."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="farm-escape-", dir="/var/tmp"))
+    try:
+        if _fs_type(d) in ("tmpfs", "ramfs", ""):
+            pytest.fail(f"{d} is on {_fs_type(d) or 'an unknown filesystem'}: no disk to watch sync with")
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_host_wide_calls_do_not_reach_the_host(disk_dir: Path) -> None:
+    """Calls that act on the whole host: sync and syncfs (flush every filesystem, or the host's root
+    one), fsync/fdatasync/msync on a host file (a journal commit and a disk cache flush each), dropping a
+    shared file's page cache (fadvise) and reading whether it is cached (RWF_NOWAIT, cachestat: with
+    the former, a covert channel), and sockets whose protocol the kernel would look for by running
+    modprobe on the host. Checked on the host: a dirty host file stays dirty, a cached shared file stays
+    cached. In the box: the flushing calls succeed without reaching the kernel (0 even on a bad
+    descriptor or a pipe), the cache probes fail, the protocol lookups fail, ordinary sockets work."""
+    shared = Path(next(p for p in sorted(Path("/usr/lib").glob("python3.*/xdrlib.py"))))
+    shared.read_bytes()
+    dirty = disk_dir / "dirty.bin"
+    with open(dirty, "wb") as fh:
+        fh.write(os.urandom(1 << 20))
+    cached_before, dirty_before = _cachestat(shared)[0], _cachestat(dirty)[1]
+    assert cached_before > 0 and dirty_before > 0
+    res = box("python3", "-c", probe("host_wide.py"), str(shared), wall_time=20)
+    assert res["exit_code"] == 0, res["stderr"]
+    assert _cachestat(dirty)[1] == dirty_before, "the box's sync wrote back a host file"
+    assert _cachestat(shared)[0] == cached_before, "the box dropped a shared file from the host's page cache"
+    seen = json.loads(res["stdout"])
+    for name in ("sync", "syncfs_usr", "syncfs_bad_fd", "fsync_usr_file", "fdatasync_usr_file", "fsync_pipe",
+                 "fdatasync_pipe", "msync_sync_usr_file", "msync_unmapped", "fadvise_dontneed_usr_file"):
+        assert seen[name] == [0, None], (name, seen[name])
+    assert seen["preadv2_nowait_usr_file"][1] == errno.errorcode[errno.EOPNOTSUPP], seen["preadv2_nowait_usr_file"]
+    assert seen["cachestat_usr_file"][1] == "EPERM", seen["cachestat_usr_file"]
+    lookups = {name: v for name, v in seen.items() if name.startswith("socket_")}
+    assert len(lookups) == 11, lookups
+    for name, (ret, err) in lookups.items():
+        assert ret < 0 and err in ("EPROTONOSUPPORT", "ESOCKTNOSUPPORT"), (name, ret, err)
+    assert set(seen["ordinary sockets"].values()) == {"made"}, seen["ordinary sockets"]
+
+
+def test_crashes_never_dump_core(tmp_path: Path) -> None:
+    """Box processes crash (SIGSEGV, abort, SIGQUIT; in the program's children and in an exec'd
+    program) after trying to raise or lower RLIMIT_CORE. The limit is exactly 1 for every box process
+    (the kernel starts no core_pattern pipe helper for a process whose limit is 1, and writes no core
+    file under a page) and cannot be changed, though it can be read; no crash reports a core dump, and
+    no core file is left in the box (checked on the harvested scratch directory too)."""
+    out = tmp_path / "out"
+    res = box("python3", "-c", probe("crash.py"), out=out, wall_time=20)
+    assert res["exit_code"] == 0, res["stderr"]
+    seen = json.loads(res["stdout"])
+    for key in ("limit", "limit after", "child limit"):
+        assert seen[key] == [1, 1], (key, seen[key])
+    assert seen["exec'd limit"] == ["1", "1"], seen["exec'd limit"]
+    # Python turns setrlimit's EPERM into this ValueError, lowering or raising alike.
+    refused = ("EPERM", "ValueError: not allowed to raise maximum limit")
+    for name in ("setrlimit 0", "setrlimit unlimited", "prlimit self 0", "prlimit own pid 0", "prlimit child 0"):
+        assert seen[name] in refused, (name, seen[name])
+    crashes = {name: v for name, v in seen.items() if " in /" in name or name == "exec'd abort"}
+    assert len(crashes) == 7, crashes
+    for name, (sig, dumped) in crashes.items():
+        assert sig in (signal.SIGSEGV, signal.SIGABRT, signal.SIGQUIT) and not dumped, (name, sig, dumped)
+    assert seen["core files"] == []
+    assert not [p for p in out.rglob("*") if p.name.startswith("core")]

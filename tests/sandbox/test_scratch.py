@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,3 +63,75 @@ def test_copy_in_directory_skips_links(tmp_path: Path) -> None:
     scratch.copy_in(src, dst, os.getuid(), os.getgid())
     assert (dst / "pkg" / "m.py").read_text() == "x = 1"
     assert not (dst / "link").exists()
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """A tree that takes a walk holding a descriptor per directory past any small limit: 600 sibling
+    directories with a file each, and a 40-deep chain with a side directory at every level (so the walk
+    comes back up through levels it has closed), a name that is not UTF-8, and a path past PATH_MAX."""
+    files: dict[str, bytes] = {}
+    for i in range(600):
+        (root / f"w{i}").mkdir(parents=True)
+        (root / f"w{i}" / "f").write_bytes(b"%d" % i)
+        files[f"w{i}/f"] = b"%d" % i
+    level = root
+    rel = ""
+    for i in range(40):
+        level = level / "a"
+        rel += "a/"
+        (level / "b").mkdir(parents=True)
+        (level / "b" / "leaf").write_bytes(b"leaf %d" % i)
+        files[f"{rel}b/leaf"] = b"leaf %d" % i
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        os.mkdir(b"caf\xe9", dir_fd=fd)
+        with open(os.open(b"caf\xe9/x", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "wb") as fh:
+            fh.write(b"latin-1")
+    finally:
+        os.close(fd)
+    files["caf\\xe9/x"] = b"latin-1"
+    long_rel = ""
+    fd = os.open(root, os.O_RDONLY)
+    for _ in range(20):  # 20 x 250 characters: past PATH_MAX, reachable only by descriptor
+        os.mkdir("n" * 250, dir_fd=fd)
+        nfd = os.open("n" * 250, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+        long_rel += "n" * 250 + "/"
+    with open(os.open("deep", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "wb") as fh:
+        fh.write(b"deep")
+    os.close(fd)
+    files[f"{long_rel}deep"] = b"deep"
+    return files
+
+
+def test_harvest_holds_a_bounded_number_of_descriptors(tmp_path: Path) -> None:
+    """The harvest runs in a process allowed 32 descriptors in all: every file of the tree above comes
+    out byte-exact and nothing is skipped. One pair of descriptors per directory would need 1,300."""
+    src = tmp_path / "s"
+    expected = _tree(src)
+    code = f"""
+import json, os, resource
+from pathlib import Path
+resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32))
+from farmd.sandbox import scratch
+out = scratch.harvest(Path({str(src)!r}), Path({str(tmp_path / "o")!r}), max_bytes=1 << 30)
+copied = {{}}
+dest = os.open({str(tmp_path / "o")!r}, os.O_RDONLY)
+for rel in out.copied:
+    parts = os.fsencode(rel.encode().decode("unicode_escape").encode("latin-1")).split(b"/")
+    fd = os.dup(dest)
+    for part in parts[:-1]:
+        nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    with open(os.open(parts[-1], os.O_RDONLY, dir_fd=fd), "rb") as fh:
+        copied[rel] = fh.read().decode("latin-1")
+    os.close(fd)
+print(json.dumps({{"skipped": out.skipped, "copied": copied}}))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = json.loads(proc.stdout)
+    assert seen["skipped"] == [], seen["skipped"][:5]
+    assert seen["copied"] == {rel: content.decode("latin-1") for rel, content in expected.items()}

@@ -126,13 +126,16 @@ async def test_demand_follows_open_streams_and_stays_bounded(farm) -> None:  # t
     await s.start()
     await asyncio.sleep(0.3)
     assert (await store.job_counts()).get("queued", 0) == 0, "no trainer streaming: no demand"
-    s.stream_opened("trainer")
+    stream = s.delivery.batches("trainer", whole_groups=False, batch_size=8, max_staleness=0, body=False)
+    reading = asyncio.create_task(anext(stream))
     await asyncio.sleep(0.4)
     queued = (await store.job_counts()).get("queued", 0)
     assert 17 <= queued <= 20, queued
     await asyncio.sleep(0.3)
     assert (await store.job_counts()).get("queued", 0) == queued, "the buffer is full: no more"
-    s.stream_closed("trainer")
+    reading.cancel()
+    await asyncio.gather(reading, return_exceptions=True)
+    await stream.aclose()
 
 
 async def test_the_task_bank_survives_a_restart(farm) -> None:  # type: ignore[no-untyped-def]
@@ -153,14 +156,14 @@ async def test_a_stream_never_misses_a_wake_up(farm) -> None:  # type: ignore[no
     s = await open_(group_size=1)
     await s.submit("rg:chain_sum", "reference", 2)
     jobs = await s.lease("w", 2)
-    seen = s.stored_generation
+    seen = s.delivery.generation
     await s.complete("w", [scored(jobs[0])])  # stored between a stream's read and its wait
     t0 = asyncio.get_running_loop().time()
-    await s.wait_for_more(seen, 5)
+    await s.delivery.wait_for_more(seen, 5)
     assert asyncio.get_running_loop().time() - t0 < 0.5, "the commit it had not seen wakes it at once"
 
-    seen = s.stored_generation
-    waiters = [asyncio.create_task(s.wait_for_more(seen, 5)) for _ in range(3)]
+    seen = s.delivery.generation
+    waiters = [asyncio.create_task(s.delivery.wait_for_more(seen, 5)) for _ in range(3)]
     await asyncio.sleep(0.05)
     await s.complete("w", [scored(jobs[1])])
     done, _ = await asyncio.wait(waiters, timeout=0.5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import sqlite3
 import time
 from pathlib import Path
@@ -104,26 +105,29 @@ async def test_groups_end_in_the_order_they_finish(store: Store) -> None:
 
 async def test_consumers_scores_policies_state(store: Store) -> None:
     with pytest.raises(BadRequest, match="only reached 0"):
-        await store.ack("trainer", 1)  # a cursor past the end would skip what comes next
+        await store.ack("trainer", "trajectories", 1)  # a cursor past the end would skip what comes next
     await store.enqueue([("py-func", 1, 1, "reference", 6)])
     jobs = await store.lease("w", 6, 30, 0)
     await store.complete([("w", traj(j.id)) for j in jobs])
-    assert await store.ack("trainer", 5) == 5
-    assert await store.ack("trainer", 3) == 5  # never backwards
-    assert await store.consumers() == {"trainer": 5}
-    assert await store.ack("trainer#groups", 1, groups=True) == 1
+    assert await store.ack("trainer", "trajectories", 5) == 5
+    assert await store.ack("trainer", "trajectories", 3) == 5  # never backwards
+    assert [(c["name"], c["kind"], c["acked"]) for c in await store.consumers()] == [("trainer", "trajectories", 5)]
+    assert await store.ack("trainer", "groups", 1) == 1
     with pytest.raises(BadRequest):
-        await store.ack("trainer#groups", 2, groups=True)
+        await store.ack("trainer", "groups", 2)
+    assert await store.cursor("trainer", "groups") == 1 and await store.cursor("trainer", "trajectories") == 5
+    assert await store.consumed("groups", 1) == 6, "the one finished group holds all six"
     job = jobs[0]
     row = (job.id, "2", 0.0, False, "ok", ["stricter"], ["suspected_hack"])
     assert await store.add_scores([row]) == 1
     assert await store.add_scores([(job.id, "2", 1.0, True, "ok", [], [])]) == 0  # never overwritten
     assert [s["reward"] for s in await store.scores(job.id)] == [0.0]
-    p1 = await store.add_policy("a" * 64, b"weights", None)
-    assert (await store.add_policy("a" * 64, b"weights", None)).version == p1.version == 1
+    weights = hashlib.sha256(b"weights").hexdigest()
+    p1 = await store.add_policy(weights, b"weights", None)
+    assert (await store.add_policy(weights, b"weights", None)).version == p1.version == 1
     p2 = await store.add_policy("b" * 64, None, "http://inference/v1")
     assert p2.version == 2 and (await store.latest_policy()) == p2
-    assert await store.policy_blob("a" * 64) == b"weights"
+    assert [chunk async for chunk in store.policy_content(weights, 4)] == [b"weig", b"hts"]
     await store.put_state("bank", {"x": [1, 2]})
     assert await store.get_state("bank") == {"x": [1, 2]}
 
@@ -163,3 +167,37 @@ async def test_a_writer_cancelled_anywhere_leaves_no_transaction_open(store: Sto
     counts = await store.job_counts()
     # a cancelled write either committed whole (its COMMIT was already on its way) or not at all
     assert counts["queued"] % 2 == 1 and counts["queued"] >= 2 * finished + 1, counts
+
+
+async def test_cursors_named_like_group_cursors_are_split_by_the_migration(tmp_path: Path) -> None:
+    """A farm from before cursors had kinds: "NAME#groups" rows become NAME's group cursor, and finished
+    groups learn how many trajectories were finished up to them."""
+    import sqlite3
+
+    from farmd.store.schema import MIGRATIONS
+
+    db = tmp_path / "old.db"
+    with sqlite3.connect(db) as conn:
+        for version, script in enumerate(MIGRATIONS[:2], 1):
+            conn.executescript(f"{script}; PRAGMA user_version={version};")
+        conn.executescript("""
+            INSERT INTO groups(id, env, seed, difficulty, agent, size, source, created_at, done_seq)
+                VALUES (1, 'e', 1, 1, 'a', 2, 'request', 0, 2), (2, 'e', 2, 1, 'a', 3, 'request', 0, 1),
+                       (3, 'e', 3, 1, 'a', 1, 'request', 0, NULL);
+            INSERT INTO consumers(name, acked_seq, updated_at) VALUES ('grpo', 4, 0), ('grpo#groups', 1, 0),
+                                                                      ('x#groups#groups', 2, 0);
+        """)
+        for tid, group in ((1, 1), (2, 1), (3, 2), (4, 2), (5, 2), (6, 3)):
+            conn.execute("INSERT INTO jobs(id, group_id, env, seed, difficulty, agent, state, source, created_at, "
+                         "updated_at) VALUES (?, ?, 'e', 1, 1, 'a', 'done', 'request', 0, 0)", (tid, group))
+            conn.execute("INSERT INTO trajectories(id, seq, group_id, env, env_version, seed, difficulty, agent, "
+                         "policy_version, reward, passed, status, reasons, flags, verifier_version, body, node, "
+                         "finished_at) VALUES (?, ?, ?, 'e', '1', 1, 1, 'a', 0, 0, 0, 'ok', '[]', '[]', '1', X'00', "
+                         "'n', 0)", (tid, tid, group))
+    store = await Store.open(db)
+    try:
+        cursors = {(c["name"], c["kind"]): c["acked"] for c in await store.consumers()}
+        assert cursors == {("grpo", "trajectories"): 4, ("grpo", "groups"): 1, ("x#groups", "groups"): 2}
+        assert [await store.consumed("groups", n) for n in (0, 1, 2)] == [0, 3, 5]
+    finally:
+        await store.close()

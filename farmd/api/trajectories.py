@@ -1,0 +1,65 @@
+"""Trajectories on the wire: the record as a proto, and replies packed so that any batch fits.
+
+A stored trajectory is bounded (``Trajectory.sealed``), so one always fits a message with room to
+spare; a batch of many, or a whole group with its steps, may not. Batches go out as one message
+or several in a row (``Batch.more``), each under ``MESSAGE_BUDGET_BYTES``; lists are cut to what
+fits one reply and page on. A stream is never failed by what an attempt stored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+from farm.v1 import farm_pb2
+
+from farmd.records import Trajectory
+
+MESSAGE_BUDGET_BYTES = 8 << 20
+"""Trajectories per message stop before this many bytes: well under the send limit, and small enough
+that one message never holds a stream (or a trainer's memory) for long."""
+
+
+def trajectory_pb(t: Trajectory, steps: bool = True) -> farm_pb2.Trajectory:
+    message = _pb(t, steps)
+    if message.ByteSize() > MESSAGE_BUDGET_BYTES:  # a record from before bounds were kept: cut it on the way out
+        message = _pb(t.sealed(), steps)
+    return message
+
+
+def _pb(t: Trajectory, steps: bool) -> farm_pb2.Trajectory:
+    return farm_pb2.Trajectory(
+        id=t.id, seq=t.seq, group_id=t.group_id, env=t.env, env_version=t.env_version, seed=t.seed,
+        difficulty=t.difficulty, agent=t.agent, policy_version=t.policy_version, reward=t.reward, passed=t.passed,
+        status=t.status, reasons=t.reasons, flags=t.flags, verifier_version=t.verifier_version, node=t.node,
+        finished_at=t.finished_at, steps_json=json.dumps(t.steps, ensure_ascii=False) if steps else "",
+        final=t.final if steps else "")
+
+
+def batch_messages(trajectories: list[Trajectory], up_to: int, steps: bool) -> Iterator[farm_pb2.Batch]:
+    """One batch as stream messages: as many trajectories per message as fit the budget (at least one);
+    every message but the last says ``more``, and only the last carries ``up_to``."""
+    chunk: list[farm_pb2.Trajectory] = []
+    size = 0
+    for t in trajectories:
+        message = trajectory_pb(t, steps)
+        n = message.ByteSize()
+        if chunk and size + n > MESSAGE_BUDGET_BYTES:
+            yield farm_pb2.Batch(trajectories=chunk, more=True)
+            chunk, size = [], 0
+        chunk.append(message)
+        size += n
+    yield farm_pb2.Batch(trajectories=chunk, up_to=up_to)
+
+
+def fitting(trajectories: list[Trajectory], steps: bool) -> list[farm_pb2.Trajectory]:
+    """The leading trajectories that fit one reply (at least one); the caller pages on from the last."""
+    out: list[farm_pb2.Trajectory] = []
+    size = 0
+    for t in trajectories:
+        message = trajectory_pb(t, steps)
+        size += message.ByteSize()
+        if out and size > MESSAGE_BUDGET_BYTES:
+            break
+        out.append(message)
+    return out

@@ -1,0 +1,33 @@
+"""Flags: facts about an attempt worth filtering or inspecting trajectories by.
+
+One closed set, written once: verdicts raise the verifier's flags, the rollout runner and the
+trajectory record raise the ones about what was stored. A flag is never a score; it says why a
+score is what it is, or what a stored record leaves out.
+"""
+
+from __future__ import annotations
+
+SANDBOX_VIOLATION = "sandbox_violation"
+"""A box that ran the attempt's code hit a bound or policy (see reasons)."""
+SUSPECTED_HACK = "suspected_hack"
+"""The attempt did something only an attempt at gaming the verifier does."""
+TIMEOUT = "timeout"
+"""The attempt ran out of time."""
+NO_ANSWER = "no_answer"
+"""There was nothing to verify (empty submission, no answer block)."""
+UNPARSEABLE = "unparseable"
+"""The submission could not be parsed or compiled (a syntax error, nesting too deep, an expression too
+long): checked in the judge's box, never on the host."""
+INVALID_TEXT = "invalid_text"
+"""The attempt's text held what UTF-8 cannot encode (a lone surrogate); it was repaired with U+FFFD where
+it entered the farm, and the attempt judged as repaired."""
+VERIFIER_FAULT = "verifier_fault"
+"""The verifier failed while judging this attempt but judges the task's reference soundly: whatever the
+attempt did to it, the attempt gets 0 (a verifier error is never an escape from a 0)."""
+TRUNCATED = "truncated"
+"""Part of the attempt was cut to the farm's bounds: a model reply longer than the agent keeps (the
+attempt judged is the reply as kept), or a stored field over the trajectory record's bounds (the
+verdict was given on the whole attempt, only the record is cut)."""
+
+ALL = (SANDBOX_VIOLATION, SUSPECTED_HACK, TIMEOUT, NO_ANSWER, UNPARSEABLE, INVALID_TEXT, VERIFIER_FAULT,
+       TRUNCATED)

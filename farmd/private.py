@@ -1,0 +1,65 @@
+"""The data directory is farmd's alone: the directory 0700, everything in it 0600.
+
+It holds the verifier's key, every trajectory, the policies trainers publish and the
+job queue; none of it is for other users of the host. Modes are set where each file
+is created (``os.open`` with the mode), never through the process umask: the
+sandbox creates files that the boxes' unprivileged uids must read. ``tighten``
+repairs a directory made by an older farmd or by hand.
+
+Standard library only: every layer of farm may import this.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+_OTHERS = stat.S_IRWXG | stat.S_IRWXO
+
+
+def make_dir(path: Path) -> None:
+    """``path`` (and missing parents) as a private directory; an existing one is left as it is."""
+    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+
+
+def create_file(path: Path) -> None:
+    """Create ``path`` empty and private unless it exists (then it is left untouched)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    os.close(fd)
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` at once (a reader sees the old file or the new one), private."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def tighten(root: Path) -> list[tuple[Path, int]]:
+    """Take group and other access away from ``root`` and everything under it.
+
+    Returns each path changed with the mode it had. Symbolic links are neither followed nor
+    changed (a link's own mode means nothing on Linux).
+    """
+    changed: list[tuple[Path, int]] = []
+    root = root.resolve()  # a data directory that is a link: what it points at is the data directory
+
+    def fix(path: Path) -> None:
+        mode = os.lstat(path).st_mode
+        if stat.S_ISLNK(mode) or not mode & _OTHERS:
+            return
+        os.chmod(path, stat.S_IMODE(mode) & ~_OTHERS, follow_symlinks=False)
+        changed.append((path, stat.S_IMODE(mode)))
+
+    fix(root)
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            fix(Path(folder) / name)
+    return changed

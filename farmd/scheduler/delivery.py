@@ -1,0 +1,215 @@
+"""The delivery service: what each trainer has been sent and has taken, and what that asks of production.
+
+One place owns a consumer's cursors (by name and by what they count: trajectories, or
+finished groups for whole-group streams), waking streams when trajectories are stored,
+staleness, whole-group batching, and the demand that consumption implies: how many
+stored trajectories the slowest *consuming* trainer has not yet taken.
+
+Who counts as consuming: a consumer with a stream open that is not stalled. A consumer is
+stalled when a batch it was sent has gone unacknowledged for ``stall_s``: a client that opens a
+stream under a new name and never acks holds nobody back for longer than that. An operator
+who knows the trainers can name them (``consumers``): then only those are followed.
+Delivery is at least once: a batch is acknowledged by its ``up_to``, and a stream reopened
+after a restart resumes just after the consumer's last ack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from farmd.records import Trajectory
+from farmd.store import Store
+
+TRAJECTORIES = "trajectories"
+GROUPS = "groups"
+_POLL_S = 1.0
+"""A stream with nothing new looks again at least this often (a commit wakes it at once)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """One batch for one stream: the trajectories to send (stale ones left out) and the position an ack of
+    it moves the consumer's cursor to. ``trajectories`` may be empty when all were stale."""
+
+    trajectories: list[Trajectory]
+    up_to: int
+
+
+@dataclass(slots=True)
+class _Consumer:
+    """What this farmd knows of a consumer beyond its stored cursor: its open streams and whether it keeps up."""
+
+    streams: int = 0
+    sent_up_to: int = 0
+    waiting_since: float | None = None
+    """Since when it has held a batch without acknowledging it; None when it has acked everything sent."""
+
+
+class Delivery:
+    """``stall_s``: a consumer that leaves a batch unacknowledged this long stops counting for demand until
+    it acks. ``consumers``: the consumers demand follows (empty: every consumer that is consuming)."""
+
+    def __init__(self, store: Store, policy_version: Callable[[], int], *, stall_s: float = 300.0,
+                 consumers: tuple[str, ...] = ()) -> None:
+        self.store = store
+        self._policy_version = policy_version
+        self.stall_s = stall_s
+        self.followed = consumers
+        self._consumers: dict[tuple[str, str], _Consumer] = {}
+        """Consumers with a stream open now; what the store keeps of the others is their cursor."""
+        self.generation = 0
+        """Counts commits that stored trajectories: a stream notes it before it reads."""
+        self._stored = asyncio.Event()
+        """Set (and replaced) at each such commit: wakes every stream waiting for more."""
+
+    # -- production's side ------------------------------------------------------------------------
+
+    def stored(self) -> None:
+        """Trajectories were just committed: wake every stream waiting for more."""
+        self.generation += 1
+        stored_now, self._stored = self._stored, asyncio.Event()
+        stored_now.set()
+
+    async def wait_for_more(self, seen_generation: int, timeout_s: float) -> None:
+        """Return once trajectories were stored after ``generation`` was ``seen_generation`` (at once if
+        they already were), or after ``timeout_s``. One stream's wait never swallows another's wake-up:
+        each commit sets its own event."""
+        if self.generation != seen_generation:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stored.wait(), timeout_s)
+
+    async def backlog(self) -> int | None:
+        """Stored trajectories the slowest consuming trainer has not taken; None when no trainer is consuming
+        (then there is no one to produce ahead of)."""
+        now = time.monotonic()
+        keys = [key for key, c in self._consumers.items() if self._consuming(key, c, now)]
+        if not keys:
+            return None
+        stored = await self.store.last_seq()
+        taken = [await self.store.consumed(kind, await self.store.cursor(name, kind)) for name, kind in keys]
+        return stored - min(taken)
+
+    def _consuming(self, key: tuple[str, str], c: _Consumer, now: float) -> bool:
+        if c.streams <= 0 or (self.followed and key[0] not in self.followed):
+            return False
+        return c.waiting_since is None or now - c.waiting_since <= self.stall_s
+
+    # -- the trainer's side -----------------------------------------------------------------------
+
+    async def batches(self, consumer: str, *, whole_groups: bool, batch_size: int, max_staleness: int,
+                      body: bool) -> AsyncIterator[Delivered]:
+        """Batches for one stream, from just after ``consumer``'s last ack, forever (the caller closes it).
+
+        ``whole_groups``: only groups whose every job has ended, never split across batches (at least
+        one group per batch, however big). ``max_staleness``: trajectories more than that many policy
+        versions old are left out, a whole group with them (a group-relative advantage never sees half
+        a group), and a batch of only those still comes, empty, so the cursor moves past them.
+        """
+        kind = GROUPS if whole_groups else TRAJECTORIES
+        key = (consumer, kind)
+        size = max(1, batch_size)
+        sent = await self.store.cursor(consumer, kind)
+        state = self._consumers.setdefault(key, _Consumer())
+        state.streams += 1
+        try:
+            while True:
+                seen = self.generation  # before reading: a commit after it wakes the wait
+                if whole_groups:
+                    trajectories, up_to = await self._whole_groups(sent, size, body)
+                else:
+                    trajectories = await self.store.trajectories(after_seq=sent, limit=size, body=body)
+                    up_to = trajectories[-1].seq if trajectories else sent
+                if up_to == sent:
+                    await self.wait_for_more(seen, _POLL_S)
+                    continue
+                floor = self._policy_version() - max_staleness if max_staleness else None
+                fresh = _fresh(trajectories, floor, whole_groups)
+                sent = up_to
+                if fresh or max_staleness:
+                    if fresh:  # an empty batch asks nothing of the trainer: it starts no stall clock
+                        self._sent(state, up_to)
+                    yield Delivered(fresh, up_to)
+        finally:
+            state.streams -= 1
+            if state.streams <= 0:
+                self._consumers.pop(key, None)
+
+    async def _whole_groups(self, after: int, size: int, body: bool) -> tuple[list[Trajectory], int]:
+        groups = await self.store.finished_groups(after, max(1, size // 2))
+        picked: list[dict[str, Any]] = []
+        total = 0
+        for g in groups:  # whole groups only: stop before one would overflow the batch (but take at least one)
+            if picked and total + g["size"] > size:
+                break
+            picked.append(g)
+            total += g["size"]
+        if not picked:
+            return [], after
+        trajectories = await self.store.group_trajectories([g["id"] for g in picked], body)
+        return trajectories, picked[-1]["done_seq"]
+
+    @staticmethod
+    def _sent(state: _Consumer, up_to: int) -> None:
+        state.sent_up_to = max(state.sent_up_to, up_to)
+        if state.waiting_since is None:
+            state.waiting_since = time.monotonic()
+
+    async def ack(self, consumer: str, up_to: int, *, whole_groups: bool) -> int:
+        """Move ``consumer``'s cursor (never backwards); returns it. Refused past the end of the stream."""
+        kind = GROUPS if whole_groups else TRAJECTORIES
+        cursor = await self.store.ack(consumer, kind, up_to)
+        state = self._consumers.get((consumer, kind))
+        if state is not None:
+            # Acked all it was sent: it waits on nobody. Acked part of it: it is moving, so its clock restarts.
+            state.waiting_since = None if cursor >= state.sent_up_to else time.monotonic()
+        return cursor
+
+    # -- what operators see -----------------------------------------------------------------------
+
+    def open_streams(self) -> int:
+        return sum(c.streams for c in self._consumers.values())
+
+    async def status(self) -> list[dict[str, Any]]:
+        """Every consumer: its cursor, how many stored trajectories it has not taken (``lag``), its open
+        streams, and whether it is ``consuming``, ``stalled`` or ``closed`` (no stream open)."""
+        now = time.monotonic()
+        stored = await self.store.last_seq()
+        out = []
+        for row in await self.store.consumers():
+            key = (row["name"], row["kind"])
+            state = self._consumers.get(key, _Consumer())
+            if state.streams <= 0:
+                condition = "closed"
+            elif state.waiting_since is not None and now - state.waiting_since > self.stall_s:
+                condition = "stalled"
+            else:
+                condition = "consuming"
+            out.append({"name": row["name"], "whole_groups": row["kind"] == GROUPS, "cursor": row["acked"],
+                        "lag": stored - await self.store.consumed(row["kind"], row["acked"]),
+                        "streams": state.streams, "state": condition, "acked_at": row["updated_at"]})
+        known = {(c["name"], GROUPS if c["whole_groups"] else TRAJECTORIES) for c in out}
+        for (name, kind), state in self._consumers.items():  # streaming, but never acked yet
+            if (name, kind) not in known and state.streams > 0:
+                stalled = state.waiting_since is not None and now - state.waiting_since > self.stall_s
+                out.append({"name": name, "whole_groups": kind == GROUPS, "cursor": 0, "lag": stored,
+                            "streams": state.streams, "state": "stalled" if stalled else "consuming",
+                            "acked_at": None})
+        return sorted(out, key=lambda c: (c["name"], c["whole_groups"]))
+
+
+def _fresh(trajectories: list[Trajectory], floor: int | None, whole_groups: bool) -> list[Trajectory]:
+    """Trajectories at policy version ``floor`` or newer; with ``whole_groups``, whole groups whose
+    every attempt is (a group's jobs may be leased under different versions: it is kept or passed
+    over as one)."""
+    if floor is None:
+        return trajectories
+    if not whole_groups:
+        return [t for t in trajectories if t.policy_version >= floor]
+    stale = {t.group_id for t in trajectories if t.policy_version < floor}
+    return [t for t in trajectories if t.group_id not in stale]

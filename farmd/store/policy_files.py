@@ -1,0 +1,168 @@
+"""Policy content in files beside the database, written as it arrives and named by its hash.
+
+A published policy can be gigabytes: held in memory it would cost farmd its size per
+upload, and SQLite refuses a value over a billion bytes and reads a blob whole. So an
+upload goes to a temporary file under ``policies/`` in the data directory, hashed as
+it is written; only a complete upload is moved into place, as ``policies/<sha256>``
+(the same content twice is the same file). Reads go a chunk at a time.
+
+The uploader holds an exclusive lock on its temporary file; a sweep (when the store
+opens) removes only temporaries nobody holds and nobody has written to for a while:
+what a crashed farmd left, never an upload in progress in another process. Every
+file operation here blocks, so each runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from farmd.private import FILE_MODE, make_dir
+
+log = logging.getLogger("farmd.store")
+
+FOLDER = "policies"
+_UPLOAD_PREFIX = ".upload-"
+_SETTLED_S = 2.0
+"""A temporary is swept only when unwritten this long: a new one is created, then locked."""
+_NAME = re.compile(r"[0-9a-f]{64}")
+
+
+class PolicyUpload:
+    """One upload's temporary file: ``write`` chunks, then ``keep`` it or ``discard`` it.
+
+    ``discard`` is safe at any moment, also after ``keep`` and while a write still runs in its
+    thread (an upload whose caller was cancelled): it waits for that write, then removes the file.
+    """
+
+    def __init__(self, folder: Path, path: Path, fd: int) -> None:
+        self._folder = folder
+        self._path = path
+        self._fd = fd
+        self._hash = hashlib.sha256()
+        self._lock = threading.Lock()
+        self.size = 0
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+    async def write(self, data: bytes) -> None:
+        await asyncio.to_thread(self._write, data)
+
+    def _write(self, data: bytes) -> None:
+        with self._lock:
+            if self._fd < 0:
+                raise ValueError("this upload was already kept or discarded")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+            self._hash.update(data)  # hashlib lets go of the GIL for large buffers
+            self.size += len(data)
+
+    async def keep(self) -> str:
+        """Move the content into place; returns its name relative to the data directory."""
+        return await asyncio.to_thread(self._keep)
+
+    def _keep(self) -> str:
+        with self._lock:
+            if self._fd < 0:
+                raise ValueError("this upload was already kept or discarded")
+            name = self.sha256
+            fd, self._fd = self._fd, -1
+            try:
+                try:
+                    os.fsync(fd)  # the row that will name this file must never outlive its content
+                finally:
+                    os.close(fd)
+                os.replace(self._path, self._folder / name)
+            except BaseException:
+                self._path.unlink(missing_ok=True)
+                raise
+            _sync_dir(self._folder)
+            return f"{FOLDER}/{name}"
+
+    async def discard(self) -> None:
+        await asyncio.shield(asyncio.to_thread(self._discard))
+
+    def _discard(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+                self._path.unlink(missing_ok=True)
+
+
+class PolicyFiles:
+    """The ``policies/`` folder of a data directory."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.folder = data_dir / FOLDER
+
+    async def upload(self) -> PolicyUpload:
+        return await asyncio.to_thread(self._upload)
+
+    def _upload(self) -> PolicyUpload:
+        make_dir(self.folder)
+        path = self.folder / f"{_UPLOAD_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return PolicyUpload(self.folder, path, fd)
+
+    async def read(self, name: str, chunk_bytes: int) -> AsyncIterator[bytes]:
+        """The content stored as ``name`` (as ``keep`` returned it), ``chunk_bytes`` at a time."""
+        folder, _, base = name.partition("/")
+        if folder != FOLDER or not _NAME.fullmatch(base):
+            raise ValueError(f"not a policy file: {name!r}")
+        fd = await asyncio.to_thread(os.open, self.folder / base, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            while chunk := await asyncio.to_thread(os.read, fd, chunk_bytes):
+                yield chunk
+        finally:
+            os.close(fd)
+
+    def sweep(self) -> int:
+        """Remove temporaries a crashed upload left (blocking: run it in a thread). Returns how many."""
+        try:
+            names = [n for n in os.listdir(self.folder) if n.startswith(_UPLOAD_PREFIX)]
+        except FileNotFoundError:
+            return 0
+        swept = 0
+        for name in names:
+            path = self.folder / name
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue  # gone already, or not a plain file of ours
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue  # an upload in progress
+            try:
+                if time.time() - os.fstat(fd).st_mtime >= _SETTLED_S:
+                    path.unlink(missing_ok=True)
+                    swept += 1
+                    log.warning("removed %s, left by an upload that never finished", path,
+                                extra={"event": "upload_swept", "path": str(path)})
+            finally:
+                os.close(fd)
+        return swept
+
+
+def _sync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
