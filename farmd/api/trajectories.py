@@ -21,10 +21,17 @@ that one message never holds a stream (or a trainer's memory) for long."""
 
 
 def trajectory_pb(t: Trajectory, steps: bool = True) -> farm_pb2.Trajectory:
+    return _sized(t, steps)[0]
+
+
+def _sized(t: Trajectory, steps: bool) -> tuple[farm_pb2.Trajectory, int]:
+    """The message and its size (computing a size serializes the message: done once)."""
     message = _pb(t, steps)
-    if message.ByteSize() > MESSAGE_BUDGET_BYTES:  # a record from before bounds were kept: cut it on the way out
+    size = message.ByteSize()
+    if size > MESSAGE_BUDGET_BYTES:  # a record from before bounds were kept: cut it on the way out
         message = _pb(t.sealed(), steps)
-    return message
+        size = message.ByteSize()
+    return message, size
 
 
 def _pb(t: Trajectory, steps: bool) -> farm_pb2.Trajectory:
@@ -42,8 +49,7 @@ def batch_messages(trajectories: list[Trajectory], up_to: int, steps: bool) -> I
     chunk: list[farm_pb2.Trajectory] = []
     size = 0
     for t in trajectories:
-        message = trajectory_pb(t, steps)
-        n = message.ByteSize()
+        message, n = _sized(t, steps)
         if chunk and size + n > MESSAGE_BUDGET_BYTES:
             yield farm_pb2.Batch(trajectories=chunk, more=True)
             chunk, size = [], 0
@@ -57,8 +63,8 @@ def fitting(trajectories: list[Trajectory], steps: bool) -> list[farm_pb2.Trajec
     out: list[farm_pb2.Trajectory] = []
     size = 0
     for t in trajectories:
-        message = trajectory_pb(t, steps)
-        size += message.ByteSize()
+        message, n = _sized(t, steps)
+        size += n
         if out and size > MESSAGE_BUDGET_BYTES:
             break
         out.append(message)
