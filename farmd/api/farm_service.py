@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -204,7 +205,7 @@ class FarmService(farm_pb2_grpc.FarmServicer):
                     if env.verifier_version in done.get(t.id, set()):
                         already += 1
                         continue
-                    task = env.generate(t.seed, t.difficulty)
+                    task = await asyncio.to_thread(env.generate, t.seed, t.difficulty)  # rg puzzles take time
                     attempt = Attempt(final=t.final, actions=[s["action"] for s in t.steps] if task.kind == "actions"
                                       else [])
                     verdict = await verify_safely(env, task, attempt, self._verify_ctx)

@@ -28,6 +28,7 @@ gets nothing.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import random
 from collections.abc import Callable
@@ -294,12 +295,25 @@ class Kernel(Environment):
         if bad is not None:
             return bad
         try:
-            s = self.spec(task.seed, task.difficulty)
-            cases = self.inputs(s, task, ctx)
-            fn = s.reference()
-            expected = [np.asarray(fn(*[a.copy() for a in case])) for case in cases]
+            # Megabytes of inputs and the reference's outputs: made off the event loop, which runs every
+            # box's timer and the API.
+            s, expected, spec, blobs = await asyncio.to_thread(self._prepare, task, ctx)
         except Exception as exc:
             return errored(v, f"the reference failed: {type(exc).__name__}: {exc}")
+        try:
+            report = await run_judge(ctx.sandbox, source, spec, POLICY, blobs=blobs)
+        except FarmError as exc:
+            return errored(v, f"the judge's box failed: {exc}")
+        samples = {t["id"]: t["sample"] for t in spec["tests"] if "sample" in t}
+        return await asyncio.to_thread(judge_kernel, v, s, report, expected, samples)
+
+    def _prepare(self, task: Task, ctx: VerifyContext) -> tuple[Spec, list[np.ndarray], dict[str, Any],
+                                                                dict[str, bytes]]:
+        """The task's spec, the expected outputs, the judge's spec (tests, samples) and its input blobs."""
+        s = self.spec(task.seed, task.difficulty)
+        cases = self.inputs(s, task, ctx)
+        fn = s.reference()
+        expected = [np.asarray(fn(*[a.copy() for a in case])) for case in cases]
         tests, blobs = [], {}
         sample_rng = np.random.default_rng(
             ctx.key.seed(self.name, self.version, task.seed, task.difficulty, "sample", ctx.key.nonce()))
@@ -315,12 +329,7 @@ class Kernel(Environment):
         spec = {"nonce": ctx.key.nonce(), "mode": "array", "entry_point": ENTRY_POINT, "per_call_s": PER_CALL_S,
                 "tests": tests, "reference_source": s.reference_source(),
                 "rules": {"imports": sorted(ALLOWED_IMPORTS)}}
-        try:
-            report = await run_judge(ctx.sandbox, source, spec, POLICY, blobs=blobs)
-        except FarmError as exc:
-            return errored(v, f"the judge's box failed: {exc}")
-        samples = {t["id"]: t["sample"] for t in tests if "sample" in t}
-        return judge_kernel(v, s, report, expected, samples)
+        return s, expected, spec, blobs
 
 
 def static_problem(source: str) -> str | None:

@@ -27,6 +27,9 @@ from farmd.store import Store
 
 TRAJECTORIES = "trajectories"
 GROUPS = "groups"
+_CLOSED_KEPT = 4096
+"""Closed consumers still holding a batch unacknowledged whose stall clock is kept (names come from
+clients: bounded)."""
 _POLL_S = 1.0
 """A stream with nothing new looks again at least this often (a commit wakes it at once)."""
 
@@ -61,7 +64,8 @@ class Delivery:
         self.stall_s = stall_s
         self.followed = consumers
         self._consumers: dict[tuple[str, str], _Consumer] = {}
-        """Consumers with a stream open now; what the store keeps of the others is their cursor."""
+        """Consumers with a stream open now, and closed ones that left a batch unacknowledged; what the
+        store keeps of the others is their cursor."""
         self.generation = 0
         """Counts commits that stored trajectories: a stream notes it before it reads."""
         self._stored = asyncio.Event()
@@ -137,8 +141,16 @@ class Delivery:
                     yield Delivered(fresh, up_to)
         finally:
             state.streams -= 1
-            if state.streams <= 0:
+            if state.streams <= 0 and state.waiting_since is None:
                 self._consumers.pop(key, None)
+            elif state.streams <= 0:
+                # Its clock survives the stream: reconnecting must not be a way to sit on a batch for ever.
+                self._forget_closed(keep=_CLOSED_KEPT)
+
+    def _forget_closed(self, keep: int) -> None:
+        closed = [key for key, c in self._consumers.items() if c.streams <= 0]
+        for key in closed[: max(0, len(closed) - keep)]:  # oldest first: dicts keep insertion order
+            del self._consumers[key]
 
     async def _whole_groups(self, after: int, size: int, body: bool) -> tuple[list[Trajectory], int]:
         groups = await self.store.finished_groups(after, max(1, size // 2))
@@ -168,6 +180,8 @@ class Delivery:
         if state is not None:
             # Acked all it was sent: it waits on nobody. Acked part of it: it is moving, so its clock restarts.
             state.waiting_since = None if cursor >= state.sent_up_to else time.monotonic()
+            if state.streams <= 0 and state.waiting_since is None:
+                del self._consumers[(consumer, kind)]
         return cursor
 
     # -- what operators see -----------------------------------------------------------------------
@@ -175,13 +189,18 @@ class Delivery:
     def open_streams(self) -> int:
         return sum(c.streams for c in self._consumers.values())
 
-    async def status(self) -> list[dict[str, Any]]:
-        """Every consumer: its cursor, how many stored trajectories it has not taken (``lag``), its open
-        streams, and whether it is ``consuming``, ``stalled`` or ``closed`` (no stream open)."""
+    async def status(self, limit: int = 200) -> list[dict[str, Any]]:
+        """Consumers: every one streaming now and the ``limit`` that acked last (names come from clients, so
+        there may be any number), each with its cursor, how many stored trajectories it has not taken
+        (``lag``), its open streams, and whether it is ``consuming``, ``stalled`` or ``closed``."""
         now = time.monotonic()
         stored = await self.store.last_seq()
         out = []
-        for row in await self.store.consumers():
+        rows = await self.store.consumers(limit)
+        listed = {(r["name"], r["kind"]) for r in rows}
+        rows += [r for key in self._consumers if key not in listed
+                 for r in await self.store.consumers_named(*key)]
+        for row in rows:
             key = (row["name"], row["kind"])
             state = self._consumers.get(key, _Consumer())
             if state.streams <= 0:

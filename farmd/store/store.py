@@ -51,6 +51,10 @@ def _kind(kind: str) -> str:
     return kind
 
 
+def _consumer_rows(rows: list[Any]) -> list[dict[str, Any]]:
+    return [{"name": n, "kind": k, "acked": int(a), "updated_at": float(t)} for n, k, a, t in rows]
+
+
 class StoreError(FarmError):
     """The store cannot be opened or used as it is (a newer schema, a broken file)."""
 
@@ -516,10 +520,15 @@ class Store:
             row = await cur.fetchone()
         return int(row[0]) if row else up_to
 
-    async def consumers(self) -> list[dict[str, Any]]:
-        """Every cursor ever acked: name, kind, position, when it last moved."""
-        rows = await self._all("SELECT name, kind, acked_seq, updated_at FROM consumers ORDER BY name, kind")
-        return [{"name": n, "kind": k, "acked": int(a), "updated_at": float(t)} for n, k, a, t in rows]
+    async def consumers(self, limit: int = -1) -> list[dict[str, Any]]:
+        """Cursors that were acked (the ``limit`` that moved last; -1: all): name, kind, position, when it moved."""
+        return _consumer_rows(await self._all("SELECT name, kind, acked_seq, updated_at FROM consumers "
+                                              "ORDER BY updated_at DESC, name, kind LIMIT ?", (limit,)))
+
+    async def consumers_named(self, name: str, kind: str) -> list[dict[str, Any]]:
+        """``consumers()``'s row for one cursor, if it was ever acked."""
+        return _consumer_rows(await self._all(
+            "SELECT name, kind, acked_seq, updated_at FROM consumers WHERE name=? AND kind=?", (name, _kind(kind))))
 
     async def consumed(self, kind: str, position: int) -> int:
         """Trajectories a cursor of ``kind`` at ``position`` has passed: for ``groups``, every trajectory of

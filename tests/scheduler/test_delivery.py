@@ -42,5 +42,17 @@ async def test_a_consumer_sitting_on_a_batch_stops_counting_and_counts_again_whe
         assert await delivery.backlog() == 2, "an ack brings it back"
         await stream.aclose()
         assert await delivery.backlog() is None and [c["state"] for c in await delivery.status()] == ["closed"]
+
+        # Reconnecting is no way to sit on a batch for ever: the clock is the consumer's, not the stream's.
+        again = delivery.batches("slow", whole_groups=False, batch_size=2, max_staleness=0, body=False)
+        assert [x.id for x in (await anext(again)).trajectories] == [jobs[2].id, jobs[3].id]
+        await again.aclose()
+        await asyncio.sleep(0.3)
+        reopened = delivery.batches("slow", whole_groups=False, batch_size=2, max_staleness=0, body=False)
+        reading = asyncio.create_task(anext(reopened))
+        await asyncio.sleep(0.05)  # it has the same batch again, and still no ack
+        assert await delivery.backlog() is None, "a new stream did not restart its clock"
+        await asyncio.gather(reading)
+        await reopened.aclose()
     finally:
         await store.close()
