@@ -20,7 +20,7 @@ from farmd.errors import FarmError
 from farmd.sandbox import Sandbox
 from farmd.text import valid_text
 from farmd.verifier.secret import VerifierKey
-from farmd.verifier.verdict import VERIFIER_FAULT, Verdict, errored, failed
+from farmd.verifier.verdict import INVALID_TEXT, VERIFIER_FAULT, Verdict, errored, failed
 
 
 class TaskError(FarmError):
@@ -131,6 +131,9 @@ class Environment(abc.ABC):
 async def verify_safely(env: Environment, task: Task, attempt: Attempt, ctx: VerifyContext) -> Verdict:
     """``env.verify``, never raising. A verifier error is never a pass, and never an escape from a 0.
 
+    The attempt is judged as valid text (``valid_attempt``), flagged ``invalid_text`` if anything in it
+    had to be replaced: every caller (rollouts, rescoring, audits, ``farmctl verify``) comes through here.
+
     A verifier that fails on purpose (``errored``: its reference failed, a box would not start)
     reports an infrastructure failure, and so does a failure of the farm's own parts
     (``FarmError``). Any other exception happened while judging *this* attempt: whether the
@@ -139,23 +142,45 @@ async def verify_safely(env: Environment, task: Task, attempt: Attempt, ctx: Ver
     reward 0, flagged ``verifier_fault``, stored like any result. If it is not, the verifier (or
     the node) is broken, which no attempt can be blamed for.
     """
+    attempt, repaired = valid_attempt(attempt)
     try:
-        return await env.verify(task, attempt, ctx)
+        verdict = await env.verify(task, attempt, ctx)
     except FarmError as exc:
         return errored(env.verifier_version, f"{type(exc).__name__}: {exc}")
     except Exception as exc:
-        return await _blame(env, task, ctx, f"the verifier raised {_describe(exc)}")
+        verdict = await _blame(env, task, ctx, f"the verifier raised {_describe(exc)}")
+    return _flag_repaired(verdict, repaired)
+
+
+def valid_attempt(attempt: Attempt) -> tuple[Attempt, int]:
+    """``attempt`` as the farm judges it: its text made valid UTF-8 (U+FFFD for what cannot be encoded),
+    and how many characters were replaced. Verifiers are judged on this, never on broken text."""
+    final, repaired = valid_text(attempt.final)
+    actions = []
+    for action in attempt.actions:
+        action, n = valid_text(action)
+        actions.append(action)
+        repaired += n
+    return (Attempt(final=final, actions=actions) if repaired else attempt), repaired
+
+
+def _flag_repaired(verdict: Verdict, repaired: int) -> Verdict:
+    if repaired and verdict.status == "ok":
+        verdict.flag(INVALID_TEXT)
+    return verdict
 
 
 async def judge_episode_safely(env: Environment, task: Task, episode: Episode, final: str,
                                ctx: VerifyContext) -> Verdict:
     """``env.judge_episode`` under the rules of ``verify_safely``."""
+    final, repaired = valid_text(final)
     try:
-        return await env.judge_episode(task, episode, final, ctx)
+        verdict = await env.judge_episode(task, episode, final, ctx)
     except FarmError as exc:
         return errored(env.verifier_version, f"{type(exc).__name__}: {exc}")
     except Exception as exc:
-        return await _blame(env, task, ctx, f"the verifier raised {_describe(exc)}")
+        verdict = await _blame(env, task, ctx, f"the verifier raised {_describe(exc)}")
+    return _flag_repaired(verdict, repaired)
 
 
 async def _blame(env: Environment, task: Task, ctx: VerifyContext, error: str) -> Verdict:

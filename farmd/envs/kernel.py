@@ -40,13 +40,11 @@ import numpy as np
 from farmd.envs.base import Attempt, Environment, Task, VerifyContext
 from farmd.errors import FarmError
 from farmd.sandbox import SandboxPolicy
-from farmd.text import valid_text
 from farmd.verifier import judge
 from farmd.verifier.boxjudge import JudgeReport, TestOutcome, broke_a_rule, opening_verdict, run_judge
 from farmd.verifier.secret import public_rng
 from farmd.verifier.speed import Speed, paired_speed
 from farmd.verifier.verdict import (
-    INVALID_TEXT,
     SUSPECTED_HACK,
     TIMEOUT,
     Verdict,
@@ -280,15 +278,8 @@ class Kernel(Environment):
         return cases
 
     async def verify(self, task: Task, attempt: Attempt, ctx: VerifyContext) -> Verdict:
-        # Judged as the text the farm keeps: what UTF-8 cannot encode is replaced, and flagged.
-        source, repaired = valid_text(attempt.final)
-        verdict = await self._verify(task, source, ctx)
-        if repaired:
-            verdict.flag(INVALID_TEXT)
-        return verdict
-
-    async def _verify(self, task: Task, source: str, ctx: VerifyContext) -> Verdict:
         v = self.verifier_version
+        source = attempt.final
         # Only what needs no parsing is checked here. The source is compiled, and held to the rules
         # (static_problem's, then an audit hook while it runs), in the judge's box.
         bad = unreadable_source(v, source, MAX_SUBMISSION_BYTES)

@@ -20,12 +20,10 @@ from typing import Any
 from farmd.envs.base import Attempt, Environment, Task, TaskError, VerifyContext, numbered
 from farmd.errors import FarmError
 from farmd.sandbox import SandboxPolicy
-from farmd.text import valid_text
 from farmd.verifier import canon as C
 from farmd.verifier.boxjudge import JudgeReport, opening_verdict, run_judge
 from farmd.verifier.secret import public_rng
 from farmd.verifier.verdict import (
-    INVALID_TEXT,
     SUSPECTED_HACK,
     TIMEOUT,
     Verdict,
@@ -258,15 +256,8 @@ class PyFunc(Environment):
         return [e["input"][0] for e in task.examples] + edge_inputs(chain.start) + inputs
 
     async def verify(self, task: Task, attempt: Attempt, ctx: VerifyContext) -> Verdict:
-        # Judged as the text the farm keeps: what UTF-8 cannot encode is replaced, and flagged.
-        source, repaired = valid_text(attempt.final)
-        verdict = await self._verify(task, source, ctx)
-        if repaired:
-            verdict.flag(INVALID_TEXT)
-        return verdict
-
-    async def _verify(self, task: Task, source: str, ctx: VerifyContext) -> Verdict:
         v = self.verifier_version
+        source = attempt.final
         bad = unreadable_source(v, source, MAX_SUBMISSION_BYTES)
         if bad is not None:
             return bad

@@ -39,7 +39,7 @@ from farmd.verifier.answer import (
     several_candidates,
 )
 from farmd.verifier.secret import public_rng
-from farmd.verifier.verdict import INVALID_TEXT, NO_ANSWER, SUSPECTED_HACK, Verdict, errored, failed
+from farmd.verifier.verdict import NO_ANSWER, SUSPECTED_HACK, Verdict, errored, failed
 
 RG_VERSION = "0.1.25"
 """The reasoning-gym release the tasks come from (pinned: another one may make other tasks)."""
@@ -174,16 +174,13 @@ class ReasoningGym(Environment):
     def judge(self, task: Task, text: str) -> Verdict:
         """The verdict on ``text`` as the final answer to ``task`` (what ``verify`` does, synchronously).
 
-        What UTF-8 cannot encode (a lone surrogate) is replaced, the text judged as repaired, and the
-        verdict flagged ``invalid_text``.
+        Judged as valid text: what UTF-8 cannot encode (a lone surrogate) is replaced first, so nothing
+        downstream meets it (``verify_safely`` repairs and flags it before any verifier runs; this is
+        for callers that come here directly).
         """
         if not isinstance(text, str):
             return failed(self.verifier_version, "the attempt is not text")
-        text, repaired = valid_text(text)
-        verdict = self._judge(task, text)
-        if repaired:
-            verdict.flag(INVALID_TEXT)
-        return verdict
+        return self._judge(task, valid_text(text)[0])
 
     def _judge(self, task: Task, text: str) -> Verdict:
         v = self.verifier_version

@@ -48,7 +48,6 @@ from farmd.sandbox.result import WALL_TIME
 from farmd.text import valid_text
 from farmd.verifier.secret import public_rng
 from farmd.verifier.verdict import (
-    INVALID_TEXT,
     NO_ANSWER,
     SANDBOX_VIOLATION,
     SUSPECTED_HACK,
@@ -1188,19 +1187,17 @@ class Shell(Environment):
             return failed(v, "no actions and no answer", flags=(NO_ANSWER,))
         if len(actions) > MAX_STEPS:
             return failed(v, f"{len(actions)} actions: at most {MAX_STEPS} are allowed")
-        # Replayed as the text the farm keeps: what UTF-8 cannot encode is replaced, and flagged.
-        repaired = [valid_text(str(action)) for action in actions]
+        # Replayed as valid text (verify_safely repairs and flags it; this is for callers that come here
+        # directly): a command holding a lone surrogate could not even be written into the box.
+        repaired = [valid_text(str(action))[0] for action in actions]
         try:
             episode = await ShellEpisode.start(ctx.sandbox, puzzle.files, ctx.scratch_dir)
         except (FarmError, OSError) as exc:
             return errored(v, f"cannot start an episode: {exc}")
         try:
-            for action, _ in repaired:
+            for action in repaired:
                 await episode.act(action)
-            verdict = await self.judge_episode(task, episode, attempt.final, ctx)
-            if any(n for _, n in repaired):
-                verdict.flag(INVALID_TEXT)
-            return verdict
+            return await self.judge_episode(task, episode, attempt.final, ctx)
         except (FarmError, OSError) as exc:
             return errored(v, f"the replay failed: {type(exc).__name__}: {exc}")
         finally:
@@ -1211,7 +1208,7 @@ class Shell(Environment):
         v = self.verifier_version
         if not isinstance(episode, ShellEpisode):
             return errored(v, "not a shell episode")
-        final, repaired = valid_text(final)
+        final = valid_text(final)[0]
         try:
             puzzle = self.puzzle(task.seed, task.difficulty)
             problems = (_check_answer(puzzle, final) if puzzle.finish == "answer"
@@ -1219,10 +1216,7 @@ class Shell(Environment):
             planted = await asyncio.to_thread(_planted, puzzle, episode)
         except (TaskError, GeneratorBug, OSError) as exc:
             return errored(v, f"cannot check the episode: {type(exc).__name__}: {exc}")
-        verdict = _verdict(v, puzzle, episode, problems, planted)
-        if repaired:
-            verdict.flag(INVALID_TEXT)
-        return verdict
+        return _verdict(v, puzzle, episode, problems, planted)
 
 
 def _check_answer(puzzle: Puzzle, final: str) -> list[str]:

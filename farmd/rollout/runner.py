@@ -8,8 +8,9 @@ scores: the model endpoint failing, a box that cannot start, a verifier that can
 task at all (``status == "error"``).
 
 This is also where an attempt enters the farm's records, so it is the boundary for its text:
-what the agent produced is made valid UTF-8 before it is judged (flagged ``invalid_text`` if
-anything was repaired), and the trajectory is sealed to the record's bounds before it is stored.
+what the agent produced is judged as valid UTF-8 (``verify_safely``; flagged ``invalid_text`` if
+anything was repaired, there or where a model's reply came in), and the trajectory is sealed to
+the record's bounds before it is stored (``Trajectory.sealed``, which repairs what it keeps).
 """
 
 from __future__ import annotations
@@ -21,11 +22,10 @@ from typing import Any
 from farmd.agents import Agent
 from farmd.agents.base import AgentResult
 from farmd.agents.errors import AgentError, EndpointError
-from farmd.envs import Attempt, Environment, Episode, VerifyContext, judge_episode_safely, verify_safely
+from farmd.envs import Environment, Episode, VerifyContext, judge_episode_safely, verify_safely
 from farmd.errors import FarmError
 from farmd.flags import INVALID_TEXT, TRUNCATED
 from farmd.records import Job, Trajectory
-from farmd.text import valid_text
 
 
 class InfraFailure(Exception):
@@ -51,11 +51,10 @@ async def run_rollout(job: Job, env: Environment, agent: Agent, ctx: VerifyConte
         except AgentError as exc:
             raise InfraFailure(f"the agent failed: {exc}") from exc
         acted = time.monotonic()
-        attempt, repaired = _valid_attempt(result)
         if episode is not None:
-            verdict = await judge_episode_safely(env, task, episode, attempt.final, ctx)
+            verdict = await judge_episode_safely(env, task, episode, result.attempt.final, ctx)
         else:
-            verdict = await verify_safely(env, task, attempt, ctx)
+            verdict = await verify_safely(env, task, result.attempt, ctx)
     except FarmError as exc:  # a box that could not start, a sandbox that failed
         raise InfraFailure(f"{type(exc).__name__}: {exc}") from exc
     finally:
@@ -63,7 +62,7 @@ async def run_rollout(job: Job, env: Environment, agent: Agent, ctx: VerifyConte
             await episode.close()
     if verdict.status == "error":
         raise InfraFailure(f"the verifier could not judge: {'; '.join(verdict.reasons)[:500]}")
-    if repaired:
+    if result.usage.get("repaired_chars"):  # repaired where the model's reply came in, before anyone saw it
         verdict.flag(INVALID_TEXT)
     if result.usage.get("clipped_replies"):
         verdict.flag(TRUNCATED)
@@ -73,25 +72,12 @@ async def run_rollout(job: Job, env: Environment, agent: Agent, ctx: VerifyConte
         difficulty=job.difficulty, agent=job.agent, policy_version=job.policy_version, reward=verdict.reward,
         passed=verdict.passed, status=verdict.status, reasons=verdict.reasons, flags=verdict.flags,
         verifier_version=verdict.verifier_version, steps=_steps(result, submission=episode is None),
-        final=attempt.final, node=node, finished_at=time.time(),
+        final=result.attempt.final, node=node, finished_at=time.time(),
         timings={"task_s": made - started, "agent_s": acted - made, "verify_s": ended - acted,
                  "total_s": ended - started},
         details={"verdict": verdict.details, "usage": result.usage, **({"agent_error": result.error}
                                                                        if result.error else {})},
     ).sealed()
-
-
-def _valid_attempt(result: AgentResult) -> tuple[Attempt, int]:
-    """The attempt as the farm judges and keeps it: valid text. Returns it and how many characters
-    were repaired, here or where the agent received them (a model reply, counted in its usage)."""
-    final, repaired = valid_text(result.attempt.final)
-    actions = []
-    for action in result.attempt.actions:
-        action, n = valid_text(action)
-        actions.append(action)
-        repaired += n
-    upstream = result.usage.get("repaired_chars", 0)
-    return Attempt(final=final, actions=actions), repaired + (upstream if isinstance(upstream, int) else 0)
 
 
 def _steps(result: AgentResult, *, submission: bool) -> list[dict[str, Any]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from farmd.envs import Attempt, VerifyContext
+from farmd.envs import Attempt, VerifyContext, verify_safely
 from farmd.envs.kernel import OPS, SPEED_AT_PARITY, Kernel, static_problem
 from farmd.sandbox import Sandbox
 from farmd.verifier import VerifierKey
@@ -129,8 +129,8 @@ async def test_a_lone_surrogate_is_judged_as_repaired_and_flagged() -> None:
     task = ENV.generate(9, 1)
     async with Sandbox() as sandbox:
         ctx = VerifyContext(sandbox=sandbox, key=KEY)
-        wrong = await ENV.verify(task, Attempt(final=BAD["wrong answer"] + "_ = '\ud800'\n"), ctx)
-        right = await ENV.verify(task, Attempt(final=ENV.reference(task).final + "# \udfff\n"), ctx)
+        wrong = await verify_safely(ENV, task, Attempt(final=BAD["wrong answer"] + "_ = '\ud800'\n"), ctx)
+        right = await verify_safely(ENV, task, Attempt(final=ENV.reference(task).final + "# \udfff\n"), ctx)
     assert wrong.status == "ok" and wrong.reward == 0.0 and INVALID_TEXT in wrong.flags
     assert right.passed and right.flags == [INVALID_TEXT]
 

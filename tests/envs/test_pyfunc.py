@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from farmd.envs import Attempt, TaskError, VerifyContext, get
+from farmd.envs import Attempt, TaskError, VerifyContext, get, verify_safely
 from farmd.envs.pyfunc import HIDDEN_RANDOM, PyFunc
 from farmd.sandbox import Sandbox
 from farmd.verifier import VerifierKey
@@ -139,8 +139,8 @@ async def test_a_lone_surrogate_is_judged_as_repaired_and_flagged() -> None:
     task = ENV.generate(21, 2)
     async with Sandbox() as sandbox:
         ctx = VerifyContext(sandbox=sandbox, key=KEY)
-        wrong = await ENV.verify(task, Attempt(final="def transform(x):\n    return '\ud800'\n"), ctx)
-        right = await ENV.verify(task, Attempt(final=ENV.reference(task).final + "# \udfff \ud800\n"), ctx)
+        wrong = await verify_safely(ENV, task, Attempt(final="def transform(x):\n    return '\ud800'\n"), ctx)
+        right = await verify_safely(ENV, task, Attempt(final=ENV.reference(task).final + "# \udfff \ud800\n"), ctx)
     assert wrong.status == "ok" and wrong.reward == 0.0 and INVALID_TEXT in wrong.flags
     assert right.passed and right.flags == [INVALID_TEXT]
     for verdict in (wrong, right):

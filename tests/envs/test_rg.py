@@ -413,6 +413,7 @@ async def test_a_lone_surrogate_is_judged_as_repaired_and_flagged() -> None:
     texts = {f"thinking \ud800 done <answer>{right}</answer>": True, f"<answer>{right}\udfff</answer>": False,
              "<answer>\ud800</answer>": False, "\udc80" * 10: False}
     for text, passes in texts.items():
-        verdict = await env("chain_sum").verify(task, Attempt(final=text), CTX)
+        verdict = await verify_safely(env("chain_sum"), task, Attempt(final=text), CTX)
         assert verdict.status == "ok" and verdict.passed is passes and INVALID_TEXT in verdict.flags, (text, verdict)
+        assert (await judge(task, text)).passed is passes, "a direct call judges the same repaired text"
         json.dumps(verdict.to_json(), ensure_ascii=False).encode("utf-8")

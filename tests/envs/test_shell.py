@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from farmd.envs import get
+from farmd.envs import get, verify_safely
 from farmd.envs.base import Attempt, Task, TaskError, VerifyContext
 from farmd.envs.shell import (
     COMMON,
@@ -493,7 +493,9 @@ async def test_a_lone_surrogate_never_makes_verify_raise_and_is_flagged() -> Non
         (files, Attempt(final="", actions=[*ENV.reference(files).actions, "echo '\udc80' > /dev/null"]), True),
     ]
     async with _context() as ctx:
-        verdicts = await _verify_all(ctx, [(t, a) for t, a, _ in attempts])
+        verdicts = list(await asyncio.gather(*[verify_safely(ENV, t, a, ctx) for t, a, _ in attempts]))
+        direct = await _verify_all(ctx, [(t, a) for t, a, _ in attempts])  # no flag, the same judgement
+    assert [v.passed for v in direct] == [v.passed for v in verdicts]
     for (_, attempt, passes), verdict in zip(attempts, verdicts, strict=True):
         assert verdict.status == "ok" and verdict.passed is passes, (attempt, verdict)
         if not attempt.final.isascii() or not all(a.isascii() for a in attempt.actions):
