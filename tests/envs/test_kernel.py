@@ -35,12 +35,12 @@ def test_static_check() -> None:
 @pytest.mark.sandbox
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-async def test_references_pass_for_100_seeds_of_every_level() -> None:
-    # 100, not 200 as for the other environments: a kernel verification now times twelve paired rounds
-    # of ~1 MB inputs (a stable speed reward), and 500 of them already draw every op of every level
-    # dozens of times, each on its own hidden inputs.
-    results = await verify_references(ENV, range(100), range(1, 6), concurrency=2)
-    assert len(results) == 500
+async def test_references_pass_for_60_seeds_of_every_level() -> None:
+    # 60, not 200 as for the other environments: a kernel verification now times twelve paired rounds
+    # of ~1 MB inputs (a stable speed reward), and 300 of them still draw every op of every level many
+    # times, each on its own hidden inputs.
+    results = await verify_references(ENV, range(60), range(1, 6), concurrency=3)
+    assert len(results) == 300
     assert failures(results) == []
     for _, _, verdict in results:
         assert 0.05 <= verdict.reward <= 1.0 and verdict.details["speedup"] > 0
