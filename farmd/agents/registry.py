@@ -95,9 +95,9 @@ def make_agent(spec: str, *, endpoints: Sequence[NamedEndpoint] = ()) -> Agent:
 
     ``endpoints`` are the config's: the only servers an ``openai:`` spec may name.
     """
-    spec = spec.strip()
-    if len(spec) > MAX_SPEC_CHARS:
+    if len(spec) > MAX_SPEC_CHARS:  # as given, blanks too: that is what a job stores with every trajectory
         raise AgentSpecError(f"{_shown(spec)}: an agent spec is at most {MAX_SPEC_CHARS} characters")
+    spec = spec.strip()
     if not spec.isprintable():
         # Specs are stored with every job and shown to operators: no control or invisible characters.
         raise AgentSpecError(f"{_shown(spec)}: an agent spec must be printable text")

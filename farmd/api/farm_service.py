@@ -26,7 +26,6 @@ MAX_ROLLOUTS = 1_000_000
 MAX_GROUP = 1024
 MAX_BATCH = 4096
 MAX_CONSUMER_CHARS = 200
-MAX_AGENT_SPEC_CHARS = 1000
 MAX_POLICY_BYTES = 4 << 30
 """The default bound on one policy's content (the ``max_policy_bytes`` setting)."""
 MAX_POLICY_URI_CHARS = 4096
@@ -64,8 +63,6 @@ class FarmService(farm_pb2_grpc.FarmServicer):
                 raise BadRequest(f"rollouts must be 1..{MAX_ROLLOUTS}, got {request.rollouts}")
             if request.group_size > MAX_GROUP:
                 raise BadRequest(f"group_size must be at most {MAX_GROUP}, got {request.group_size}")
-            if len(request.agent) > MAX_AGENT_SPEC_CHARS:  # it is stored with every trajectory of the run
-                raise BadRequest(f"an agent spec is at most {MAX_AGENT_SPEC_CHARS} characters")
             get(request.env)  # an unknown environment is the caller's error, before anything is queued
             make_agent(request.agent, endpoints=self._endpoints)  # a URL or an unknown endpoint: refused here
             ids, jobs = await self._scheduler.submit(request.env, request.agent, request.rollouts,

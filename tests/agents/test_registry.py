@@ -101,6 +101,7 @@ def test_keys_timeouts_and_retries_are_config_only(option: str) -> None:
     ("openai:m\x1b]0;pwned\x07@vllm", "printable"),
     ("openai:m\u202e@vllm", "printable"),
     ("openai:" + "m" * 600 + "@vllm", "at most"),
+    ("openai:m@vllm" + " " * 600, "at most"),  # counted as given: it is stored with every trajectory
 ])
 def test_malformed_openai_specs(spec: str, why: str) -> None:
     with pytest.raises(AgentSpecError, match=why) as caught:
