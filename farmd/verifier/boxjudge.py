@@ -121,7 +121,7 @@ def parse_report(result: BoxResult, spec: dict[str, Any]) -> JudgeReport:
         for t in spec["tests"]:
             ref_expected += ([-1 - t["id"]] if t.get("echo") else []) + [t["id"]]
     most = len(expected) + len(ref_expected) + 4
-    position = ref_position = records = 0
+    records = 0
     for start, end in _nonce_lines(result.stdout, prefix):
         records += 1
         if records > most:
@@ -141,20 +141,17 @@ def parse_report(result: BoxResult, spec: dict[str, Any]) -> JudgeReport:
                 report.unparseable = _text(record.get("error"))
             elif kind == "refused":
                 report.refused = _text(record.get("why"))
-            elif kind in ("ref_result", "ref_lost"):
+            elif kind in ("result", "lost", "ref_result", "ref_lost"):
+                reference = kind.startswith("ref_")
+                order, outcomes = (ref_expected, report.ref_outcomes) if reference else (expected, report.outcomes)
+                taken = len(outcomes)  # each id answered once, in order: how many were is where the turn is
                 test_id = _int(record.get("id"))
-                if ref_position >= len(ref_expected) or test_id != ref_expected[ref_position]:
-                    report.anomalies.append(f"a reference record for test {test_id} out of turn")
+                if taken >= len(order) or test_id != order[taken]:
+                    who = "a reference record" if reference else "a record"
+                    report.anomalies.append(f"{who} for test {test_id} out of turn")
                     continue
-                report.ref_outcomes[test_id] = _outcome(test_id, record, lost=kind == "ref_lost")
-                ref_position += 1
-            elif kind in ("result", "lost"):
-                test_id = _int(record.get("id"))
-                if position >= len(expected) or test_id != expected[position]:
-                    report.anomalies.append(f"a record for test {test_id} out of turn")
-                    continue
-                report.outcomes[test_id] = _outcome(test_id, record, lost=kind == "lost")
-                position += 1
+                # A garbled record raises here, before it is kept: it never takes its test's turn.
+                outcomes[test_id] = _outcome(test_id, record, lost=kind.endswith("lost"))
             elif kind == "done":
                 status = record.get("status")
                 report.exit_status = _int(status) if status is not None else None
