@@ -45,9 +45,11 @@ run: setup
 doctor: setup
 	$(BIN)/farmctl doctor
 
+# buf comes from the dev extra (buf-bin, pinned in pyproject.toml): protos/buf.yaml says which rules.
 lint: setup
 	$(BIN)/ruff check farmd clients/farm_client tests bench
 	$(BIN)/mypy
+	$(BIN)/buf lint protos
 
 bench: setup
 	$(BIN)/python -m bench

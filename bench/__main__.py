@@ -10,12 +10,12 @@ import uvloop
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench import farm_bench, kernel_speed_bench, sandbox_bench, verifier_bench
+from bench import farm_bench, kernel_speed_bench, sandbox_bench, store_bench, verifier_bench
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="farm's benchmarks")
-    parser.add_argument("--only", choices=("sandbox", "verifier", "kernel-speed", "farm"), help="run one part")
+    parser.add_argument("--only", choices=("sandbox", "verifier", "kernel-speed", "farm", "store"), help="run one part")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument("--n", type=int, default=60, help="repetitions of each latency figure")
     parser.add_argument("--boxes", type=int, default=200, help="programs per throughput figure")
@@ -24,6 +24,9 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=200, help="py-func rollouts through farmd and inline")
     parser.add_argument("--trajectories", type=int, default=20_000, help="trajectories into and out of the store")
     parser.add_argument("--latency-s", type=float, default=10.0, help="seconds of rollouts per latency figure")
+    parser.add_argument("--store-trajectories", type=int, default=2048,
+                        help="trainer-sized trajectories per round of the store figures")
+    parser.add_argument("--store-rounds", type=int, default=5, help="rounds of the store figures (medians)")
     args = parser.parse_args()
     console = Console(stderr=args.json, highlight=False)
     out: dict[str, object] = {}
@@ -37,6 +40,8 @@ def main() -> None:
             out["kernel_speed"] = uvloop.run(kernel_speed_bench.measure(args.kernel_runs, progress))
         if args.only in (None, "farm"):
             out["farm"] = farm_bench.measure(args.rollouts, args.trajectories, args.latency_s, progress)
+        if args.only in (None, "store"):
+            out["store"] = store_bench.measure(args.store_trajectories, args.store_rounds, progress)
     if args.json:
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -49,6 +54,8 @@ def main() -> None:
         kernel_speed_bench.render(out["kernel_speed"], console)  # type: ignore[arg-type]
     if "farm" in out:
         farm_bench.render(out["farm"], console)  # type: ignore[arg-type]
+    if "store" in out:
+        store_bench.render(out["store"], console)  # type: ignore[arg-type]
 
 
 main()

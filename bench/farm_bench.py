@@ -49,7 +49,7 @@ from rich.table import Table
 from farmd.cli.local_farmd import LocalFarmd
 from farmd.envs import VerifyContext, get
 from farmd.envs.pyfunc import PyFunc
-from farmd.records import Job, Trajectory
+from farmd.records import Job, Step, Timings, Trajectory
 from farmd.rollout.worker import _FLUSH_S
 from farmd.sandbox import Sandbox, SandboxConfig
 from farmd.store import Store
@@ -261,9 +261,8 @@ def _trajectory(job: Job, template: tuple[str, int]) -> Trajectory:
         id=job.id, group_id=job.group_id, env=job.env, env_version="1", seed=job.seed, difficulty=job.difficulty,
         agent=job.agent, policy_version=job.policy_version, reward=1.0, passed=True, status="ok",
         reasons=[f"all {tests} tests passed"], flags=[], verifier_version="1",
-        steps=[{"action": source, "observation": None, "exit_code": None, "seconds": 0.0}], final=source,
-        node="bench", timings={"task_s": 0.0012, "agent_s": 0.0003, "verify_s": 0.021, "total_s": 0.0225},
-        details={"verdict": {"tests": tests, "failed": 0}, "usage": {}},
+        steps=[Step()], final=source, node="bench", timings=Timings(task=0.0012, agent=0.0003, verify=0.021, total=0.0225),
+        verdict_details={"tests": tests, "failed": 0},
     )
 
 
@@ -440,7 +439,7 @@ async def _rollout_seconds(db: Path) -> dict[int, float]:
         out: dict[int, float] = {}
         after = 0
         while page := await store.trajectories(after_seq=after, limit=PAGE):
-            out.update((t.id, t.timings.get("total_s", 0.0)) for t in page)
+            out.update((t.id, t.timings.total) for t in page)
             after = page[-1].seq
         return out
     finally:

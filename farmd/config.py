@@ -73,7 +73,8 @@ def _coerce_scheduler(table: dict[str, Any]) -> SchedulerConfig:
         raise ConfigError(f"[scheduler]: {exc}") from exc
 
 
-_ENDPOINT_KEYS = ("url", "key_env", "request_timeout_s", "max_attempts", "max_tokens", "max_turns")
+_ENDPOINT_KEYS = ("url", "key_env", "request_timeout_s", "max_attempts", "max_tokens", "max_turns", "temperature",
+                  "top_p", "seed", "stop", "logprobs", "token_ids", "n", "tools", "extra")
 
 
 def _coerce_endpoints(table: dict[str, Any]) -> tuple[NamedEndpoint, ...]:

@@ -21,16 +21,17 @@ import grpc
 from farm.v1 import farm_pb2, farm_pb2_grpc
 from grpc_health.v1 import _async as health_aio  # what grpc_health.v1.health.aio re-exports
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from farmd.api.auth import TokenInterceptor
 from farmd.api.farm_service import FarmService
 from farmd.api.limits import CallLimits, server_bound, server_options
 from farmd.api.malformed import MalformedInterceptor
+from farmd.api.reflection import enable_reflection
+from farmd.api.refuse import UnknownMethods
 from farmd.config import Config
 from farmd.envs import VerifyContext, get, names
 from farmd.errors import ConfigError, IsolationUnavailable
-from farmd.metrics import Metrics, MetricsServer
+from farmd.metrics import GrpcMetrics, Metrics, MetricsServer
 from farmd.node import NodeInfo
 from farmd.private import make_dir, tighten, write_file
 from farmd.rollout import Worker
@@ -56,7 +57,7 @@ class Daemon:
         self._server: grpc.aio.Server | None = None
         self._health: health_aio.HealthServicer | None = None
         self._stopping = asyncio.Event()
-        self.metrics = Metrics() if config.metrics_listen else None
+        self.metrics = Metrics(endpoints=[e.name for e in config.endpoints]) if config.metrics_listen else None
         """None unless metrics are served: nobody pays for figures nobody scrapes."""
         self._metrics_server: MetricsServer | None = None
 
@@ -100,9 +101,11 @@ class Daemon:
             await self.worker.start()
 
         node = NodeInfo(workers=self.workers, max_boxes=self.config.sandbox.boxes, isolation=checks)
-        # In this order: no token, nothing read; then the call counts against its room; then it is parsed.
+        # In this order: every call is counted, refusals too; no token, nothing read; then the call counts
+        # against its room; then it is parsed.
         max_calls = self.config.max_concurrent_calls
-        interceptors: list[Any] = [TokenInterceptor(self.config.token)] if self.config.token else []
+        interceptors: list[Any] = [GrpcMetrics(self.metrics)] if self.metrics is not None else []
+        interceptors += [TokenInterceptor(self.config.token)] if self.config.token else []
         interceptors += [CallLimits(max_calls), MalformedInterceptor()]
         server = grpc.aio.server(
             interceptors=interceptors,
@@ -115,15 +118,12 @@ class Daemon:
         )
         service = FarmService(node, self.store, self.scheduler, ctx, endpoints=self.config.endpoints,
                               max_policy_bytes=self.config.max_policy_bytes)
-        farm_pb2_grpc.add_FarmServicer_to_server(service, server)
+        farm_pb2_grpc.add_FarmServiceServicer_to_server(service, server)
         self._health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        services = (
-            farm_pb2.DESCRIPTOR.services_by_name["Farm"].full_name,
-            health.SERVICE_NAME,
-            reflection.SERVICE_NAME,
-        )
-        reflection.enable_server_reflection(services, server)
+        enable_reflection((farm_pb2.DESCRIPTOR.services_by_name["FarmService"].full_name, health.SERVICE_NAME),
+                          server)
+        server.add_generic_rpc_handlers((UnknownMethods(),))
         try:
             self.port = server.add_insecure_port(self.config.listen)
         except RuntimeError as exc:
@@ -132,7 +132,7 @@ class Daemon:
             raise ConfigError(f"cannot listen on {self.config.listen}: address in use or invalid")
         await server.start()
         self._server = server
-        for name in ("", "farm.v1.Farm"):
+        for name in ("", "farm.v1.FarmService"):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         host = self.config.listen.rsplit(":", 1)[0]
         metrics_addr = None

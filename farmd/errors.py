@@ -8,7 +8,18 @@ from __future__ import annotations
 
 
 class FarmError(Exception):
-    """Base of every error farm raises on purpose."""
+    """Base of every error farm raises on purpose.
+
+    ``reason`` names one cause in UPPER_SNAKE (``POLICY_HASH_MISMATCH``) for callers that branch on
+    it: the API sends it as the status's ``google.rpc.ErrorInfo.reason``. None: the kind's own.
+    """
+
+    reason: str | None = None
+
+    def __init__(self, *args: object, reason: str | None = None) -> None:
+        super().__init__(*args)
+        if reason is not None:
+            self.reason = reason
 
 
 class ConfigError(FarmError):
@@ -25,6 +36,10 @@ class BadRequest(FarmError):
 
 class NotFound(FarmError):
     """A caller named something (a trajectory, a policy) that does not exist."""
+
+
+class FailedPrecondition(FarmError):
+    """The call is well formed, but this node is not in a state to do it (no workers to rescore on)."""
 
 
 class IsolationUnavailable(FarmError):

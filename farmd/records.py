@@ -7,11 +7,28 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, is_dataclass, replace
+from typing import Any, TypeVar, get_args, get_origin, get_type_hints
+
+from farm_client import record
+from farm_client.record import (
+    ChatMessage,
+    PosedTask,
+    SamplingParams,
+    Score,
+    Step,
+    Timings,
+    ToolCall,
+    Turn,
+    Usage,
+)
 
 from farmd.flags import INVALID_TEXT, TRUNCATED
 from farmd.text import clip, valid_text, valid_tree
+
+__all__ = ["BODY_FIELDS", "SUMMARY_FIELDS", "ChatMessage", "Job", "JobState", "Policy", "PosedTask", "SamplingParams",
+           "Score", "Step", "Timings", "ToolCall", "Trajectory", "Turn", "Usage", "from_plain", "to_plain"]
 
 # What one stored trajectory may hold. Whatever an attempt, an endpoint or a box produces, a stored
 # trajectory stays within a few MiB, so any one fits a stream message with room to spare and a batch
@@ -31,6 +48,15 @@ MAX_FLAG_CHARS = 64
 MAX_DETAILS_CHARS = 64 * 1024
 MAX_NAME_CHARS = 512
 """Names and versions (env, agent spec, node, verifier version)."""
+MAX_PROMPT_CHARS = 256 * 1024
+MAX_MESSAGES = 512
+MAX_MESSAGE_CHARS = 256 * 1024
+MAX_CONVERSATION_CHARS = 1024 * 1024
+"""All messages' text together; a message past it keeps its role and as much text as is left."""
+MAX_TOOL_CALLS = 16
+MAX_TOKEN_ENTRIES = 384 * 1024
+"""Token ids and logprobs of all turns together (about 2 MB on the wire): earlier turns' prompt token ids
+go first (the last turn's prompt holds them), then whole turns' tokens."""
 
 
 class JobState(enum.StrEnum):
@@ -39,6 +65,8 @@ class JobState(enum.StrEnum):
     DONE = "done"
     FAILED = "failed"
     """Infrastructure failures exhausted its retries: recorded apart from every score."""
+    CANCELLED = "cancelled"
+    """Its run was cancelled while it was still queued."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,91 +88,174 @@ class Job:
     """``request`` (farmctl run) or ``demand`` (a trainer's buffer ran low)."""
 
 
-@dataclass(slots=True)
-class Trajectory:
-    """A scored rollout: the task, what the agent did and saw, the verdict, and where it all ran."""
+class Trajectory(record.Trajectory):
+    """A scored rollout: the task as posed, what the agent said, did and saw, the verdict, and where it ran.
 
-    id: int
-    group_id: int
-    env: str
-    env_version: str
-    seed: int
-    difficulty: int
-    agent: str
-    policy_version: int
-    reward: float
-    passed: bool
-    status: str
-    """``ok`` or ``error``: an error verdict is recorded, never counted as a score."""
-    reasons: list[str]
-    flags: list[str]
-    verifier_version: str
-    steps: list[dict[str, Any]]
-    final: str
-    node: str
-    timings: dict[str, float] = field(default_factory=dict)
-    details: dict[str, Any] = field(default_factory=dict)
-    finished_at: float = 0.0
-    seq: int = 0
-    """Position in the stream trainers consume (assigned by the store when it is stored)."""
+    The fields are the wire record's, written once in ``farm_client.record`` (the client a trainer installs
+    holds the same record); farmd adds what it does with one: bound it for storage, summarize it.
+    """
+
+    __slots__ = ()
 
     def sealed(self) -> Trajectory:
         """This trajectory as it may be stored: every string valid text, every field within the bounds
         above. What was repaired or cut is flagged (``invalid_text``, ``truncated``) rather than lost
         silently; the verdict itself is unchanged."""
-        repaired = cut = 0
+        return _Sealer().seal(self)
 
-        def text(value: str, bound: int) -> str:
-            nonlocal repaired, cut
-            value, n = valid_text(value)
-            value, clipped = clip(value, bound)
-            repaired += n
-            cut += clipped
-            return value
+    def summary(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in SUMMARY_FIELDS}
 
-        steps: list[dict[str, Any]] = []
+    def to_json(self) -> dict[str, Any]:
+        plain: dict[str, Any] = to_plain(self)
+        return plain
+
+
+SUMMARY_FIELDS = ("id", "seq", "group_id", "run_id", "env", "seed", "difficulty", "agent", "policy_version",
+                  "reward", "passed", "status", "flags", "verifier_version", "node", "finished_at")
+"""What a trajectory is listed by (``farmctl trajectories list``, a summary-only stream)."""
+BODY_FIELDS = ("task", "messages", "turns", "steps", "final", "verdict_details")
+"""The bulk of a record: left out of summaries."""
+
+
+def to_plain(record: Any) -> Any:
+    """A record as plain JSON values (dataclasses as dicts), field for field."""
+    if is_dataclass(record) and not isinstance(record, type):
+        return {f.name: to_plain(getattr(record, f.name)) for f in fields(record)}
+    if isinstance(record, list | tuple):
+        return [to_plain(v) for v in record]
+    return record
+
+
+def from_plain(cls: type[R], data: Mapping[str, Any]) -> R:
+    """The record ``to_plain`` made; a field missing from ``data`` takes its default (older records)."""
+    hints = _hints(cls)
+    kwargs = {}
+    for f in fields(cls):  # type: ignore[arg-type]
+        if f.name in data:
+            kwargs[f.name] = _value(hints[f.name], data[f.name])
+    return cls(**kwargs)
+
+
+R = TypeVar("R")
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _value(hint: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = get_origin(hint)
+    if origin is list:
+        (item,) = get_args(hint)
+        return [_value(item, v) for v in value]
+    if isinstance(hint, type) and is_dataclass(hint):
+        return from_plain(hint, value)
+    return value
+
+
+class _Sealer:
+    """Bounds a record and counts what it repaired or cut."""
+
+    def __init__(self) -> None:
+        self.repaired = 0
+        self.cut = 0
+
+    def text(self, value: str, bound: int) -> str:
+        value, n = valid_text(value)
+        value, clipped = clip(value, max(bound, 0))
+        self.repaired += n
+        self.cut += clipped
+        return value
+
+    def tree(self, value: Any, bound: int, what: str) -> Any:
+        value, n = valid_tree(value)
+        self.repaired += n
+        if len(json.dumps(value, default=str)) > bound:
+            self.cut += 1
+            return {"truncated": f"{what} over {bound} characters were not kept"}
+        return value
+
+    def seal(self, t: Trajectory) -> Trajectory:
+        steps: list[Step] = []
         budget = MAX_STEPS_CHARS
-        for step in self.steps[:MAX_STEPS]:
-            step = dict(step)
-            for key, bound in (("action", MAX_ACTION_CHARS), ("observation", MAX_OBSERVATION_CHARS)):
-                if isinstance(step.get(key), str):
-                    kept = text(step[key], min(bound, max(budget, 0)))
-                    budget -= len(kept)
-                    step[key] = kept
-            steps.append(step)
-        cut += len(self.steps) > MAX_STEPS
-        details, n = valid_tree(self.details)
-        repaired += n
-        if len(json.dumps(details, default=str)) > MAX_DETAILS_CHARS:
-            details = {"truncated": f"details over {MAX_DETAILS_CHARS} characters were not kept"}
-            cut += 1
-        flags = [text(f, MAX_FLAG_CHARS) for f in self.flags[:MAX_FLAGS]]
-        reasons = [text(r, MAX_REASON_CHARS) for r in self.reasons[:MAX_REASONS]]
-        cut += len(self.reasons) > MAX_REASONS or len(self.flags) > MAX_FLAGS
+        for step in t.steps[:MAX_STEPS]:
+            action = self.text(step.action, min(MAX_ACTION_CHARS, budget))
+            budget -= len(action)
+            observation = self.text(step.observation, min(MAX_OBSERVATION_CHARS, budget))
+            budget -= len(observation)
+            steps.append(replace(step, action=action, observation=observation,
+                                 violations=[self.text(v, MAX_REASON_CHARS) for v in step.violations[:MAX_REASONS]]))
+        self.cut += len(t.steps) > MAX_STEPS
+        messages: list[ChatMessage] = []
+        budget = MAX_CONVERSATION_CHARS
+        for m in t.messages[:MAX_MESSAGES]:
+            content = self.text(m.content, min(MAX_MESSAGE_CHARS, budget))
+            budget -= len(content)
+            calls = [ToolCall(self.text(c.id, MAX_NAME_CHARS), self.text(c.name, MAX_NAME_CHARS),
+                              self.text(c.arguments, MAX_ACTION_CHARS)) for c in m.tool_calls[:MAX_TOOL_CALLS]]
+            self.cut += len(m.tool_calls) > MAX_TOOL_CALLS
+            messages.append(ChatMessage(self.text(m.role, MAX_FLAG_CHARS), content, calls,
+                                        self.text(m.tool_call_id, MAX_NAME_CHARS)))
+        self.cut += len(t.messages) > MAX_MESSAGES
+        turns = self.turns(t.turns)
+        task = replace(t.task, prompt=self.text(t.task.prompt, MAX_PROMPT_CHARS),
+                       entry_point=self.text(t.task.entry_point, MAX_NAME_CHARS),
+                       answer_format=self.text(t.task.answer_format, MAX_REASON_CHARS),
+                       examples=self.tree(t.task.examples, MAX_DETAILS_CHARS, "examples"),
+                       metadata=self.tree(t.task.metadata, MAX_DETAILS_CHARS, "metadata"))
+        if not isinstance(task.examples, list):
+            task.examples = []
+        sampling = replace(t.sampling, model=self.text(t.sampling.model, MAX_NAME_CHARS),
+                           stop=[self.text(s, MAX_NAME_CHARS) for s in t.sampling.stop[:MAX_REASONS]],
+                           extra=self.tree(t.sampling.extra, MAX_DETAILS_CHARS, "extra request fields"))
+        flags = [self.text(f, MAX_FLAG_CHARS) for f in t.flags[:MAX_FLAGS]]
+        reasons = [self.text(r, MAX_REASON_CHARS) for r in t.reasons[:MAX_REASONS]]
+        self.cut += len(t.reasons) > MAX_REASONS or len(t.flags) > MAX_FLAGS
         sealed = replace(
-            self, env=text(self.env, MAX_NAME_CHARS), env_version=text(self.env_version, MAX_NAME_CHARS),
-            agent=text(self.agent, MAX_NAME_CHARS), node=text(self.node, MAX_NAME_CHARS),
-            verifier_version=text(self.verifier_version, MAX_NAME_CHARS), status=text(self.status, MAX_NAME_CHARS),
-            final=text(self.final, MAX_FINAL_CHARS), steps=steps, reasons=reasons, flags=flags, details=details,
-            timings={k: float(v) for k, v in self.timings.items()})
-        for flag, happened in ((INVALID_TEXT, repaired), (TRUNCATED, cut)):
+            t, env=self.text(t.env, MAX_NAME_CHARS), env_version=self.text(t.env_version, MAX_NAME_CHARS),
+            agent=self.text(t.agent, MAX_NAME_CHARS), node=self.text(t.node, MAX_NAME_CHARS),
+            verifier_version=self.text(t.verifier_version, MAX_NAME_CHARS),
+            status=self.text(t.status, MAX_NAME_CHARS), final=self.text(t.final, MAX_FINAL_CHARS), steps=steps,
+            reasons=reasons, flags=flags, verdict_details=self.tree(t.verdict_details, MAX_DETAILS_CHARS, "details"),
+            agent_error=self.text(t.agent_error, MAX_REASON_CHARS), task=task, messages=messages, turns=turns,
+            sampling=sampling, scores=[])
+        for flag, happened in ((INVALID_TEXT, self.repaired), (TRUNCATED, self.cut)):
             if happened and flag not in sealed.flags:
                 sealed.flags.append(flag)
         return sealed
 
-    def summary(self) -> dict[str, Any]:
-        return {
-            "id": self.id, "seq": self.seq, "group_id": self.group_id, "env": self.env, "seed": self.seed,
-            "difficulty": self.difficulty, "agent": self.agent, "policy_version": self.policy_version,
-            "reward": self.reward, "passed": self.passed, "status": self.status, "flags": self.flags,
-            "verifier_version": self.verifier_version, "node": self.node, "finished_at": self.finished_at,
-        }
+    def turns(self, turns: list[Turn]) -> list[Turn]:
+        """Turns within the token budget. A later turn's prompt holds the earlier ones' prompts, so those
+        go first; past that a turn keeps its text but not its tokens (and says it has no logprobs)."""
+        kept = [replace(turn, completion=self.text(turn.completion, MAX_MESSAGE_CHARS),
+                        finish_reason=self.text(turn.finish_reason, MAX_FLAG_CHARS))
+                for turn in turns[:MAX_MESSAGES]]
+        self.cut += len(turns) > MAX_MESSAGES
 
-    def to_json(self) -> dict[str, Any]:
-        out = self.summary()
-        out.update({"env_version": self.env_version, "reasons": self.reasons, "steps": self.steps,
-                    "final": self.final, "timings": self.timings, "details": self.details})
-        return out
+        def count() -> int:
+            return sum(len(x.prompt_token_ids) + len(x.token_ids) + len(x.logprobs) for x in kept)
+
+        for turn in kept[:-1]:
+            if count() <= MAX_TOKEN_ENTRIES:
+                break
+            if turn.prompt_token_ids:
+                turn.prompt_token_ids = []
+                self.cut += 1
+        for turn in reversed(kept):
+            if count() <= MAX_TOKEN_ENTRIES:
+                break
+            if turn.prompt_token_ids or turn.token_ids or turn.logprobs:
+                turn.prompt_token_ids, turn.token_ids, turn.logprobs, turn.has_logprobs = [], [], [], False
+                self.cut += 1
+        return kept
 
 
 @dataclass(frozen=True, slots=True)

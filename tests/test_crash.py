@@ -34,7 +34,7 @@ class AckingTrainer(threading.Thread):
         try:
             with FarmClient(self.addr) as client:
                 for batch in client.batches("crash-trainer", batch_size=50, reconnect_s=120):
-                    self.received += [t["id"] for t in batch.trajectories]
+                    self.received += [t.id for t in batch.trajectories]
                     client.ack(batch, retry_s=120)
                     if len(self.received) >= TOTAL or self.stop.is_set():
                         return
@@ -48,7 +48,7 @@ def test_kill_9_twice_loses_and_doubles_nothing(running_farm) -> None:  # type: 
     port = farm.addr.rsplit(":", 1)[1]
     listen = f"127.0.0.1:{port}"  # restarts come back on the same address, as a real node would
     with FarmClient(farm.addr) as client:
-        groups = [g for env, n in WORKLOAD for g in client.run(env, "reference", n, group_size=8)["group_ids"]]
+        runs = [client.run(env, "reference", n, group_size=8)["id"] for env, n in WORKLOAD]
     trainer = AckingTrainer(farm.addr)
     trainer.start()
     try:
@@ -60,7 +60,7 @@ def test_kill_9_twice_loses_and_doubles_nothing(running_farm) -> None:  # type: 
         status = wait_for(farm.addr, lambda s: s["queue"]["queued"] + s["queue"]["leased"] == 0, timeout_s=300)
         assert status["queue"]["done"] == TOTAL and status["queue"]["failed"] == 0, status["queue"]
         with FarmClient(farm.addr) as client:
-            assert client.progress(groups) == {"jobs": TOTAL, "done": TOTAL, "failed": 0, "passed": TOTAL}
+            assert client.progress(runs) == {"jobs": TOTAL, "done": TOTAL, "failed": 0, "cancelled": 0, "passed": TOTAL}
         trainer.join(120)
         assert trainer.error is None, trainer.error
         assert not trainer.is_alive(), f"the trainer got {len(trainer.received)} of {TOTAL}"

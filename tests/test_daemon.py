@@ -23,13 +23,13 @@ def test_status_health_and_reflection(running_farm) -> None:  # type: ignore[no-
 
     with grpc.insecure_channel(farm.addr) as channel:
         health = health_pb2_grpc.HealthStub(channel)
-        for service in ("", "farm.v1.Farm"):
+        for service in ("", "farm.v1.FarmService"):
             reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
         refl = reflection_pb2_grpc.ServerReflectionStub(channel)
         replies = list(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
         names = {s.name for s in replies[0].list_services_response.service}
-        assert {"farm.v1.Farm", "grpc.health.v1.Health"} <= names
+        assert {"farm.v1.FarmService", "grpc.health.v1.Health"} <= names
 
     human = farm.farmctl("status").stdout.decode()
     assert "isolation: yes" in human
@@ -38,8 +38,9 @@ def test_status_health_and_reflection(running_farm) -> None:  # type: ignore[no-
 def test_token_is_required_when_set(running_farm) -> None:  # type: ignore[no-untyped-def]
     farm = running_farm("--workers", "0", "--token", "s3cret")
     denied = farm.farmctl("status", "--json", check=False)
-    assert denied.returncode != 0 and b"UNAUTHENTICATED" in denied.stderr and b"token" in denied.stderr
-    wrong = farm.farmctl("--token", "nope", "status", "--json", check=False)
+    error = json.loads(denied.stdout)["error"]  # with --json a failure is JSON too
+    assert denied.returncode != 0 and error["code"] == "UNAUTHENTICATED" and "token" in error["message"]
+    wrong = farm.farmctl("--token", "nope", "status", check=False)
     assert wrong.returncode != 0 and b"UNAUTHENTICATED" in wrong.stderr
     ok = farm.farmctl("--token", "s3cret", "status", "--json")
     assert json.loads(ok.stdout)["workers"] == 0
@@ -49,7 +50,7 @@ def test_token_is_required_when_set(running_farm) -> None:  # type: ignore[no-un
         health = health_pb2_grpc.HealthStub(channel)
         assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == 1
         with pytest.raises(grpc.RpcError) as err:
-            farm_pb2_grpc.FarmStub(channel).Status(farm_pb2.StatusRequest(), timeout=5)
+            farm_pb2_grpc.FarmServiceStub(channel).GetStatus(farm_pb2.GetStatusRequest(), timeout=5)
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
@@ -93,7 +94,7 @@ def test_sigterm_mid_run_hands_unfinished_rollouts_back(running_farm) -> None:  
     with FarmClient(farm.addr) as client:
         run = client.run("py-func", "reference", 40, group_size=4)
         deadline = time.monotonic() + 60
-        while client.progress(run["group_ids"])["done"] < 2:
+        while client.progress([run["id"]])["done"] < 2:
             assert time.monotonic() < deadline
             time.sleep(0.05)
     assert farm.stop(signal.SIGTERM) == 0
@@ -111,10 +112,10 @@ def test_sigterm_mid_run_hands_unfinished_rollouts_back(running_farm) -> None:  
     again = running_farm("--workers", "2", data_dir=farm.data_dir)
     with FarmClient(again.addr) as client:
         deadline = time.monotonic() + 120
-        while (p := client.progress(run["group_ids"]))["done"] < 40:
+        while (p := client.progress([run["id"]]))["done"] < 40:
             assert time.monotonic() < deadline, p
             time.sleep(0.1)
-        assert p == {"jobs": 40, "done": 40, "failed": 0, "passed": 40}
+        assert p == {"jobs": 40, "done": 40, "failed": 0, "cancelled": 0, "passed": 40}
 
 
 def test_the_data_directory_is_private_to_farmd(running_farm, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -135,7 +136,7 @@ def test_the_data_directory_is_private_to_farmd(running_farm, tmp_path) -> None:
     with FarmClient(farm.addr) as client:
         run = client.run("rg:chain_sum", "reference", 4, group_size=4)
         deadline = time.monotonic() + 60
-        while client.progress(run["group_ids"])["done"] < 4:
+        while client.progress([run["id"]])["done"] < 4:
             assert time.monotonic() < deadline
             time.sleep(0.05)
         client.publish_policy(b"weights")

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from farm.v1 import farm_pb2, farm_pb2_grpc
+from farm.v1 import farm_pb2, farm_pb2_grpc, trajectory_pb2
+from google.protobuf.json_format import MessageToDict
+
+from farm_client.convert import from_message
+from farm_client.record import Trajectory
+from farm_client.sequences import group_advantages
 
 _CHUNK = 1 << 20
 _RETRY_S = 0.2
@@ -30,7 +34,7 @@ class Batch:
     consumer: str
     whole_groups: bool
     up_to: int
-    trajectories: list[dict[str, Any]]
+    trajectories: list[Trajectory]
     rewards: Any = None
     """torch.FloatTensor of rewards, with ``tensors=True``."""
     advantages: Any = None
@@ -42,30 +46,23 @@ class Batch:
         return len(self.trajectories)
 
 
-def _trajectory(t: farm_pb2.Trajectory) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "id": t.id, "seq": t.seq, "group_id": t.group_id, "env": t.env, "env_version": t.env_version,
-        "seed": t.seed, "difficulty": t.difficulty, "agent": t.agent, "policy_version": t.policy_version,
-        "reward": t.reward, "passed": t.passed, "status": t.status, "reasons": list(t.reasons),
-        "flags": list(t.flags), "verifier_version": t.verifier_version, "node": t.node, "finished_at": t.finished_at,
-    }
-    if t.steps_json:
-        out["steps"] = json.loads(t.steps_json)
-        out["final"] = t.final
+def _trajectory(t: trajectory_pb2.Trajectory) -> Trajectory:
+    return from_message(t, Trajectory)
+
+
+def _run(run: farm_pb2.Run) -> dict[str, Any]:
+    out: dict[str, Any] = {f.name: getattr(run, f.name) for f in run.DESCRIPTOR.fields
+                           if f.name not in ("group_ids", "state", "created_at", "finished_at")}
+    out["state"] = farm_pb2.RunState.Name(run.state).removeprefix("RUN_STATE_").lower()
+    out["group_ids"] = list(run.group_ids)
+    out["created_at"] = run.created_at.ToNanoseconds() / 1e9
+    out["finished_at"] = run.finished_at.ToNanoseconds() / 1e9 if run.HasField("finished_at") else None
     return out
 
 
 def advantages(rewards: list[float], groups: list[int]) -> list[float]:
     """Group-relative advantages (GRPO): each reward against its group's mean and spread."""
-    by_group: dict[int, list[float]] = {}
-    for r, g in zip(rewards, groups, strict=True):
-        by_group.setdefault(g, []).append(r)
-    stats = {}
-    for g, rs in by_group.items():
-        mean = sum(rs) / len(rs)
-        std = (sum((r - mean) ** 2 for r in rs) / len(rs)) ** 0.5
-        stats[g] = (mean, std)
-    return [(r - stats[g][0]) / (stats[g][1] + 1e-6) for r, g in zip(rewards, groups, strict=True)]
+    return group_advantages(rewards, groups)
 
 
 class FarmClient:
@@ -85,7 +82,7 @@ class FarmClient:
             ("grpc.max_reconnect_backoff_ms", 2000),
             ("grpc.use_local_subchannel_pool", 1),
         ])
-        self._stub = farm_pb2_grpc.FarmStub(self._channel)
+        self._stub = farm_pb2_grpc.FarmServiceStub(self._channel)
 
     def close(self) -> None:
         self._channel.close()
@@ -99,41 +96,81 @@ class FarmClient:
     # -- the farm ---------------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        reply = self._stub.Status(farm_pb2.StatusRequest(), metadata=self._metadata, timeout=self._timeout)
-        return {
-            "version": reply.version, "node": reply.node, "uptime_s": reply.uptime_s,
-            "isolation_ok": reply.isolation_ok,
-            "isolation": [{"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix} for c in reply.isolation],
-            "workers": reply.workers, "max_boxes": reply.max_boxes, "policy_version": reply.policy_version,
-            **(json.loads(reply.farm_json) if reply.farm_json else {}),
-        }
+        """The node and the farm, as plain values (the shape ``farmctl status --json`` prints)."""
+        reply = self._stub.GetStatus(farm_pb2.GetStatusRequest(), metadata=self._metadata, timeout=self._timeout)
+        return status_dict(reply)
 
     def run(self, env: str, agent: str, rollouts: int, group_size: int = 0) -> dict[str, Any]:
-        reply = self._stub.Run(farm_pb2.RunRequest(env=env, agent=agent, rollouts=rollouts, group_size=group_size),
-                               metadata=self._metadata, timeout=self._timeout)
-        return {"group_ids": list(reply.group_ids), "jobs": reply.jobs}
+        """Queue a run; returns it (``id``, ``group_ids``, ``jobs``, ``state``, ...)."""
+        reply = self._stub.CreateRun(farm_pb2.CreateRunRequest(env=env, agent=agent, rollouts=rollouts,
+                                                               group_size=group_size),
+                                     metadata=self._metadata, timeout=self._timeout)
+        return _run(reply.run)
 
-    def progress(self, group_ids: list[int]) -> dict[str, int]:
-        totals = {"jobs": 0, "done": 0, "failed": 0, "passed": 0}
-        per_call = 100_000  # ids a call carries: farmd takes request messages of about a megabyte
-        for start in range(0, max(1, len(group_ids)), per_call):
-            reply = self._stub.Progress(farm_pb2.ProgressRequest(group_ids=group_ids[start:start + per_call]),
+    def get_run(self, run_id: int) -> dict[str, Any]:
+        reply = self._stub.GetRun(farm_pb2.GetRunRequest(run_id=run_id), metadata=self._metadata,
+                                  timeout=self._timeout)
+        return _run(reply.run)
+
+    def runs(self, limit: int = 50) -> list[dict[str, Any]]:
+        """The newest ``limit`` runs, newest first (paged through as needed)."""
+        out: list[dict[str, Any]] = []
+        token = ""
+        while len(out) < limit:
+            reply = self._stub.ListRuns(farm_pb2.ListRunsRequest(page_size=min(limit - len(out), 1000),
+                                                                 page_token=token),
                                         metadata=self._metadata, timeout=self._timeout)
+            out.extend(_run(r) for r in reply.runs)
+            token = reply.next_page_token
+            if not token:
+                break
+        return out
+
+    def progress(self, run_ids: list[int]) -> dict[str, int]:
+        """Jobs, done, failed, cancelled and passed over the given runs."""
+        totals = {"jobs": 0, "done": 0, "failed": 0, "cancelled": 0, "passed": 0}
+        for run_id in run_ids:
+            run = self.get_run(run_id)
             for key in totals:
-                totals[key] += getattr(reply, key)
+                totals[key] += run[key]
         return totals
 
-    def trajectories(self, env: str = "", limit: int = 50, after_seq: int = 0, newest_first: bool = False,
-                     include_steps: bool = False) -> list[dict[str, Any]]:
-        reply = self._stub.ListTrajectories(
-            farm_pb2.ListTrajectoriesRequest(env=env, limit=limit, after_seq=after_seq, newest_first=newest_first,
-                                             include_steps=include_steps),
-            metadata=self._metadata, timeout=self._timeout)
-        return [_trajectory(t) for t in reply.trajectories]
+    def cancel_run(self, run_id: int) -> dict[str, Any]:
+        reply = self._stub.CancelRun(farm_pb2.CancelRunRequest(run_id=run_id), metadata=self._metadata,
+                                     timeout=self._timeout)
+        return _run(reply.run)
 
-    def trajectory(self, traj_id: int) -> dict[str, Any]:
-        return _trajectory(self._stub.GetTrajectory(farm_pb2.GetTrajectoryRequest(id=traj_id),
-                                                    metadata=self._metadata, timeout=self._timeout))
+    def trajectory_pages(self, env: str = "", *, page_size: int = 1000, newest_first: bool = False,
+                         full: bool = False, run_id: int = 0) -> Iterator[list[Trajectory]]:
+        """Every stored trajectory, a page at a time (``full`` for whole records, else summaries)."""
+        token = ""
+        while True:
+            reply = self._stub.ListTrajectories(
+                farm_pb2.ListTrajectoriesRequest(env=env, page_size=page_size, page_token=token,
+                                                 newest_first=newest_first, full=full, run_id=run_id),
+                metadata=self._metadata, timeout=self._timeout)
+            if reply.trajectories:
+                yield [_trajectory(t) for t in reply.trajectories]
+            token = reply.next_page_token
+            if not token:
+                return
+
+    def trajectories(self, env: str = "", limit: int = 50, *, newest_first: bool = False, full: bool = False,
+                     run_id: int = 0) -> list[Trajectory]:
+        """Up to ``limit`` stored trajectories; ``full`` for whole records, else summaries."""
+        out: list[Trajectory] = []
+        for page in self.trajectory_pages(env, page_size=min(limit, 1000), newest_first=newest_first, full=full,
+                                          run_id=run_id):
+            out.extend(page[:limit - len(out)])
+            if len(out) >= limit:
+                break
+        return out
+
+    def trajectory(self, traj_id: int) -> Trajectory:
+        """One whole trajectory, with its scores under every verifier version since."""
+        reply = self._stub.GetTrajectory(farm_pb2.GetTrajectoryRequest(id=traj_id), metadata=self._metadata,
+                                         timeout=self._timeout)
+        return _trajectory(reply.trajectory)
 
     def rescore(self, env: str, limit: int = 0) -> dict[str, Any]:
         reply = self._stub.Rescore(farm_pb2.RescoreRequest(env=env, limit=limit), metadata=self._metadata)
@@ -143,20 +180,21 @@ class FarmClient:
     # -- the trainer's side -----------------------------------------------------------------------
 
     def batches(self, consumer: str, batch_size: int = 64, *, whole_groups: bool = False, max_staleness: int = 0,
-                include_steps: bool = False, tensors: bool = False, reconnect_s: float = 0.0) -> Iterator[Batch]:
+                summary_only: bool = False, tensors: bool = False, reconnect_s: float = 0.0) -> Iterator[Batch]:
         """Scored trajectories, batch by batch, from just after ``consumer``'s last ack; blocks for more.
 
         At least once: what was not acked comes again when the stream is reopened. With
         ``reconnect_s`` the stream survives a farmd restart, reopening for up to that many
         seconds; ack each batch before taking the next and none is received twice.
         """
-        request = farm_pb2.StreamRequest(consumer=consumer, batch_size=batch_size, whole_groups=whole_groups,
-                                         max_staleness=max_staleness, include_steps=include_steps)
+        request = farm_pb2.StreamTrajectoriesRequest(consumer=consumer, batch_size=batch_size,
+                                                     whole_groups=whole_groups, max_staleness=max_staleness,
+                                                     summary_only=summary_only)
         down_since: float | None = None
         while True:
             stream = self._stub.StreamTrajectories(request, metadata=self._metadata)
             try:
-                parts: list[farm_pb2.Trajectory] = []
+                parts: list[trajectory_pb2.Trajectory] = []
                 for reply in stream:
                     down_since = None
                     parts.extend(reply.trajectories)
@@ -177,15 +215,15 @@ class FarmClient:
                 stream.cancel()  # type: ignore[no-untyped-call]
 
     @staticmethod
-    def _batch(trajectories: list[farm_pb2.Trajectory], up_to: int, consumer: str, whole_groups: bool,
+    def _batch(trajectories: list[trajectory_pb2.Trajectory], up_to: int, consumer: str, whole_groups: bool,
                tensors: bool) -> Batch:
         rows = [_trajectory(t) for t in trajectories]
         batch = Batch(consumer=consumer, whole_groups=whole_groups, up_to=up_to, trajectories=rows,
-                      group_ids=[r["group_id"] for r in rows])
+                      group_ids=[r.group_id for r in rows])
         if tensors:
             import torch  # optional: only trainers that ask for tensors need it
 
-            rewards = [r["reward"] for r in rows]
+            rewards = [r.reward for r in rows]
             batch.rewards = torch.tensor(rewards, dtype=torch.float32)
             batch.advantages = torch.tensor(advantages(rewards, batch.group_ids), dtype=torch.float32)
         return batch
@@ -228,10 +266,10 @@ class FarmClient:
                 data = buf.getvalue()
         digest = hashlib.sha256(data if data else (uri or "").encode()).hexdigest()
 
-        def chunks() -> Iterator[farm_pb2.PolicyChunk]:
-            yield farm_pb2.PolicyChunk(sha256=digest, uri=uri or "", data=data[:_CHUNK])
+        def chunks() -> Iterator[farm_pb2.PublishPolicyRequest]:
+            yield farm_pb2.PublishPolicyRequest(sha256=digest, uri=uri or "", data=data[:_CHUNK])
             for start in range(_CHUNK, len(data), _CHUNK):
-                yield farm_pb2.PolicyChunk(data=data[start:start + _CHUNK])
+                yield farm_pb2.PublishPolicyRequest(data=data[start:start + _CHUNK])
 
         reply = self._stub.PublishPolicy(chunks(), metadata=self._metadata, timeout=self._timeout * 10)
         return {"version": reply.version, "sha256": reply.sha256, "size": reply.size}
@@ -246,3 +284,33 @@ class FarmClient:
             uri = uri or chunk.uri
             data += chunk.data
         return version, bytes(data), uri
+
+
+def status_dict(reply: farm_pb2.GetStatusResponse) -> dict[str, Any]:
+    """A status reply as plain values: enums by name, times in seconds, the bank per environment."""
+    plain = MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True,
+                          use_integers_for_enums=False)
+    plain["uptime_s"] = reply.uptime.ToNanoseconds() / 1e9
+    del plain["uptime"]
+    for key in ("queue", "counters"):  # uint64s: JSON strings in the proto mapping, numbers here
+        plain[key] = {k: int(v) for k, v in plain.get(key, {}).items()}
+    for key in ("last_seq", "policy_version"):
+        plain[key] = int(plain.get(key, 0))
+    plain["pass_rates"] = [{**row, **{k: int(row[k]) for k in ("trajectories", "passed", "errors", "difficulty")},
+                            "mean_reward": row.get("mean_reward")} for row in plain.get("pass_rates", [])]
+    bank = [MessageToDict(b, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+            for b in reply.bank]
+    for entry, message in zip(bank, reply.bank, strict=True):
+        for name in ("level_pass_rate", "band_occupancy", "fresh_share", "informative_fraction"):
+            entry[name] = getattr(message, name) if message.HasField(name) else None
+        for name, value in list(entry.items()):
+            if isinstance(value, str) and value.isdigit():
+                entry[name] = int(value)
+    named = {e["env"]: {k: v for k, v in e.items() if k != "env"} for e in bank}
+    plain["bank"] = {"policy_version": plain["policy_version"], "totals": named.pop("", {}), "envs": named}
+    plain["consumers"] = [{"name": c.name, "whole_groups": c.whole_groups, "cursor": c.cursor, "lag": c.lag,
+                           "streams": c.streams,
+                           "state": farm_pb2.ConsumerState.Name(c.state).removeprefix("CONSUMER_STATE_").lower(),
+                           "acked_at": c.acked_at.ToNanoseconds() / 1e9 if c.HasField("acked_at") else None}
+                          for c in reply.consumers]
+    return plain

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farmd.envs.base import Attempt, Episode, Task
+from farmd.records import ChatMessage, SamplingParams, Turn
 
 
 @dataclass
@@ -32,6 +33,8 @@ class Step:
     """The command's exit status; None for a submission, or when the command did not run or exit."""
     seconds: float
     """Wall time of the step: producing the submission, or the agent's turn plus running the command."""
+    violations: list[str] = field(default_factory=list)
+    """Bounds the command's box hit (``Observation.violations``)."""
 
 
 @dataclass
@@ -49,9 +52,14 @@ class AgentResult:
     """Why the attempt ended unfinished, when the policy is to blame (no answer before the turn
     limit, an exhausted budget). The attempt is still verified and scored: this is data, and
     infrastructure failures are raised instead (``EndpointError``)."""
-    transcript: list[dict[str, str]] = field(default_factory=list)
-    """For model-driven agents, the conversation exactly as sent and received (``role``, ``content``):
-    what a trainer needs to score the policy's own tokens. Empty for scripted agents."""
+    transcript: list[ChatMessage] = field(default_factory=list)
+    """For model-driven agents, the conversation exactly as sent and received: what a trainer needs to
+    score the policy's own tokens. Empty for scripted agents."""
+    turns: list[Turn] = field(default_factory=list)
+    """One per model reply, in order: which message it is, its token ids and sampling logprobs where the
+    server returned them, its finish reason and usage."""
+    sampling: SamplingParams | None = None
+    """What the model was asked to sample with (None for scripted agents)."""
 
 
 class Agent(abc.ABC):
@@ -64,6 +72,11 @@ class Agent(abc.ABC):
     async def attempt(self, task: Task, episode: Episode | None, policy_version: int) -> AgentResult:
         """Attempt ``task``. ``episode`` is open for action tasks (the agent must not close it) and
         None for submission tasks. Raises ``AgentError`` only when no attempt could be made."""
+
+    async def aclose(self) -> None:
+        """Release what the agent holds (an endpoint's connections); its owner calls it once no attempt is
+        running. Nothing for most agents."""
+        return None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"

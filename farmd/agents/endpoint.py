@@ -1,13 +1,31 @@
 """An agent whose policy is served by an OpenAI-compatible chat endpoint (vLLM, SGLang, ...).
 
-``OpenAIClient.chat`` POSTs ``{base}/chat/completions`` with ``model``, ``messages``,
-``max_tokens`` and ``temperature``, each request bounded by ``request_timeout_s``.
-Connection failures, timeouts, malformed responses, 429 and 5xx are retried up to
-``max_attempts`` requests in all, with exponential backoff and jitter (a
-``Retry-After`` in seconds is honoured, within ``max_backoff_s``); any other
-status is not retried. Whatever the cause, a request that never got a usable
-reply raises ``EndpointError``: the job fails as infrastructure, never as a
-reward of 0.
+What is requested: ``OpenAIClient`` POSTs ``{base}/chat/completions`` with ``model``,
+``messages``, ``max_tokens``, ``temperature`` and, where the endpoint sets them, ``top_p``,
+``seed``, ``stop`` and any ``extra`` fields (vLLM's ``top_k``, ``chat_template_kwargs``, ...);
+``logprobs: true`` and vLLM's ``return_token_ids: true`` unless turned off; ``tools`` (``run``
+and ``answer``) for action episodes of an endpoint with ``tools`` on; and ``n = k`` when ``k``
+attempts of one group ask the same first question at once (an endpoint with ``n`` > 1; see
+``farmd.agents.sampling``).
+
+What is read: each choice's ``message.content`` and ``message.tool_calls``, its
+``finish_reason``, its sampling logprobs (``logprobs.content[i].logprob``) and token ids
+(``token_ids``, or the ``token_id:N`` tokens of vLLM's ``return_tokens_as_token_ids``), the
+prompt's token ids (``prompt_token_ids``, top level or on the choice) and ``usage``. What the
+server did not return stays absent: no logprob or token id is ever made up.
+
+Retries: each request is bounded by ``request_timeout_s`` and its body by
+``max_response_bytes``. Connection failures, timeouts, malformed or oversized responses, 429 and
+5xx are retried up to ``max_attempts`` requests in all, with exponential backoff and jitter (a
+``Retry-After`` in seconds is honoured, within ``max_backoff_s``); other statuses are not. A 400
+to a request holding fields some servers lack (``logprobs``, ``return_token_ids``, ``n``) is
+asked once more without them (those the error names, else all) and, if that is answered, the
+client remembers not to send them again. Whatever the cause, a request that never got a usable
+reply raises ``EndpointError``: the job fails as infrastructure, never as a reward of 0.
+
+One ``OpenAIClient`` per endpoint holds one ``httpx.AsyncClient`` (its connections are reused),
+made at the first request and closed by ``aclose``; a ``ClientPool`` shares them between the
+agents of a worker, which closes the pool when it stops.
 """
 
 from __future__ import annotations
@@ -15,25 +33,62 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
-from dataclasses import dataclass, field
+import re
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import urlsplit
 
-from farmd.agents.chat import ChatAgent, ChatLimits, Completion, Message
+import httpx
+
+from farmd.agents.chat import TOOLS, ChatAgent, ChatLimits, Completion, Message
 from farmd.agents.errors import EndpointError
-from farmd.agents.httpclient import HttpError, HttpResponse, Url, post_json
+from farmd.agents.sampling import Coalescer
+from farmd.records import SamplingParams, ToolCall
 
 log = logging.getLogger("farmd.agents.endpoint")
 
 VERSION_FIELD = "{version}"
 """In a model name, replaced by the job's policy version (an inference server that serves one adapter
 per policy version, e.g. vLLM LoRA modules named ``farm-v{version}``)."""
+MAX_RESPONSE_BYTES = 32 * 1024 * 1024
+"""A reply of 16k tokens with their logprobs is a few MB; past this a body is refused (and retried)."""
+OPTIONAL_FIELDS = ("logprobs", "return_token_ids", "n")
+"""Request fields a server may refuse with a 400; dropped and remembered rather than failing every job."""
+RESERVED_FIELDS = frozenset({
+    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
+    "stream", "stream_options", "logprobs", "top_logprobs", "return_token_ids", "tools", "tool_choice",
+    "functions", "function_call"})
+"""Fields farm sets itself (or whose answer it could not read, like ``stream``): never in ``extra``."""
+MAX_STOP = 16
+MAX_N = 256
+_KEEPALIVE = 128
+"""Idle connections kept per endpoint: about a worker's slots, each with a request in flight at most."""
 _EXCERPT = 300
+_TOKEN_ID = re.compile(r"token_id:(\d+)")
+
+
+def base_url(url: str) -> str:
+    """``http(s)://host[:port][/path]`` without a trailing slash; ValueError for anything else."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"{url!r}: the scheme must be http or https")
+    if not parts.hostname:
+        raise ValueError(f"{url!r}: no host")
+    if parts.username or parts.password:
+        raise ValueError(f"{url!r}: credentials in the URL are not supported (use key_env)")
+    _ = parts.port  # raises ValueError if malformed
+    if parts.query or parts.fragment:
+        raise ValueError(f"{url!r}: a base URL has no query or fragment")
+    return url.rstrip("/")
 
 
 @dataclass(frozen=True, kw_only=True)
 class EndpointConfig:
-    """How to reach one model on one OpenAI-compatible server."""
+    """How to reach one model on one OpenAI-compatible server, and what to ask it for."""
 
     base_url: str
     """The API's base, e.g. ``http://127.0.0.1:8000/v1``; requests go to ``{base_url}/chat/completions``."""
@@ -41,6 +96,21 @@ class EndpointConfig:
     api_key: str | None = field(default=None, repr=False)
     """Sent as ``Authorization: Bearer``; never logged or put in the agent's name."""
     temperature: float = 1.0
+    top_p: float | None = None
+    """None: not sent (the server's default, 1)."""
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = True
+    """Ask for the sampled tokens' logprobs (``logprobs: true``)."""
+    token_ids: bool = True
+    """Ask for prompt and completion token ids (vLLM's ``return_token_ids: true``)."""
+    n: int = 1
+    """The most attempts of one group whose identical first requests are asked as one request for ``n``
+    choices (set it to the group size); 1: every attempt asks alone."""
+    tools: bool = False
+    """Offer action episodes the ``run`` and ``answer`` tools instead of the fenced-block text protocol."""
+    extra: dict[str, Any] = field(default_factory=dict, hash=False)  # a dict: left out so the config still hashes
+    """Fields merged into every request (vLLM's ``top_k``, ``chat_template_kwargs``, ...)."""
     request_timeout_s: float = 300.0
     """One request, connecting included; a long generation on a busy server is slow, so this is generous."""
     max_attempts: int = 4
@@ -48,9 +118,12 @@ class EndpointConfig:
     backoff_s: float = 1.0
     """Wait before the first retry; doubled for each next one, times a jitter factor in [0.5, 1]."""
     max_backoff_s: float = 30.0
+    max_response_bytes: int = MAX_RESPONSE_BYTES
+    coalesce_window_s: float = 0.02
+    """How long a group's first request waits for the group's other attempts (``n`` > 1)."""
 
     def __post_init__(self) -> None:
-        Url.parse(self.base_url)  # ValueError now rather than at the first request
+        base_url(self.base_url)  # ValueError now rather than at the first request
         if self.api_key is not None and (not self.api_key.isprintable() or any(c.isspace() for c in self.api_key)):
             raise ValueError("the API key holds spaces or control characters")  # it goes into a header line
         if not self.model:
@@ -58,6 +131,67 @@ class EndpointConfig:
         if self.max_attempts < 1 or self.request_timeout_s <= 0 or self.backoff_s < 0 or self.max_backoff_s < 0:
             raise ValueError(f"bad retry settings: attempts={self.max_attempts}, timeout={self.request_timeout_s}s, "
                              f"backoff={self.backoff_s}s, max backoff={self.max_backoff_s}s")
+        if self.max_response_bytes < 1 or not 0 <= self.coalesce_window_s <= 1:
+            raise ValueError(f"bad bounds: max_response_bytes={self.max_response_bytes}, "
+                             f"coalesce_window_s={self.coalesce_window_s}")
+        object.__setattr__(self, "stop", tuple(self.stop))
+        check_sampling(temperature=self.temperature, top_p=self.top_p, seed=self.seed, stop=self.stop, n=self.n,
+                       extra=self.extra)
+
+
+def check_sampling(*, temperature: float, top_p: float | None, seed: int | None, stop: tuple[str, ...], n: int,
+                   extra: dict[str, Any]) -> None:
+    """ValueError, saying which and why, for sampling settings no request should carry."""
+    if not _number(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a number of at least 0, got {temperature!r}")
+    if top_p is not None and (not _number(top_p) or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    if len(stop) > MAX_STOP or not all(isinstance(s, str) and s for s in stop):
+        raise ValueError(f"stop must be at most {MAX_STOP} non-empty strings, got {stop!r}")
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
+        raise ValueError(f"n must be an integer from 1 to {MAX_N}, got {n!r}")
+    if not isinstance(extra, dict) or not all(isinstance(k, str) for k in extra):
+        raise ValueError(f"extra must be a table of request fields, got {extra!r}")
+    reserved = sorted(set(extra) & RESERVED_FIELDS)
+    if reserved:
+        raise ValueError(f"extra may not set {', '.join(reserved)}: farm sets those itself")
+    try:
+        json.dumps(extra, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"extra must hold JSON values only: {exc}") from None
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One choice of a reply, as the server sent it (absent fields None)."""
+
+    index: int
+    text: str
+    tool_calls: list[ToolCall]
+    finish_reason: str | None
+    token_ids: list[int] | None
+    logprobs: list[float] | None
+    prompt_token_ids: list[int] | None
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """One reply: its choices in ``index`` order."""
+
+    choices: list[Choice]
+    usage: dict[str, int]
+    """For the whole request: with several choices, every choice's tokens together."""
+    prompt_token_ids: list[int] | None
+    attempts: int = 1
+    """Requests it took."""
+    n: int = 1
+    """Choices the answered request asked for."""
 
 
 class _Retry(Exception):
@@ -69,38 +203,106 @@ class _Retry(Exception):
         self.wait_s = wait_s
 
 
+class _Refused(Exception):
+    """An HTTP 400: the request itself is wrong (maybe a field this server does not know)."""
+
+    def __init__(self, why: str, body: str) -> None:
+        super().__init__(why)
+        self.body = body
+
+
 class OpenAIClient:
-    """Chat completions against one endpoint, with the retry rules above. Safe to share between tasks."""
+    """Chat completions against one endpoint, with the retry rules above. Safe to share between tasks.
+
+    Of its config it reads only what is the endpoint's (the URL, the key, timeouts and retries, ``n``
+    and the coalescing window), so every agent of one endpoint can share it; requests carry the rest.
+    """
 
     def __init__(self, config: EndpointConfig) -> None:
         self.config = config
-        self.url = Url.parse(config.base_url)
+        self.url = base_url(config.base_url)
+        self.unsupported: set[str] = set()
+        """Request fields this server refused (``OPTIONAL_FIELDS``): no longer sent."""
+        self._http: httpx.AsyncClient | None = None
+        self._closed = False
         self._jitter = random.Random()
+        self._coalescer: Coalescer[ChatReply] = Coalescer(window_s=config.coalesce_window_s, max_n=config.n)
 
-    async def chat(self, messages: list[Message], *, model: str | None = None, max_tokens: int,
-                   temperature: float | None = None) -> Completion:
+    async def aclose(self) -> None:
+        """Cancel coalesced requests in flight and close the connections; later requests raise EndpointError."""
+        self._closed = True
+        await self._coalescer.aclose()
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.aclose()
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._closed:
+            raise EndpointError(f"{self.url}: the client is closed (farmd is stopping)", attempts=0)
+        if self._http is None:
+            cfg = self.config
+            headers = {"User-Agent": "farmd", "Content-Type": "application/json", "Accept": "application/json"}
+            if cfg.api_key:
+                headers["Authorization"] = f"Bearer {cfg.api_key}"
+            # trust_env off: proxies and certificates come from the config, never from the environment.
+            self._http = httpx.AsyncClient(
+                headers=headers, timeout=httpx.Timeout(cfg.request_timeout_s), trust_env=False,
+                follow_redirects=False,
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=_KEEPALIVE, keepalive_expiry=30))
+        return self._http
+
+    async def sample(self, payload: dict[str, Any], group: Hashable | None = None) -> tuple[ChatReply, int]:
+        """A reply to ``payload`` and which of its choices is this caller's.
+
+        With ``group`` (an attempt's first request) on an endpoint with ``n`` > 1, concurrent identical
+        requests of one group are one request for several choices; should the server give fewer choices
+        than asked, a caller left without one asks alone.
+        """
+        if group is None or self.config.n <= 1 or "n" in self.unsupported:
+            return await self.chat(payload), 0
+        key = (group, json.dumps(payload, sort_keys=True))
+        reply, index = await self._coalescer.join(key, lambda n: self.chat({**payload, "n": n} if n > 1 else payload))
+        if index < len(reply.choices):
+            return reply, index
+        return await self.chat(payload), 0
+
+    async def chat(self, payload: dict[str, Any]) -> ChatReply:
+        """One reply to ``payload`` (retried as the module says); EndpointError when there is none."""
         cfg = self.config
-        payload = {"model": model or cfg.model, "messages": messages, "max_tokens": max_tokens,
-                   "temperature": cfg.temperature if temperature is None else temperature}
-        headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-        last: _Retry | None = None
-        for attempt in range(1, cfg.max_attempts + 1):
-            if last is not None:
-                await asyncio.sleep(self._backoff(attempt - 1, last.wait_s))
+        sent = {k: v for k, v in payload.items() if k not in self.unsupported}
+        dropped: list[str] = []
+        requests = failures = 0
+        while True:
+            requests += 1
             try:
-                text, usage, finish = await self._request(payload, headers)
+                reply = await self._request(sent)
+            except _Refused as exc:
+                droppable = [] if dropped else [f for f in OPTIONAL_FIELDS if f in sent]
+                if not droppable:
+                    raise EndpointError(f"{self.url} (model {sent['model']}): {exc}; not retried", status=400,
+                                        attempts=requests, transient=False) from None
+                dropped = [f for f in droppable if re.search(rf"\b{f}\b", exc.body)] or droppable
+                log.warning("endpoint %s refused a request (%s); asking again without %s", self.url, exc,
+                            ", ".join(dropped))
+                sent = {k: v for k, v in sent.items() if k not in dropped}
+                continue
             except EndpointError as exc:
-                exc.attempts = attempt
+                exc.attempts = requests
                 raise
             except _Retry as exc:
-                last = exc
-                log.warning("endpoint %s model %s: attempt %d/%d failed: %s", self.url, payload["model"], attempt,
+                failures += 1
+                log.warning("endpoint %s model %s: attempt %d/%d failed: %s", self.url, sent["model"], failures,
                             cfg.max_attempts, exc)
+                if failures >= cfg.max_attempts:
+                    raise EndpointError(f"{self.url} (model {sent['model']}): no reply after {failures} attempts; "
+                                        f"last: {exc}", status=exc.status, attempts=requests, transient=True) from None
+                await asyncio.sleep(self._backoff(failures, exc.wait_s))
                 continue
-            return Completion(text=text, usage=usage, finish_reason=finish, attempts=attempt)
-        assert last is not None
-        raise EndpointError(f"{self.url} (model {payload['model']}): no reply after {cfg.max_attempts} attempts; "
-                            f"last: {last}", status=last.status, attempts=cfg.max_attempts, transient=True)
+            if dropped and not set(dropped) <= self.unsupported:
+                self.unsupported.update(dropped)
+                log.warning("endpoint %s does not take %s: no longer asked for (its turns record no logprobs "
+                            "or token ids it did not return)", self.url, ", ".join(dropped))
+            return replace(reply, attempts=requests, n=int(sent.get("n", 1)))
 
     def _backoff(self, retry: int, hint_s: float | None) -> float:
         cfg = self.config
@@ -109,72 +311,246 @@ class OpenAIClient:
             wait = max(wait, min(hint_s, cfg.max_backoff_s))
         return wait
 
-    async def _request(self, payload: dict[str, Any], headers: dict[str, str]) -> tuple[str, dict[str, int], str | None]:
+    async def _request(self, payload: dict[str, Any]) -> ChatReply:
         timeout = self.config.request_timeout_s
+        # Not httpx's encoder: it refuses the lone surrogates a model's reply may hold, which json escapes.
+        body = json.dumps(payload).encode()
         try:
             async with asyncio.timeout(timeout):
-                response = await post_json(self.url, "chat/completions", payload, headers)
-        except TimeoutError:
+                response, data = await self._post(body)
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            if isinstance(exc, httpx.ConnectTimeout):
+                raise _Retry(f"cannot connect to {self.url}: no connection within {timeout:g}s") from None
             raise _Retry(f"no response within {timeout:g}s") from None
-        except HttpError as exc:
-            raise _Retry(str(exc)) from None
-        if response.status == 429 or response.status >= 500:
-            raise _Retry(_describe(response), response.status, _retry_after(response))
-        if response.status != 200:
-            raise EndpointError(f"{self.url} (model {payload['model']}): {_describe(response)}; not retried",
-                                status=response.status, attempts=1, transient=False)
+        except httpx.ConnectError as exc:
+            raise _Retry(f"cannot connect to {self.url}: {exc or type(exc).__name__}") from None
+        except httpx.HTTPError as exc:  # a reset, a malformed or cut response, an undecodable body
+            raise _Retry(f"{type(exc).__name__}: {exc}") from None
+        status = response.status_code
+        if status == 429 or status >= 500:
+            raise _Retry(_describe(response, data), status, _retry_after(response))
+        if status == 400:
+            raise _Refused(_describe(response, data), data[:4096].decode("utf-8", "replace"))
+        if status != 200:
+            raise EndpointError(f"{self.url} (model {payload['model']}): {_describe(response, data)}; not retried",
+                                status=status, attempts=1, transient=False)
         try:
-            # Up to MAX_BODY_BYTES of JSON from a server farm does not control: parsed off the event loop
+            # Up to max_response_bytes of JSON from a server farm does not control: read off the event loop
             # (a large or deeply nested reply would stall every box's timer and the API).
-            return _read_completion(await asyncio.to_thread(response.json))
+            return await asyncio.to_thread(read_reply, data)
         except (ValueError, TypeError, KeyError, IndexError, RecursionError) as exc:
             # A proxy or an overloaded server can answer 200 with junk; another request may do better.
-            raise _Retry(f"a malformed response ({type(exc).__name__}: {exc}): {_excerpt(response.body)}",
-                         response.status) from None
+            raise _Retry(f"a malformed response ({type(exc).__name__}: {exc}): {_excerpt(data)}", status) from None
+
+    async def _post(self, body: bytes) -> tuple[httpx.Response, bytes]:
+        bound = self.config.max_response_bytes
+        async with self._client().stream("POST", f"{self.url}/chat/completions", content=body) as response:
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > bound:
+                raise _Retry(f"a response body of {declared} bytes (the bound is {bound})", response.status_code)
+            data = bytearray()
+            async for chunk in response.aiter_bytes():  # decoded: a compressed body is bounded as it unpacks
+                data += chunk
+                if len(data) > bound:
+                    raise _Retry(f"a response body over the bound of {bound} bytes", response.status_code)
+            return response, bytes(data)
 
 
-def _read_completion(data: Any) -> tuple[str, dict[str, int], str | None]:
-    choice = data["choices"][0]
-    message = choice["message"]
+def read_reply(data: bytes) -> ChatReply:
+    """A chat completion's JSON as a ``ChatReply``; ValueError/TypeError/KeyError when it is not one.
+
+    Logprobs or token ids that are missing or malformed are left out (None), never repaired into values.
+    """
+    reply = json.loads(data)
+    raw_choices = reply["choices"]
+    if not isinstance(raw_choices, list) or not raw_choices:
+        raise ValueError("no choices")
+    choices = sorted((_read_choice(raw, position) for position, raw in enumerate(raw_choices)),
+                     key=lambda c: c.index)
+    raw_usage = reply.get("usage") or {}
+    usage = {k: v for k, v in raw_usage.items() if isinstance(v, int) and not isinstance(v, bool)} \
+        if isinstance(raw_usage, dict) else {}
+    return ChatReply(choices=choices, usage=usage, prompt_token_ids=_ids(reply.get("prompt_token_ids")))
+
+
+def _read_choice(raw: Any, position: int) -> Choice:
+    message = raw["message"]
     content = message.get("content")
     if content is None:
         content = ""  # a reply of only reasoning or tool calls has no text: the policy said nothing
     if not isinstance(content, str):
         raise TypeError(f"message content is {type(content).__name__}, not text")
-    raw_usage = data.get("usage") or {}
-    usage = {k: v for k, v in raw_usage.items() if isinstance(v, int) and not isinstance(v, bool)} \
-        if isinstance(raw_usage, dict) else {}
-    finish = choice.get("finish_reason")
-    return content, usage, finish if isinstance(finish, str) else None
+    index = raw.get("index", position)
+    finish = raw.get("finish_reason")
+    logprobs, tokens = _logprobs(raw.get("logprobs"))
+    token_ids = _ids(raw.get("token_ids"))
+    if token_ids is None and tokens:
+        # vLLM's return_tokens_as_token_ids: every sampled token is written "token_id:N".
+        matched = [_TOKEN_ID.fullmatch(t) for t in tokens]
+        token_ids = [int(m.group(1)) for m in matched if m] if all(matched) else None
+    if logprobs is not None and token_ids is not None and len(logprobs) != len(token_ids):
+        log.warning("a reply's %d logprobs do not match its %d token ids: its logprobs are not kept",
+                    len(logprobs), len(token_ids))
+        logprobs = None
+    return Choice(index=index if isinstance(index, int) and not isinstance(index, bool) else position,
+                  text=content, tool_calls=_tool_calls(message.get("tool_calls")),
+                  finish_reason=finish if isinstance(finish, str) else None, token_ids=token_ids,
+                  logprobs=logprobs, prompt_token_ids=_ids(raw.get("prompt_token_ids")))
 
 
-def _retry_after(response: HttpResponse) -> float | None:
+def _ids(value: Any) -> list[int] | None:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                              for v in value):
+        return None
+    return value
+
+
+def _logprobs(value: Any) -> tuple[list[float] | None, list[str] | None]:
+    """The sampled tokens' logprobs and their tokens (``logprobs.content``); None when not both well formed."""
+    content = value.get("content") if isinstance(value, dict) else None
+    if not isinstance(content, list):
+        return None, None
+    logprobs: list[float] = []
+    tokens: list[str] = []
+    for entry in content:
+        lp = entry.get("logprob") if isinstance(entry, dict) else None
+        if not isinstance(lp, int | float) or isinstance(lp, bool) or math.isnan(lp):
+            return None, None
+        logprobs.append(float(lp))
+        token = entry.get("token")
+        tokens.append(token if isinstance(token, str) else "")
+    return logprobs, tokens
+
+
+def _tool_calls(value: Any) -> list[ToolCall]:
+    if not value:
+        return []
+    if not isinstance(value, list):
+        raise TypeError(f"tool_calls is {type(value).__name__}, not a list")
+    calls = []
+    for raw in value:
+        function = raw.get("function") if isinstance(raw, dict) else None
+        if not isinstance(function, dict):
+            raise TypeError("a tool call without a function")
+        name, arguments, call_id = function.get("name"), function.get("arguments"), raw.get("id")
+        if arguments is not None and not isinstance(arguments, str):
+            arguments = json.dumps(arguments)  # some servers send the object itself: keep it as text
+        calls.append(ToolCall(id=call_id if isinstance(call_id, str) else "",
+                              name=name if isinstance(name, str) else "", arguments=arguments or ""))
+    return calls
+
+
+def _retry_after(response: httpx.Response) -> float | None:
     try:
         value = float(response.headers.get("retry-after", ""))
     except ValueError:
         return None  # an HTTP date: rare from inference servers, and the backoff covers it
-    return value if value >= 0 else None
+    return value if value >= 0 and math.isfinite(value) else None
 
 
 def _excerpt(body: bytes) -> str:
     return json.dumps(body[:_EXCERPT].decode("utf-8", "replace"))
 
 
-def _describe(response: HttpResponse) -> str:
-    return f"HTTP {response.status} {response.reason}: {_excerpt(response.body)}"
+def _describe(response: httpx.Response, body: bytes) -> str:
+    return f"HTTP {response.status_code} {response.reason_phrase}: {_excerpt(body)}"
+
+
+class ClientPool:
+    """One ``OpenAIClient`` per named endpoint, shared by every agent that names it: one set of connections,
+    one memory of what the server refuses, one coalescer. Whoever makes the pool closes it."""
+
+    def __init__(self) -> None:
+        self._clients: dict[str, OpenAIClient] = {}
+
+    def client(self, name: str, config: EndpointConfig) -> OpenAIClient:
+        found = self._clients.get(name)
+        if found is None:
+            found = self._clients[name] = OpenAIClient(config)
+        return found
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        await asyncio.gather(*(c.aclose() for c in clients))
 
 
 class OpenAIAgent(ChatAgent):
-    """A ``ChatAgent`` whose model is served by an OpenAI-compatible endpoint (``openai:MODEL@ENDPOINT``)."""
+    """A ``ChatAgent`` whose model is served by an OpenAI-compatible endpoint (``openai:MODEL@ENDPOINT``).
 
-    def __init__(self, config: EndpointConfig, *, limits: ChatLimits | None = None) -> None:
+    With ``client`` (a ``ClientPool``'s) the agent shares it and leaves closing it to the pool;
+    without, it makes its own, which ``aclose`` closes.
+    """
+
+    def __init__(self, config: EndpointConfig, *, limits: ChatLimits | None = None,
+                 client: OpenAIClient | None = None) -> None:
         super().__init__(limits=limits)
         self.config = config
-        self.client = OpenAIClient(config)
+        self._own_client = client is None
+        self.client = client or OpenAIClient(config)
+        self.tools = config.tools
         self.name = f"openai:{config.model}@{self.client.url}"
+
+    async def aclose(self) -> None:
+        if self._own_client:
+            await self.client.aclose()
 
     def model_for(self, policy_version: int) -> str:
         return self.config.model.replace(VERSION_FIELD, str(policy_version))
 
-    async def complete(self, messages: list[Message], *, max_tokens: int, policy_version: int) -> Completion:
-        return await self.client.chat(messages, model=self.model_for(policy_version), max_tokens=max_tokens)
+    def sampling(self, policy_version: int) -> SamplingParams:
+        cfg = self.config
+        return SamplingParams(model=self.model_for(policy_version), temperature=float(cfg.temperature),
+                              top_p=1.0 if cfg.top_p is None else float(cfg.top_p), max_tokens=self.limits.max_tokens,
+                              seed=cfg.seed, stop=list(cfg.stop), n=1, extra=dict(cfg.extra))
+
+    def payload(self, messages: list[Message], *, max_tokens: int, policy_version: int,
+                tools: bool = False) -> dict[str, Any]:
+        """The request body for ``messages`` (before the client drops what its server refused)."""
+        cfg = self.config
+        payload: dict[str, Any] = {**cfg.extra, "model": self.model_for(policy_version), "messages": messages,
+                                   "max_tokens": max_tokens, "temperature": cfg.temperature}
+        if cfg.top_p is not None:
+            payload["top_p"] = cfg.top_p
+        if cfg.seed is not None:
+            payload["seed"] = cfg.seed
+        if cfg.stop:
+            payload["stop"] = list(cfg.stop)
+        if cfg.logprobs:
+            payload["logprobs"] = True
+        if cfg.token_ids:
+            payload["return_token_ids"] = True
+        if tools:
+            payload["tools"] = TOOLS
+        return payload
+
+    async def complete(self, messages: list[Message], *, max_tokens: int, policy_version: int, tools: bool = False,
+                       group: Hashable | None = None) -> Completion:
+        started = time.monotonic()
+        payload = self.payload(messages, max_tokens=max_tokens, policy_version=policy_version, tools=tools)
+        reply, index = await self.client.sample(payload, group)
+        choice = reply.choices[index]
+        return Completion(
+            text=choice.text, usage=_usage(reply, choice), finish_reason=choice.finish_reason,
+            attempts=reply.attempts, token_ids=choice.token_ids,
+            prompt_token_ids=choice.prompt_token_ids if choice.prompt_token_ids is not None else reply.prompt_token_ids,
+            logprobs=choice.logprobs, latency=time.monotonic() - started, tool_calls=choice.tool_calls,
+            choice_index=index, n=reply.n)
+
+
+def _usage(reply: ChatReply, choice: Choice) -> dict[str, int]:
+    """One choice's token counts. The server counts the request: with several choices each is charged the
+    prompt once and its own completion tokens where its ids say so, else an even share."""
+    if len(reply.choices) == 1:
+        return dict(reply.usage)
+    usage = {}
+    prompt = reply.usage.get("prompt_tokens")
+    completion = len(choice.token_ids) if choice.token_ids is not None else None
+    if completion is None and "completion_tokens" in reply.usage:
+        completion = reply.usage["completion_tokens"] // len(reply.choices)
+    if prompt is not None:
+        usage["prompt_tokens"] = prompt
+    if completion is not None:
+        usage["completion_tokens"] = completion
+    if prompt is not None and completion is not None:
+        usage["total_tokens"] = prompt + completion
+    return usage

@@ -6,11 +6,13 @@
   1 / (1 + e^(difficulty - S)), else a random attempt. A population for the task bank before a real policy.
 - ``openai:MODEL@ENDPOINT``: a model behind an OpenAI-compatible chat API that farm.toml names
   ``[endpoints.ENDPOINT]`` (its ``url``, its key's environment variable ``key_env``, its request
-  timeout and retries, and the bounds below), e.g. ``openai:Qwen/Qwen2.5-7B-Instruct@vllm``.
+  timeout and retries, what requests ask for (``NamedEndpoint``: ``temperature``, ``top_p``, ``seed``,
+  ``stop``, ``logprobs``, ``token_ids``, ``n``, ``tools``, ``extra``) and the bounds below), e.g.
+  ``openai:Qwen/Qwen2.5-7B-Instruct@vllm``.
   ``{version}`` in MODEL becomes the job's policy version. A query string may choose sampling
   options within the endpoint's bounds: ``max_tokens`` (per reply, at most the endpoint's
-  ``max_tokens``), ``temperature`` (0 to 2), ``max_turns`` (replies in an action episode, at most
-  the endpoint's ``max_turns``).
+  ``max_tokens``), ``temperature`` (0 to 2; default the endpoint's), ``max_turns`` (replies in an
+  action episode, at most the endpoint's ``max_turns``).
 - ``torch:PATH-OR-NAME``: a local torch policy (arrives in a later issue).
 
 Whoever may queue a job may write a spec, so a spec can never name a URL or a key, nor set a
@@ -26,11 +28,12 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import parse_qsl
 
 from farmd.agents.base import Agent
 from farmd.agents.chat import ChatLimits
-from farmd.agents.endpoint import EndpointConfig, OpenAIAgent
+from farmd.agents.endpoint import ClientPool, EndpointConfig, OpenAIAgent, check_sampling
 from farmd.agents.errors import AgentSpecError
 from farmd.agents.scripted import RandomAgent, ReferenceAgent, SkilledAgent
 from farmd.text import clip
@@ -66,6 +69,24 @@ class NamedEndpoint:
     """The most tokens per reply a spec may ask for."""
     max_turns: int = 50
     """The most replies in an action episode a spec may ask for (the task's own limit still applies)."""
+    temperature: float = 1.0
+    """What requests ask for unless a spec says otherwise (0 to 2)."""
+    top_p: float | None = None
+    """None: not sent."""
+    seed: int | None = None
+    """Sent with every request: a server that honours it samples the same reply to the same request."""
+    stop: tuple[str, ...] = ()
+    logprobs: bool = True
+    """Ask for sampling logprobs (a server that refuses them is remembered and asked no more)."""
+    token_ids: bool = True
+    """Ask for token ids (vLLM's ``return_token_ids``; a server that refuses it likewise)."""
+    n: int = 1
+    """The most attempts of one group whose identical first requests become one request for ``n`` choices:
+    set it to the group size. 1: every attempt asks alone."""
+    tools: bool = False
+    """Offer action episodes ``run``/``answer`` tools instead of the fenced-block text protocol."""
+    extra: dict[str, Any] = field(default_factory=dict, hash=False)  # a dict: left out so the config still hashes
+    """Fields merged into every request (vLLM's ``top_k``, ``chat_template_kwargs``, ...); not those farm sets."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _ENDPOINT_NAME.fullmatch(self.name):
@@ -79,21 +100,38 @@ class NamedEndpoint:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("logprobs", "token_ids", "tools"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if isinstance(self.stop, str) or not isinstance(self.stop, list | tuple):
+            raise ValueError(f"stop must be a list of strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(self.stop))  # TOML gives a list; the config is frozen
+        if _number(self.temperature) and not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be between 0 and {MAX_TEMPERATURE:g}, got {self.temperature!r}")
+        check_sampling(temperature=self.temperature, top_p=self.top_p, seed=self.seed, stop=self.stop, n=self.n,
+                       extra=self.extra)
         self.config("model")  # the URL, the key and the retry settings, checked as a request will use them
 
-    def config(self, model: str, temperature: float = 1.0) -> EndpointConfig:
-        return EndpointConfig(base_url=self.url, model=model, api_key=self.api_key, temperature=temperature,
-                              request_timeout_s=float(self.request_timeout_s), max_attempts=self.max_attempts)
+    def config(self, model: str, temperature: float | None = None) -> EndpointConfig:
+        """A request's settings: this endpoint's, for ``model``, at ``temperature`` (default the endpoint's)."""
+        return EndpointConfig(
+            base_url=self.url, model=model, api_key=self.api_key,
+            temperature=self.temperature if temperature is None else temperature, top_p=self.top_p,
+            seed=self.seed, stop=self.stop, logprobs=self.logprobs, token_ids=self.token_ids, n=self.n,
+            tools=self.tools, extra=dict(self.extra), request_timeout_s=float(self.request_timeout_s),
+            max_attempts=self.max_attempts)
 
 
 def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def make_agent(spec: str, *, endpoints: Sequence[NamedEndpoint] = ()) -> Agent:
+def make_agent(spec: str, *, endpoints: Sequence[NamedEndpoint] = (), clients: ClientPool | None = None) -> Agent:
     """The agent ``spec`` names; AgentSpecError (saying what would be accepted) for anything else.
 
-    ``endpoints`` are the config's: the only servers an ``openai:`` spec may name.
+    ``endpoints`` are the config's: the only servers an ``openai:`` spec may name. ``clients``: where an
+    ``openai:`` agent takes its endpoint's client from (its owner closes them); without, the agent has its
+    own and must be closed (``Agent.aclose``) once it has been used.
     """
     if len(spec) > MAX_SPEC_CHARS:  # as given, blanks too: that is what a job stores with every trajectory
         raise AgentSpecError(f"{_shown(spec)}: an agent spec is at most {MAX_SPEC_CHARS} characters")
@@ -108,7 +146,7 @@ def make_agent(spec: str, *, endpoints: Sequence[NamedEndpoint] = ()) -> Agent:
     if spec.startswith("skilled:"):
         return _skilled(spec)
     if spec.startswith("openai:"):
-        return _openai(spec, {e.name: e for e in endpoints})
+        return _openai(spec, {e.name: e for e in endpoints}, clients)
     if spec.startswith("torch:"):
         raise AgentSpecError(f"{_shown(spec)}: torch policies arrive in a later issue")
     raise AgentSpecError(f"unknown agent {_shown(spec)}; known forms: {', '.join(FORMS)}")
@@ -146,7 +184,7 @@ def _configured(endpoints: Mapping[str, NamedEndpoint]) -> str:
     return f"configured: {', '.join(endpoints)}"
 
 
-def _openai(spec: str, endpoints: Mapping[str, NamedEndpoint]) -> Agent:
+def _openai(spec: str, endpoints: Mapping[str, NamedEndpoint], clients: ClientPool | None) -> Agent:
     body = spec.removeprefix("openai:")
     if "://" in body:
         raise AgentSpecError(f"{_shown(spec)}: a URL in an agent spec is not accepted; model endpoints are named in "
@@ -161,7 +199,7 @@ def _openai(spec: str, endpoints: Mapping[str, NamedEndpoint]) -> Agent:
     if endpoint is None:
         raise AgentSpecError(f"{_shown(spec)}: no endpoint named {name!r}; {_configured(endpoints)}")
     options = _options(spec, query, endpoint)
-    temperature = _float(spec, options, "temperature", 1.0)
+    temperature = _float(spec, options, "temperature", endpoint.temperature)
     if not 0.0 <= temperature <= MAX_TEMPERATURE:
         raise AgentSpecError(f"{_shown(spec)}: temperature must be between 0 and {MAX_TEMPERATURE:g}")
     max_tokens = _int(spec, options, "max_tokens", min(ChatLimits().max_tokens, endpoint.max_tokens))
@@ -173,8 +211,9 @@ def _openai(spec: str, endpoints: Mapping[str, NamedEndpoint]) -> Agent:
         raise AgentSpecError(f"{_shown(spec)}: max_turns is at most {endpoint.max_turns} on endpoint {name} "
                              "(its max_turns in farm.toml)")
     try:
-        agent = OpenAIAgent(endpoint.config(model, temperature),
-                            limits=ChatLimits(max_tokens=max_tokens, max_turns=max_turns))
+        config = endpoint.config(model, temperature)
+        agent = OpenAIAgent(config, limits=ChatLimits(max_tokens=max_tokens, max_turns=max_turns),
+                            client=clients.client(name, config) if clients is not None else None)
     except ValueError as exc:
         raise AgentSpecError(f"{_shown(spec)}: {exc}") from None
     agent.name = f"openai:{model}@{name}"  # the endpoint's name, never its URL

@@ -38,7 +38,7 @@ async def _run(episode: Episode, command: str, steps: list[Step]) -> bool:
     """Run ``command`` through the episode, record it; whether the episode is done."""
     started = time.monotonic()
     obs = await episode.act(command)
-    steps.append(Step(command, obs.output, obs.exit_code, time.monotonic() - started))
+    steps.append(Step(command, obs.output, obs.exit_code, time.monotonic() - started, obs.violations))
     return obs.done
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Hashable
 from typing import Protocol, runtime_checkable
 
 from farmd.agents.chat import ChatAgent, ChatLimits, Completion, Message
@@ -52,7 +53,10 @@ class TorchPolicyAgent(ChatAgent):
         # next call must still wait for it rather than enter generate() alongside it.
         self._busy = threading.Lock()
 
-    async def complete(self, messages: list[Message], *, max_tokens: int, policy_version: int) -> Completion:
+    async def complete(self, messages: list[Message], *, max_tokens: int, policy_version: int, tools: bool = False,
+                       group: Hashable | None = None) -> Completion:
+        # ``tools`` stays off for this agent (a bare generate has no tool calls); every request is its own.
+        started = time.monotonic()
         prompt = self._render(messages)
         try:
             texts = await asyncio.to_thread(self._generate, prompt, max_tokens)
@@ -61,7 +65,7 @@ class TorchPolicyAgent(ChatAgent):
         if not isinstance(texts, list) or len(texts) != 1 or not isinstance(texts[0], str):
             raise EndpointError(f"policy {self.name}: generate returned {type(texts).__name__} "
                                 f"{str(texts)[:100]!r}, not a list of one text", transient=False)
-        return Completion(text=texts[0])
+        return Completion(text=texts[0], latency=time.monotonic() - started)
 
     def _generate(self, prompt: str, max_tokens: int) -> list[str]:
         with self._busy:

@@ -28,7 +28,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     def __init__(self, token: str) -> None:
         self._expected = f"Bearer {token}".encode()
         self._deny = refusal(grpc.StatusCode.UNAUTHENTICATED,
-                             "this farm needs a token: pass --token or set FARM_TOKEN")
+                             "this farm needs a token: pass --token or set FARM_TOKEN", "UNAUTHENTICATED")
 
     async def intercept_service(
         self,

@@ -1,17 +1,32 @@
-"""The one place farm's errors become gRPC status codes, with a message a person can act on."""
+"""The one place a call ends in an error: farm's errors become gRPC status codes with details.
+
+Every error status farmd sends carries a ``google.rpc.Status`` in the ``grpc-status-details-bin``
+trailer (the same code and message, and a ``google.rpc.ErrorInfo`` with domain ``farm`` and a reason
+in UPPER_SNAKE), so a client in any language can branch on the reason instead of parsing the text:
+``grpc_status.rpc_status.from_call`` in Python, ``status.FromError`` in Go. Handlers raise farm
+errors under ``guarded``; what cannot raise (interceptors, refusals before a request is read) calls
+``abort`` or builds ``status_trailer`` once (``refuse.refusal``; ``refuse.UnknownMethods`` answers
+methods nobody serves). The statuses grpc makes itself (a deadline, a message over the receive
+limit, a call over its concurrency bound) carry none: no farmd code sees those calls.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
 
 import grpc
+from google.rpc.error_details_pb2 import ErrorInfo
+from google.rpc.status_pb2 import Status
 
 from farmd.agents.errors import AgentSpecError, EndpointError
 from farmd.envs.base import TaskError
 from farmd.errors import (
     BadRequest,
     ConfigError,
+    FailedPrecondition,
     FarmError,
     IsolationUnavailable,
     NotFound,
@@ -20,37 +35,109 @@ from farmd.errors import (
 )
 from farmd.text import clip, valid_text
 
+log = logging.getLogger("farmd.api")
+
 T = TypeVar("T")
 
-MAX_DETAIL_CHARS = 500
-"""A status's details travel in a header, which clients refuse past 16 KiB (and a message may quote
-what the caller sent, a name of any length): a reason, not a copy of the request."""
+DOMAIN = "farm"
+"""``ErrorInfo.domain`` of every error farmd sends."""
 
-_CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
-    (BadRequest, grpc.StatusCode.INVALID_ARGUMENT),
-    (NotFound, grpc.StatusCode.NOT_FOUND),
-    (PolicyError, grpc.StatusCode.INVALID_ARGUMENT),
-    (AgentSpecError, grpc.StatusCode.INVALID_ARGUMENT),
-    (TaskError, grpc.StatusCode.INVALID_ARGUMENT),
-    (EndpointError, grpc.StatusCode.UNAVAILABLE),
-    (ConfigError, grpc.StatusCode.FAILED_PRECONDITION),
-    (IsolationUnavailable, grpc.StatusCode.FAILED_PRECONDITION),
-    (SandboxError, grpc.StatusCode.UNAVAILABLE),
-    (FarmError, grpc.StatusCode.INTERNAL),
+DETAILS_KEY = "grpc-status-details-bin"
+
+MAX_DETAIL_CHARS = 500
+"""A status's message travels in a header twice (as itself and inside the details), which clients
+refuse past 16 KiB, and a message may quote what the caller sent, a name of any length: a reason,
+not a copy of the request."""
+
+
+class Refused(FarmError):
+    """A call turned away with a code no kind of farm error stands for (RESOURCE_EXHAUSTED, DATA_LOSS):
+    the handler that raises it decides the code."""
+
+    def __init__(self, code: grpc.StatusCode, detail: str, reason: str) -> None:
+        super().__init__(detail, reason=reason)
+        self.code = code
+
+
+# The first kind an error is an instance of decides; the reason is the error's own when it names one.
+_CODES: list[tuple[type[BaseException], grpc.StatusCode, str]] = [
+    (BadRequest, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
+    (NotFound, grpc.StatusCode.NOT_FOUND, "NOT_FOUND"),
+    (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION, "FAILED_PRECONDITION"),
+    (PolicyError, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SANDBOX_POLICY"),
+    (AgentSpecError, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_AGENT"),
+    (TaskError, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_TASK"),
+    (EndpointError, grpc.StatusCode.UNAVAILABLE, "ENDPOINT_UNAVAILABLE"),
+    (ConfigError, grpc.StatusCode.FAILED_PRECONDITION, "MISCONFIGURED"),
+    (IsolationUnavailable, grpc.StatusCode.FAILED_PRECONDITION, "NO_ISOLATION"),
+    (SandboxError, grpc.StatusCode.UNAVAILABLE, "SANDBOX_UNAVAILABLE"),
+    (FarmError, grpc.StatusCode.INTERNAL, "INTERNAL"),
 ]
 
 
-def status_for(exc: BaseException) -> grpc.StatusCode:
-    for kind, code in _CODES:
+def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The status code and ``ErrorInfo`` reason ``exc`` is sent with."""
+    if isinstance(exc, Refused):
+        return exc.code, exc.reason or exc.code.name
+    for kind, code, reason in _CODES:
         if isinstance(exc, kind):
-            return code
-    return grpc.StatusCode.INTERNAL
+            own = exc.reason if isinstance(exc, FarmError) else None
+            return code, own or reason
+    return grpc.StatusCode.INTERNAL, "INTERNAL"
+
+
+def clean_detail(text: str) -> str:
+    """``text`` as a status message: valid UTF-8 (grpc refuses to send anything else), and short."""
+    return clip(valid_text(text)[0], MAX_DETAIL_CHARS)[0]
+
+
+def status_trailer(code: grpc.StatusCode, detail: str, reason: str) -> tuple[tuple[str, bytes], ...]:
+    """The trailing metadata that carries ``google.rpc.Status`` for an error. ``detail`` must be the
+    status message sent with it, as it is: clients check that the two agree."""
+    info = ErrorInfo(reason=reason, domain=DOMAIN)
+    status = Status(code=code.value[0], message=detail)
+    status.details.add().Pack(info)
+    return ((DETAILS_KEY, status.SerializeToString()),)
+
+
+async def abort(context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, detail: str, reason: str
+                ) -> NoReturn:
+    """End the call with ``code``, ``detail`` and an ``ErrorInfo`` of ``reason``."""
+    detail = clean_detail(detail)
+    await context.abort(code, detail, trailing_metadata=status_trailer(code, detail, reason))
+    raise AssertionError("context.abort returned")  # it raises; this keeps NoReturn honest
+
+
+async def abort_for(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> NoReturn:
+    """End the call with the status ``exc`` maps to. An error farm did not raise on purpose is a bug:
+    logged whole here, sent as INTERNAL without its text (it may hold anything)."""
+    if isinstance(exc, FarmError):
+        code, reason = status_for(exc)
+        await abort(context, code, str(exc), reason)
+    log.error("a call failed with an unexpected error", exc_info=exc, extra={"event": "api_bug"})
+    await abort(context, grpc.StatusCode.INTERNAL, f"farmd failed unexpectedly ({type(exc).__name__}); "
+                "its log has the details", "INTERNAL")
 
 
 async def guarded(context: grpc.aio.ServicerContext[Any, Any], call: Callable[[], Awaitable[T]]) -> T:
-    """Run ``call``; a farm error aborts the RPC with its mapped code instead of a traceback."""
+    """Run ``call``; an error ends the RPC with its mapped status instead of a traceback."""
     try:
         return await call()
-    except FarmError as exc:
-        await context.abort(status_for(exc), clip(valid_text(str(exc))[0], MAX_DETAIL_CHARS)[0])
-        raise  # abort raises; this keeps type checkers honest
+    except grpc.aio.AbortError:
+        raise  # the call already ended with a status of its own
+    except Exception as exc:
+        await abort_for(context, exc)
+
+
+async def guarded_stream(context: grpc.aio.ServicerContext[Any, Any], replies: AsyncGenerator[T, None]
+                         ) -> AsyncIterator[T]:
+    """``replies``, for a server-streaming method; an error ends the RPC as ``guarded`` would. A call
+    cancelled mid-stream closes ``replies`` then and there, not whenever it is collected."""
+    async with contextlib.aclosing(replies):
+        try:
+            async for reply in replies:
+                yield reply
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await abort_for(context, exc)

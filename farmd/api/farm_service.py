@@ -5,19 +5,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import grpc
 from farm.v1 import farm_pb2, farm_pb2_grpc
 
 from farmd.agents import NamedEndpoint, make_agent
-from farmd.api.errors import guarded
+from farmd.api.errors import Refused, guarded, guarded_stream
 from farmd.api.limits import POLICY_CHUNK_BYTES
+from farmd.api.paging import make_token, page_size, read_token
 from farmd.api.trajectories import batch_messages, fitting, trajectory_pb
 from farmd.envs import Attempt, VerifyContext, get, verify_safely
-from farmd.errors import BadRequest, FarmError, NotFound
+from farmd.errors import BadRequest, FailedPrecondition, NotFound
 from farmd.node import NodeInfo
 from farmd.scheduler import Scheduler
 from farmd.store import Store, StoreError
@@ -32,7 +32,7 @@ MAX_POLICY_URI_CHARS = 4096
 _HEX = frozenset("0123456789abcdef")
 
 
-class FarmService(farm_pb2_grpc.FarmServicer):
+class FarmService(farm_pb2_grpc.FarmServiceServicer):
     def __init__(self, node: NodeInfo, store: Store, scheduler: Scheduler, verify_ctx: VerifyContext | None,
                  *, max_policy_bytes: int = MAX_POLICY_BYTES, endpoints: tuple[NamedEndpoint, ...] = ()) -> None:
         self._endpoints = endpoints
@@ -43,131 +43,179 @@ class FarmService(farm_pb2_grpc.FarmServicer):
         self._scheduler = scheduler
         self._verify_ctx = verify_ctx
 
-    async def Status(
-        self, request: farm_pb2.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> farm_pb2.StatusReply:
-        async def call() -> farm_pb2.StatusReply:
+    async def GetStatus(self, request: farm_pb2.GetStatusRequest, context: grpc.aio.ServicerContext[Any, Any]
+                        ) -> farm_pb2.GetStatusResponse:
+        async def call() -> farm_pb2.GetStatusResponse:
             node = self._node
             farm = await self._scheduler.status()
-            return farm_pb2.StatusReply(
-                version=node.version, node=node.name, uptime_s=node.uptime_s(), isolation_ok=node.isolation_ok,
+            reply = farm_pb2.GetStatusResponse(
+                version=node.version, node=node.name, isolation_ok=node.isolation_ok,
                 isolation=[farm_pb2.IsolationCheck(name=c.name, ok=c.ok, detail=c.detail, fix=c.fix)
                            for c in node.isolation],
                 workers=node.workers, max_boxes=node.max_boxes, policy_version=self._scheduler.policy_version,
-                farm_json=json.dumps(farm))
+                queue=farm_pb2.QueueCounts(**farm["queue"]), throughput_per_s=farm["throughput_per_s"],
+                pass_rates=[farm_pb2.PassRate(**row) for row in farm["pass_rates"]],
+                bank=[farm_pb2.BankStatus(env=name, **_bank_fields(entry))
+                      for name, entry in [*farm["bank"]["envs"].items(), ("", farm["bank"]["totals"])]],
+                consumers=[_consumer_pb(c) for c in farm["consumers"]], streams=farm["streams"],
+                last_seq=farm["last_seq"], counters=farm["counters"])
+            reply.uptime.FromNanoseconds(round(node.uptime_s() * 1e9))
+            return reply
         return await guarded(context, call)
 
-    async def Run(self, request: farm_pb2.RunRequest, context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.RunReply:
-        async def call() -> farm_pb2.RunReply:
+    async def CreateRun(self, request: farm_pb2.CreateRunRequest, context: grpc.aio.ServicerContext[Any, Any]
+                        ) -> farm_pb2.CreateRunResponse:
+        async def call() -> farm_pb2.CreateRunResponse:
             if not 1 <= request.rollouts <= MAX_ROLLOUTS:
                 raise BadRequest(f"rollouts must be 1..{MAX_ROLLOUTS}, got {request.rollouts}")
             if request.group_size > MAX_GROUP:
                 raise BadRequest(f"group_size must be at most {MAX_GROUP}, got {request.group_size}")
             get(request.env)  # an unknown environment is the caller's error, before anything is queued
             make_agent(request.agent, endpoints=self._endpoints)  # a URL or an unknown endpoint: refused here
-            ids, jobs = await self._scheduler.submit(request.env, request.agent, request.rollouts,
-                                                     request.group_size or None)
-            return farm_pb2.RunReply(group_ids=ids, jobs=jobs)
+            run_id = await self._scheduler.create_run(request.env, request.agent, request.rollouts,
+                                                      request.group_size or None)
+            return farm_pb2.CreateRunResponse(run=await self._run(run_id))
         return await guarded(context, call)
 
-    async def Progress(self, request: farm_pb2.ProgressRequest, context: grpc.aio.ServicerContext[Any, Any]
-                       ) -> farm_pb2.ProgressReply:
-        async def call() -> farm_pb2.ProgressReply:
-            jobs, done, failed, passed = await self._store.group_progress(list(request.group_ids))
-            return farm_pb2.ProgressReply(jobs=jobs, done=done, failed=failed, passed=passed)
+    async def _run(self, run_id: int) -> farm_pb2.Run:
+        run = await self._store.run(run_id)
+        if run is None:
+            raise NotFound(f"no run {run_id}")
+        return run_pb(run)
+
+    async def GetRun(self, request: farm_pb2.GetRunRequest, context: grpc.aio.ServicerContext[Any, Any]
+                     ) -> farm_pb2.GetRunResponse:
+        async def call() -> farm_pb2.GetRunResponse:
+            return farm_pb2.GetRunResponse(run=await self._run(request.run_id))
+        return await guarded(context, call)
+
+    async def ListRuns(self, request: farm_pb2.ListRunsRequest, context: grpc.aio.ServicerContext[Any, Any]
+                       ) -> farm_pb2.ListRunsResponse:
+        async def call() -> farm_pb2.ListRunsResponse:
+            size = page_size(request.page_size)
+            before = read_token("runs", request.page_token)
+            runs = await self._store.runs(before_id=before or 0, limit=size + 1) if before != 0 else []
+            more = len(runs) > size
+            runs = runs[:size]
+            return farm_pb2.ListRunsResponse(runs=[run_pb(r) for r in runs],
+                                             next_page_token=make_token("runs", runs[-1]["id"]) if more else "",
+                                             capped=request.page_size > size and more)
+        return await guarded(context, call)
+
+    async def CancelRun(self, request: farm_pb2.CancelRunRequest, context: grpc.aio.ServicerContext[Any, Any]
+                        ) -> farm_pb2.CancelRunResponse:
+        async def call() -> farm_pb2.CancelRunResponse:
+            if not await self._store.cancel_run(request.run_id):
+                raise NotFound(f"no run {request.run_id}")
+            return farm_pb2.CancelRunResponse(run=await self._run(request.run_id))
         return await guarded(context, call)
 
     async def ListTrajectories(self, request: farm_pb2.ListTrajectoriesRequest,
-                               context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.ListTrajectoriesReply:
-        async def call() -> farm_pb2.ListTrajectoriesReply:
-            rows = await self._store.trajectories(after_seq=request.after_seq, limit=min(request.limit or 50, 1000),
-                                                  env=request.env or None, newest_first=request.newest_first,
-                                                  body=request.include_steps)
-            return farm_pb2.ListTrajectoriesReply(trajectories=fitting(rows, steps=request.include_steps))
+                               context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.ListTrajectoriesResponse:
+        async def call() -> farm_pb2.ListTrajectoriesResponse:
+            size = page_size(request.page_size)
+            # A token names a place in one order: the other order's is refused, not read as a different place.
+            kind = "trajectories-newest" if request.newest_first else "trajectories"
+            position = read_token(kind, request.page_token)
+            before, after = (position, 0) if request.newest_first else (None, position or 0)
+            rows = await self._store.trajectories(limit=size + 1, env=request.env or None, run_id=request.run_id,
+                                                  newest_first=request.newest_first, body=request.full,
+                                                  before_seq=before, after_seq=after)
+            sent = fitting(rows[:size])
+            more = len(rows) > len(sent)
+            return farm_pb2.ListTrajectoriesResponse(
+                trajectories=sent, next_page_token=make_token(kind, sent[-1].seq) if more else "",
+                capped=len(sent) < min(size, len(rows)) or (request.page_size > size and more))
         return await guarded(context, call)
 
     async def GetTrajectory(self, request: farm_pb2.GetTrajectoryRequest,
-                            context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.Trajectory:
-        async def call() -> farm_pb2.Trajectory:
+                            context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.GetTrajectoryResponse:
+        async def call() -> farm_pb2.GetTrajectoryResponse:
             traj = await self._store.trajectory(request.id)
             if traj is None:
                 raise NotFound(f"no trajectory {request.id}")
-            return trajectory_pb(traj)
+            return farm_pb2.GetTrajectoryResponse(trajectory=trajectory_pb(traj))
         return await guarded(context, call)
 
-    async def StreamTrajectories(self, request: farm_pb2.StreamRequest,
-                                 context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[farm_pb2.Batch]:
+    async def StreamTrajectories(self, request: farm_pb2.StreamTrajectoriesRequest,
+                                 context: grpc.aio.ServicerContext[Any, Any]
+                                 ) -> AsyncIterator[farm_pb2.StreamTrajectoriesResponse]:
+        async for message in guarded_stream(context, self._stream(request)):
+            yield message
+
+    async def _stream(self, request: farm_pb2.StreamTrajectoriesRequest
+                      ) -> AsyncGenerator[farm_pb2.StreamTrajectoriesResponse, None]:
         consumer = _consumer(request.consumer)
         if consumer is None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"a stream needs a consumer name (1-{MAX_CONSUMER_CHARS} characters)")
-        assert consumer is not None
+            raise BadRequest(f"a stream needs a consumer name (1-{MAX_CONSUMER_CHARS} characters)")
         async for batch in self._scheduler.delivery.batches(
                 consumer, whole_groups=request.whole_groups, batch_size=min(request.batch_size or 64, MAX_BATCH),
-                max_staleness=request.max_staleness, body=request.include_steps):
-            for message in batch_messages(batch.trajectories, batch.up_to, request.include_steps):
+                max_staleness=request.max_staleness, body=not request.summary_only):
+            for message in batch_messages(batch.trajectories, batch.up_to):
                 yield message
 
-    async def Ack(self, request: farm_pb2.AckRequest, context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.AckReply:
-        async def call() -> farm_pb2.AckReply:
+    async def Ack(self, request: farm_pb2.AckRequest, context: grpc.aio.ServicerContext[Any, Any]
+                  ) -> farm_pb2.AckResponse:
+        async def call() -> farm_pb2.AckResponse:
             consumer = _consumer(request.consumer)
             if consumer is None:
                 raise BadRequest(f"an ack needs a consumer name (1-{MAX_CONSUMER_CHARS} characters)")
             cursor = await self._scheduler.delivery.ack(consumer, request.up_to, whole_groups=request.whole_groups)
-            return farm_pb2.AckReply(cursor=cursor)
+            return farm_pb2.AckResponse(cursor=cursor)
         return await guarded(context, call)
 
-    async def PublishPolicy(self, request_iterator: AsyncIterator[farm_pb2.PolicyChunk],
-                            context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.PolicyReply:
+    async def PublishPolicy(self, request_iterator: AsyncIterator[farm_pb2.PublishPolicyRequest],
+                            context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.PublishPolicyResponse:
         """Content goes to a file as it arrives, hashed on the way: farmd holds a chunk, never a policy.
-        Whatever ends the call before the policy is stored (a wrong hash, a cancel) removes the file."""
-        declared = uri = ""
-        upload = None
-
-        async def refuse(code: grpc.StatusCode, detail: str) -> None:
-            if upload is not None:
-                await upload.discard()  # before the caller hears of it: by then nothing is left
-            await context.abort(code, detail)
-
-        try:
-            async for chunk in request_iterator:
-                declared = declared or chunk.sha256
-                uri = uri or chunk.uri
-                if not chunk.data:
-                    continue
-                upload = upload or await self._store.policy_upload()
-                if upload.size + len(chunk.data) > self._max_policy_bytes:
-                    await refuse(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                 f"a policy is at most {self._max_policy_bytes} bytes (max_policy_bytes)")
-                await upload.write(chunk.data)
-            if declared and not _is_sha256(declared):
-                await refuse(grpc.StatusCode.INVALID_ARGUMENT, "sha256 is 64 lowercase hex digits")
-            if len(uri) > MAX_POLICY_URI_CHARS:
-                await refuse(grpc.StatusCode.INVALID_ARGUMENT,
-                             f"a policy uri is at most {MAX_POLICY_URI_CHARS} characters")
-            if upload is None and not uri:
-                await refuse(grpc.StatusCode.INVALID_ARGUMENT, "a policy needs content or a uri")
-            actual = upload.sha256 if upload is not None else hashlib.sha256(uri.encode()).hexdigest()
-            if declared and declared != actual:
-                await refuse(grpc.StatusCode.DATA_LOSS, f"content hashes to {actual}, not the declared {declared}")
-            policy = await self._store.add_policy(actual, upload, uri or None)
-        finally:
-            if upload is not None:
-                await upload.discard()
-        self._scheduler.set_policy_version(policy.version)
-        return farm_pb2.PolicyReply(version=policy.version, sha256=policy.sha256, size=policy.size)
+        Whatever ends the call before the policy is stored (a wrong hash, a cancel) removes the file
+        before the caller hears of it: by then nothing is left."""
+        async def call() -> farm_pb2.PublishPolicyResponse:
+            declared = uri = ""
+            upload = None
+            try:
+                async for chunk in request_iterator:
+                    declared = declared or chunk.sha256
+                    uri = uri or chunk.uri
+                    if not chunk.data:
+                        continue
+                    upload = upload or await self._store.policy_upload()
+                    if upload.size + len(chunk.data) > self._max_policy_bytes:
+                        raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"a policy is at most "
+                                      f"{self._max_policy_bytes} bytes (max_policy_bytes)", "POLICY_TOO_LARGE")
+                    await upload.write(chunk.data)
+                if declared and not _is_sha256(declared):
+                    raise BadRequest("sha256 is 64 lowercase hex digits")
+                if len(uri) > MAX_POLICY_URI_CHARS:
+                    raise BadRequest(f"a policy uri is at most {MAX_POLICY_URI_CHARS} characters")
+                if upload is None and not uri:
+                    raise BadRequest("a policy needs content or a uri")
+                actual = upload.sha256 if upload is not None else hashlib.sha256(uri.encode()).hexdigest()
+                if declared and declared != actual:
+                    raise BadRequest(f"content hashes to {actual}, not the declared {declared}",
+                                     reason="POLICY_HASH_MISMATCH")
+                policy = await self._store.add_policy(actual, upload, uri or None)
+            finally:
+                if upload is not None:
+                    await upload.discard()
+            self._scheduler.set_policy_version(policy.version)
+            return farm_pb2.PublishPolicyResponse(version=policy.version, sha256=policy.sha256, size=policy.size)
+        return await guarded(context, call)
 
     async def GetPolicy(self, request: farm_pb2.GetPolicyRequest,
-                        context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[farm_pb2.PolicyChunk]:
+                        context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[farm_pb2.GetPolicyResponse]:
         """The policy in chunks read one at a time from where it is kept: farmd never holds it whole."""
+        async for message in guarded_stream(context, self._policy_chunks(request)):
+            yield message
+
+    async def _policy_chunks(self, request: farm_pb2.GetPolicyRequest
+                             ) -> AsyncGenerator[farm_pb2.GetPolicyResponse, None]:
         if request.sha256 and not _is_sha256(request.sha256):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "sha256 is 64 lowercase hex digits")
+            raise BadRequest("sha256 is 64 lowercase hex digits")
         policy = await (self._store.policy_by_hash(request.sha256) if request.sha256 else self._store.latest_policy())
         if policy is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, "no such policy")
-        assert policy is not None
-        header: farm_pb2.PolicyChunk | None = farm_pb2.PolicyChunk(sha256=policy.sha256, uri=policy.uri or "",
-                                                                  version=policy.version)
+            raise NotFound("no such policy" if request.sha256 else "no policy has been published")
+        header: farm_pb2.GetPolicyResponse | None = farm_pb2.GetPolicyResponse(
+            sha256=policy.sha256, uri=policy.uri or "", version=policy.version)
         try:
             async with contextlib.aclosing(self._store.policy_content(policy.sha256, POLICY_CHUNK_BYTES)) as content:
                 async for data in content:
@@ -176,17 +224,18 @@ class FarmService(farm_pb2_grpc.FarmServicer):
                         yield header
                         header = None
                     else:
-                        yield farm_pb2.PolicyChunk(data=data)
+                        yield farm_pb2.GetPolicyResponse(data=data)
         except StoreError as exc:
-            await context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
+            raise Refused(grpc.StatusCode.DATA_LOSS, str(exc), "POLICY_CONTENT_LOST") from exc
         if header is not None:  # a uri only: no content to carry it
             yield header
 
     async def Rescore(self, request: farm_pb2.RescoreRequest,
-                      context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.RescoreReply:
-        async def call() -> farm_pb2.RescoreReply:
+                      context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.RescoreResponse:
+        async def call() -> farm_pb2.RescoreResponse:
             if self._verify_ctx is None:
-                raise FarmError("this node runs no boxes (--workers 0), so it cannot verify: rescore on a worker node")
+                raise FailedPrecondition("this node runs no boxes (--workers 0), so it cannot verify: "
+                                         "rescore on a worker node", reason="NO_WORKERS")
             env = get(request.env)
             done = await self._store.scored_versions(env.name)
             scored = already = errors = 0
@@ -203,7 +252,7 @@ class FarmService(farm_pb2_grpc.FarmServicer):
                         already += 1
                         continue
                     task = await asyncio.to_thread(env.generate, t.seed, t.difficulty)  # rg puzzles take time
-                    attempt = Attempt(final=t.final, actions=[s["action"] for s in t.steps] if task.kind == "actions"
+                    attempt = Attempt(final=t.final, actions=[s.action for s in t.steps] if task.kind == "actions"
                                       else [])
                     verdict = await verify_safely(env, task, attempt, self._verify_ctx)
                     if verdict.status == "error":
@@ -213,9 +262,36 @@ class FarmService(farm_pb2_grpc.FarmServicer):
                                  verdict.reasons, verdict.flags))
                     scored += 1
             await self._store.add_scores(rows)
-            return farm_pb2.RescoreReply(scored=scored, already=already, errors=errors,
+            return farm_pb2.RescoreResponse(scored=scored, already=already, errors=errors,
                                          verifier_version=env.verifier_version)
         return await guarded(context, call)
+
+
+def run_pb(run: dict[str, Any]) -> farm_pb2.Run:
+    message = farm_pb2.Run(
+        id=run["id"], env=run["env"], agent=run["agent"], rollouts=run["rollouts"], group_size=run["group_size"],
+        group_ids=run["group_ids"], state=farm_pb2.RunState.Value(f"RUN_STATE_{run['state'].upper()}"),
+        jobs=run["jobs"], done=run["done"], failed=run["failed"], cancelled=run["cancelled"], passed=run["passed"])
+    message.created_at.FromNanoseconds(round(run["created_at"] * 1e9))
+    if run["finished_at"]:
+        message.finished_at.FromNanoseconds(round(run["finished_at"] * 1e9))
+    return message
+
+
+_BANK_FIELDS = frozenset(farm_pb2.BankStatus.DESCRIPTOR.fields_by_name) - {"env"}
+
+
+def _bank_fields(entry: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in entry.items() if k in _BANK_FIELDS and v is not None}
+
+
+def _consumer_pb(c: dict[str, Any]) -> farm_pb2.ConsumerStatus:
+    message = farm_pb2.ConsumerStatus(
+        name=c["name"], whole_groups=c["whole_groups"], cursor=c["cursor"], lag=max(0, c["lag"]), streams=c["streams"],
+        state=farm_pb2.ConsumerState.Value(f"CONSUMER_STATE_{c['state'].upper()}"))
+    if c.get("acked_at"):
+        message.acked_at.FromNanoseconds(round(c["acked_at"] * 1e9))
+    return message
 
 
 def _consumer(name: str) -> str | None:

@@ -35,6 +35,7 @@ from typing import Any
 import grpc
 
 from farmd.api.auth import is_open
+from farmd.api.errors import abort
 from farmd.api.refuse import refusal
 
 POLICY_CHUNK_BYTES = 1 << 20
@@ -47,8 +48,7 @@ MAX_MESSAGE_BYTES = POLICY_CHUNK_BYTES + DEFAULT_MESSAGE_BYTES
 """The most grpc reads of one request message: a policy chunk with its header."""
 
 _MESSAGE_LIMITS = {
-    "/farm.v1.Farm/PublishPolicy": MAX_MESSAGE_BYTES,
-    "/farm.v1.Farm/Progress": MAX_MESSAGE_BYTES,  # group ids: over 200,000 of them (clients split more)
+    "/farm.v1.FarmService/PublishPolicy": MAX_MESSAGE_BYTES,
 }
 
 MAX_OPEN_CALLS = 16
@@ -84,7 +84,7 @@ class _Room:
     def __init__(self, limit: int, full: str) -> None:
         self.limit = limit
         self.open = 0
-        self.full = refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, full)
+        self.full = refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, full, "TOO_MANY_CALLS")
 
     def enter(self) -> bool:
         if self.open >= self.limit:
@@ -140,8 +140,9 @@ def _bounded(handler: grpc.RpcMethodHandler[Any, Any], method: str, limit: int) 
         return decode(raw) if decode is not None else raw
 
     async def refuse(context: grpc.aio.ServicerContext[Any, Any], message: _TooLarge) -> None:
-        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                            f"{method} takes messages of at most {limit} bytes; this one has {message.size}")
+        await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{method} takes messages of at most {limit} bytes; this one has {message.size}",
+                    "MESSAGE_TOO_LARGE")
 
     encode = handler.response_serializer
     if handler.unary_unary is not None:

@@ -14,6 +14,8 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from farmd.api.errors import abort
+
 
 class _Malformed:
     def __init__(self, detail: str) -> None:
@@ -33,7 +35,7 @@ def _tolerant(decode: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] |
 
 
 async def _refuse(context: grpc.aio.ServicerContext[Any, Any], bad: _Malformed) -> None:
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {bad.detail}")
+    await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {bad.detail}", "MALFORMED_REQUEST")
 
 
 def _checked_unary(behavior: Callable[..., Any]) -> Callable[..., Any]:

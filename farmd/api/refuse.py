@@ -13,11 +13,29 @@ from typing import Any
 
 import grpc
 
+from farmd.api.errors import clean_detail, status_trailer
 
-def refusal(code: grpc.StatusCode, detail: str) -> grpc.RpcMethodHandler[Any, Any]:
-    """A handler that ends any call with ``code`` and ``detail`` and reads nothing of it."""
+
+def refusal(code: grpc.StatusCode, detail: str, reason: str) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler that ends any call with ``code``, ``detail`` and an ``ErrorInfo`` of ``reason``,
+    and reads nothing of it."""
+    detail = clean_detail(detail)
+    trailer = status_trailer(code, detail, reason)  # built once: a flood of refusals costs no encoding
 
     async def refuse(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await context.abort(code, detail)
+        await context.abort(code, detail, trailing_metadata=trailer)
 
     return grpc.stream_unary_rpc_method_handler(refuse)
+
+
+class UnknownMethods(grpc.GenericRpcHandler):  # type: ignore[type-arg]
+    """Answers every method no service took, after all of them: UNIMPLEMENTED with details, where
+    grpc's own answer has none. Register it last."""
+
+    def __init__(self) -> None:
+        self._refusal = refusal(grpc.StatusCode.UNIMPLEMENTED,
+                                "farmd serves no such method (server reflection lists those it does)",
+                                "UNIMPLEMENTED")
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any]:
+        return self._refusal

@@ -8,10 +8,10 @@ fits one reply and page on. A stream is never failed by what an attempt stored.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
-from farm.v1 import farm_pb2
+from farm.v1 import farm_pb2, trajectory_pb2
+from farm_client.convert import to_message
 
 from farmd.records import Trajectory
 
@@ -20,50 +20,41 @@ MESSAGE_BUDGET_BYTES = 8 << 20
 that one message never holds a stream (or a trainer's memory) for long."""
 
 
-def trajectory_pb(t: Trajectory, steps: bool = True) -> farm_pb2.Trajectory:
-    return _sized(t, steps)[0]
+def trajectory_pb(t: Trajectory) -> trajectory_pb2.Trajectory:
+    return _sized(t)[0]
 
 
-def _sized(t: Trajectory, steps: bool) -> tuple[farm_pb2.Trajectory, int]:
+def _sized(t: Trajectory) -> tuple[trajectory_pb2.Trajectory, int]:
     """The message and its size (computing a size serializes the message: done once)."""
-    message = _pb(t, steps)
+    message = to_message(t, trajectory_pb2.Trajectory())
     size = message.ByteSize()
     if size > MESSAGE_BUDGET_BYTES:  # a record from before bounds were kept: cut it on the way out
-        message = _pb(t.sealed(), steps)
+        message = to_message(t.sealed(), trajectory_pb2.Trajectory())
         size = message.ByteSize()
     return message, size
 
 
-def _pb(t: Trajectory, steps: bool) -> farm_pb2.Trajectory:
-    return farm_pb2.Trajectory(
-        id=t.id, seq=t.seq, group_id=t.group_id, env=t.env, env_version=t.env_version, seed=t.seed,
-        difficulty=t.difficulty, agent=t.agent, policy_version=t.policy_version, reward=t.reward, passed=t.passed,
-        status=t.status, reasons=t.reasons, flags=t.flags, verifier_version=t.verifier_version, node=t.node,
-        finished_at=t.finished_at, steps_json=json.dumps(t.steps, ensure_ascii=False) if steps else "",
-        final=t.final if steps else "")
-
-
-def batch_messages(trajectories: list[Trajectory], up_to: int, steps: bool) -> Iterator[farm_pb2.Batch]:
+def batch_messages(trajectories: list[Trajectory], up_to: int) -> Iterator[farm_pb2.StreamTrajectoriesResponse]:
     """One batch as stream messages: as many trajectories per message as fit the budget (at least one);
     every message but the last says ``more``, and only the last carries ``up_to``."""
-    chunk: list[farm_pb2.Trajectory] = []
+    chunk: list[trajectory_pb2.Trajectory] = []
     size = 0
     for t in trajectories:
-        message, n = _sized(t, steps)
+        message, n = _sized(t)
         if chunk and size + n > MESSAGE_BUDGET_BYTES:
-            yield farm_pb2.Batch(trajectories=chunk, more=True)
+            yield farm_pb2.StreamTrajectoriesResponse(trajectories=chunk, more=True)
             chunk, size = [], 0
         chunk.append(message)
         size += n
-    yield farm_pb2.Batch(trajectories=chunk, up_to=up_to)
+    yield farm_pb2.StreamTrajectoriesResponse(trajectories=chunk, up_to=up_to)
 
 
-def fitting(trajectories: list[Trajectory], steps: bool) -> list[farm_pb2.Trajectory]:
+def fitting(trajectories: list[Trajectory]) -> list[trajectory_pb2.Trajectory]:
     """The leading trajectories that fit one reply (at least one); the caller pages on from the last."""
-    out: list[farm_pb2.Trajectory] = []
+    out: list[trajectory_pb2.Trajectory] = []
     size = 0
     for t in trajectories:
-        message, n = _sized(t, steps)
+        message, n = _sized(t)
         size += n
         if out and size > MESSAGE_BUDGET_BYTES:
             break

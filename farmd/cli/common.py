@@ -1,12 +1,14 @@
-"""What every command shares: the context object, JSON output, running coroutines, exit codes."""
+"""What every command shares: the context object, JSON output and errors, addresses, running coroutines,
+exit codes."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
@@ -14,7 +16,7 @@ import click
 from rich.console import Console
 
 from farmd.cli.shown import plain
-from farmd.config import Config
+from farmd.config import DEFAULT_LISTEN, Config
 from farmd.errors import ConfigError, FarmError, IsolationUnavailable, PolicyError, SandboxError
 
 T = TypeVar("T")
@@ -25,6 +27,9 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_NO_ISOLATION = 3
 EXIT_INFRA = 4
+
+DEFAULT_PORT = int(DEFAULT_LISTEN.rpartition(":")[2])
+"""What ``--addr HOST`` means: farm's port, not the 443 grpc would assume."""
 
 
 @dataclass
@@ -45,10 +50,64 @@ def emit_json(value: Any) -> None:
     sys.stdout.flush()
 
 
-def fail(message: str, code: int) -> NoReturn:
-    """Print ``message`` (escaped: it may quote a server's details or a client's names) and exit."""
-    click.echo(f"error: {plain(message, inline=False)}", err=True)
+def json_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--json``: what the command prints, as JSON; and if it fails, ``{"error": {"code", "message"}}``."""
+    return click.option("--json", "as_json", is_flag=True,
+                        help='Print JSON; on failure {"error": {"code": ..., "message": ...}}.')(f)
+
+
+def wants_json() -> bool:
+    """Whether the command running was given ``--json`` (so its errors are JSON too)."""
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None:
+        if "as_json" in ctx.params:
+            return bool(ctx.params["as_json"])
+        ctx = ctx.parent
+    # The command's options are not parsed (one of them is the error): read the command line as given,
+    # up to ``--``, after which the words are a boxed program's.
+    args = sys.argv[1:]
+    return "--json" in (args[:args.index("--")] if "--" in args else args)
+
+
+def error_kind(exc: BaseException) -> str:
+    """A farm error's class, as a script reads it next to gRPC's codes: ConfigError -> CONFIG_ERROR."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", type(exc).__name__).upper()
+
+
+def fail(message: str, code: int, *, kind: str = "FAILED") -> NoReturn:
+    """Report a failure and exit with ``code``: with ``--json``, ``{"error": {"code": kind, "message"}}`` on
+    stdout; else ``message`` on stderr, escaped (it may quote a server's details or a client's names)."""
+    if wants_json():
+        emit_json({"error": {"code": kind, "message": message}})
+    else:
+        click.echo(f"error: {plain(message, inline=False)}", err=True)
     sys.exit(code)
+
+
+def grpc_target(addr: str) -> str:
+    """``addr`` as grpc should dial it: a host without a port gets farm's (``DEFAULT_PORT``).
+
+    ``host:port``, ``[v6]:port`` and grpc's own target forms (``dns:///...``, ``unix:...``) pass
+    unchanged; a bare IPv6 address is bracketed.
+    """
+    if "://" in addr or addr.startswith(("unix:", "unix-abstract:", "vsock:", "dns:", "ipv4:", "ipv6:")):
+        return addr
+    if addr.startswith("["):
+        host, bracket, rest = addr.partition("]")
+        if not bracket:
+            raise ConfigError(f"{addr!r}: an IPv6 address is written [ADDR] or [ADDR]:PORT")
+        if not rest:
+            return f"{addr}:{DEFAULT_PORT}"
+        if not (rest.startswith(":") and rest[1:].isdigit()):
+            raise ConfigError(f"{addr!r}: expected [ADDR]:PORT")
+        return addr
+    if addr.count(":") > 1:  # an IPv6 address without brackets cannot carry a port
+        return f"[{addr}]:{DEFAULT_PORT}"
+    host, colon, port = addr.partition(":")
+    if colon and not port.isdigit():
+        raise ConfigError(f"{addr!r}: the port must be a number (give HOST or HOST:PORT)")
+    # No host is how a listen address says every interface (farm.toml's listen = ":7431"): this one.
+    return f"{host or '127.0.0.1'}:{port or DEFAULT_PORT}"
 
 
 async def _cancel_on_sigterm(coro: Coroutine[Any, Any, T]) -> T:
@@ -70,12 +129,14 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return uvloop.run(_cancel_on_sigterm(coro))
     except (asyncio.CancelledError, KeyboardInterrupt):
-        fail("stopped by a signal; everything it started has been cleaned up", 128 + signal.SIGTERM)
+        fail("stopped by a signal; everything it started has been cleaned up", 128 + signal.SIGTERM,
+             kind="INTERRUPTED")
     except IsolationUnavailable as exc:
-        fail(str(exc), EXIT_NO_ISOLATION)
+        fail(str(exc), EXIT_NO_ISOLATION, kind=error_kind(exc))
     except (PolicyError, ConfigError) as exc:
-        fail(str(exc), EXIT_USAGE)
+        fail(str(exc), EXIT_USAGE, kind=error_kind(exc))
     except SandboxError as exc:
-        fail(f"the sandbox failed (an infrastructure failure, not the program's): {exc}", EXIT_INFRA)
+        fail(f"the sandbox failed (an infrastructure failure, not the program's): {exc}", EXIT_INFRA,
+             kind=error_kind(exc))
     except FarmError as exc:
-        fail(str(exc), EXIT_FAILED)
+        fail(str(exc), EXIT_FAILED, kind=error_kind(exc))

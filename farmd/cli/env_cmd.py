@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from farmd.cli.common import EXIT_INFRA, CliState, console, emit_json, fail, run_async
+from farmd.cli.common import EXIT_INFRA, CliState, console, emit_json, fail, json_option, run_async
 from farmd.cli.shown import plain, text
 from farmd.envs import Attempt, VerifyContext, get, verify_safely
 from farmd.envs.base import Environment, TaskError
@@ -38,8 +38,12 @@ def task_group() -> None:
 
 @task_group.command("show")
 @_task_args
-def task_show(env_name: str, seed: int, difficulty: int) -> None:
-    """Print the public task as JSON: env, seed, difficulty, prompt, entry_point or answer_format, examples."""
+@json_option
+def task_show(env_name: str, seed: int, difficulty: int, as_json: bool) -> None:
+    """Print the public task as JSON: env, seed, difficulty, prompt, entry_point or answer_format, examples.
+
+    It is JSON with or without --json; with it, so are errors.
+    """
     env = _env(env_name)
     try:
         task = env.generate(seed, difficulty)
@@ -68,13 +72,15 @@ def _read_attempt(path: Path, kind: str) -> Attempt:
 @click.option("--reference", is_flag=True, help="Verify the environment's reference attempt instead.")
 @click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Farm data directory holding the verifier key (default: the config's, ./farm-data).")
+@json_option
 @click.pass_obj
 def verify(state: CliState, env_name: str, seed: int, difficulty: int, submission: Path | None, reference: bool,
-           data_dir: Path | None) -> None:
+           data_dir: Path | None, as_json: bool) -> None:
     """Verify an attempt at a task and print the verdict as JSON. Needs no daemon.
 
     Exits 0 with a verdict whose status is ok (passed or not), 4 when the verifier
-    could not judge (status error: not a score).
+    could not judge (status error: not a score). The verdict is JSON with or without
+    --json; with it, so are errors.
     """
     if reference == (submission is not None):
         raise click.UsageError("give exactly one of --submission FILE and --reference")
@@ -101,7 +107,7 @@ async def _verify(state: CliState, env: Environment, task: Any, attempt: Attempt
 @click.option("--n", "n", type=click.IntRange(min=1), default=10, show_default=True, help="Seeds per difficulty.")
 @click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Farm data directory holding the verifier key.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 @click.pass_obj
 def audit(state: CliState, env_name: str, n: int, data_dir: Path | None, as_json: bool) -> None:
     """Recall on reference attempts and precision against the built-in exploit library, with counts."""
@@ -111,9 +117,11 @@ def audit(state: CliState, env_name: str, n: int, data_dir: Path | None, as_json
     key = VerifierKey.load_or_create(data_dir or state.config.data_dir)
     report = run_async(run_audit(env, n, key, state.config.sandbox, progress=not as_json))
     if as_json:
-        emit_json(report)
-    else:
-        _print_audit(report)
+        emit_json(report)  # one document: its "errors" and the exit code say what failed
+        if report["errors"]:
+            sys.exit(EXIT_INFRA)
+        return
+    _print_audit(report)
     if report["errors"]:
         fail(f"{report['errors']} verifications ended in a verifier error", EXIT_INFRA)
 

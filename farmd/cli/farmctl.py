@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
 from farmd import __version__
-from farmd.cli.common import EXIT_USAGE, CliState, fail
+from farmd.cli.catalog_cmd import agents, envs
+from farmd.cli.common import (
+    DEFAULT_PORT,
+    EXIT_FAILED,
+    EXIT_USAGE,
+    CliState,
+    emit_json,
+    error_kind,
+    fail,
+    grpc_target,
+    wants_json,
+)
 from farmd.cli.env_cmd import audit, task_group, verify
-from farmd.cli.remote_cmd import export, rescore, run, status, trajectories_group
+from farmd.cli.export_cmd import export
+from farmd.cli.remote_cmd import rescore, run, runs_group, status, trajectories_group
 from farmd.cli.sandbox_cmd import doctor, sandbox_group
 from farmd.config import DEFAULT_LISTEN, load
 from farmd.errors import ConfigError
@@ -17,7 +33,8 @@ from farmd.errors import ConfigError
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="farmctl")
-@click.option("--addr", default=None, metavar="HOST:PORT", help=f"farmd to talk to (default {DEFAULT_LISTEN}).")
+@click.option("--addr", default=None, metavar="HOST[:PORT]",
+              help=f"farmd to talk to (default {DEFAULT_LISTEN}; a HOST alone: port {DEFAULT_PORT}).")
 @click.option("--token", default=None, envvar="FARM_TOKEN", help="Shared secret (or FARM_TOKEN).")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="farm.toml: [farm], [sandbox], [scheduler] and [endpoints.NAME] settings.")
@@ -26,22 +43,49 @@ def cli(ctx: click.Context, addr: str | None, token: str | None, config_path: Pa
     """farm: an RL environment farm. Local commands run here; the rest talk to farmd over gRPC."""
     try:
         config = load(config_path, token=token)
+        target = grpc_target(addr or config.listen)
     except ConfigError as exc:
-        fail(str(exc), EXIT_USAGE)
-    ctx.obj = CliState(config=config, addr=addr or config.listen, token=config.token)
+        fail(str(exc), EXIT_USAGE, kind=error_kind(exc))
+    ctx.obj = CliState(config=config, addr=target, token=config.token)
 
 
 cli.add_command(sandbox_group)
 cli.add_command(doctor)
 cli.add_command(status)
 cli.add_command(run)
+cli.add_command(runs_group)
 cli.add_command(trajectories_group)
 cli.add_command(export)
 cli.add_command(rescore)
 cli.add_command(task_group)
 cli.add_command(verify)
 cli.add_command(audit)
+cli.add_command(envs)
+cli.add_command(agents)
 
 
 def main() -> None:
-    cli()
+    """Run farmctl; with ``--json``, a bad command line is reported as JSON too."""
+    try:
+        code = cli.main(prog_name="farmctl", standalone_mode=False)
+    except click.UsageError as exc:
+        _refuse(exc, "USAGE_ERROR")
+    except click.ClickException as exc:
+        _refuse(exc, "FAILED")
+    except click.Abort:
+        fail("interrupted", EXIT_FAILED, kind="INTERRUPTED")
+    except OSError as exc:
+        if exc.errno != errno.EPIPE:
+            raise
+        # The reader went away (``farmctl ... | head``): nothing left to say, and nowhere to say it.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(EXIT_FAILED)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _refuse(exc: click.ClickException, kind: str) -> NoReturn:
+    if wants_json():
+        emit_json({"error": {"code": kind, "message": exc.format_message()}})
+    else:
+        exc.show()
+    sys.exit(exc.exit_code)

@@ -85,11 +85,11 @@ def run(data_dir: Path, scale: float, n_waves: int, console: Console) -> int:
             before = info["queue"]["done"] + info["queue"]["failed"]
             waves = workload(scale, n_waves)
             total = sum(n for wave in waves for _, _, n in wave)
-            groups: list[int] = []
+            runs: list[int] = []
 
             def submit(wave: list[tuple[str, str, int]]) -> None:
                 for env, agent, n in wave:
-                    groups.extend(client.run(env, agent, n, group_size=_GROUP)["group_ids"])
+                    runs.append(client.run(env, agent, n, group_size=_GROUP)["id"])
 
             submit(waves.pop(0))
             console.print(f"queueing {total} rollouts in groups of {_GROUP}, in {n_waves} waves: the reference and "
@@ -102,7 +102,7 @@ def run(data_dir: Path, scale: float, n_waves: int, console: Console) -> int:
             history: list[tuple[float, int]] = []
             with Live(console=console, refresh_per_second=4, transient=False) as live:
                 while True:
-                    p = client.progress(groups)
+                    p = client.progress(runs)
                     info = client.status()
                     now = time.monotonic()
                     ended = p["done"] + p["failed"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from farmd.cli.common import console, emit_json, run_async
+from farmd.cli.common import console, emit_json, json_option, run_async
 from farmd.cli.shown import text
 from farmd.errors import FarmError
 from farmd.sandbox import NAMED_POLICIES, Sandbox, SandboxPolicy, check_host
@@ -41,17 +41,18 @@ def sandbox_group() -> None:
               help="Copy this directory's files into the working directory first.")
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path),
               help="Copy the working directory's regular files here afterwards (links skipped).")
+@json_option
 @click.argument("cmd", nargs=-1, required=True)
 @click.pass_context
 def sandbox_run(ctx: click.Context, policy_name: str, wall_time: float | None, cpu_time: float | None,
                 cpus: float | None, memory_mb: int | None, pids: int | None, disk_mb: int | None,
                 tmp_mb: int | None, open_files: int | None, output_kb: int | None, env: tuple[str, ...],
-                files: Path | None, out: Path | None, cmd: tuple[str, ...]) -> None:
+                files: Path | None, out: Path | None, as_json: bool, cmd: tuple[str, ...]) -> None:
     """Run CMD in a fresh box and print its result as one JSON object.
 
     Exits 0 whenever the box ran, whatever the program did; 2 for bad input;
     3 when this host cannot isolate a box (see `farmctl doctor`); 4 when the
-    sandbox itself failed.
+    sandbox itself failed. The result is JSON with or without --json; with it, so are errors.
     """
     env_pairs: dict[str, str] = {}
     for item in env:

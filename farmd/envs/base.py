@@ -67,6 +67,8 @@ class Observation:
     output: str
     exit_code: int | None
     done: bool = False
+    violations: list[str] = field(default_factory=list)
+    """Bounds the command's box hit (wall, memory, output, ...): the step's box outcome, for the record."""
 
 
 class Episode(abc.ABC):

@@ -1080,7 +1080,8 @@ class ShellEpisode(Episode):
             self.violations.append(f"step {self.steps}: {bound}")
         self.timed_out = self.timed_out or result.timed_out or WALL_TIME in result.violations
         return Observation(self._render(result.stdout, result.stderr, result.violations, result.exit_code,
-                                        result.signal, skipped), result.exit_code, done=done)
+                                        result.signal, skipped), result.exit_code, done=done,
+                           violations=list(result.violations))
 
     def _adopt(self, keep: Path) -> list[tuple[str, str]]:
         keep.mkdir(exist_ok=True)

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from dataclasses import fields
 
 from farmd.agents import Agent
 from farmd.agents.base import AgentResult
 from farmd.agents.errors import AgentError, EndpointError
-from farmd.envs import Environment, Episode, VerifyContext, judge_episode_safely, verify_safely
+from farmd.envs import Environment, Episode, Task, VerifyContext, judge_episode_safely, verify_safely
 from farmd.errors import FarmError
 from farmd.flags import INVALID_TEXT, TRUNCATED
-from farmd.records import Job, Trajectory
+from farmd.records import Job, PosedTask, SamplingParams, Step, Timings, Trajectory, Usage
 
 
 class InfraFailure(Exception):
@@ -33,6 +33,7 @@ class InfraFailure(Exception):
 
 
 async def run_rollout(job: Job, env: Environment, agent: Agent, ctx: VerifyContext, node: str) -> Trajectory:
+    started_wall = time.time()
     started = time.monotonic()
     try:
         # reasoning-gym can take a second to make a puzzle: off the event loop.
@@ -67,21 +68,32 @@ async def run_rollout(job: Job, env: Environment, agent: Agent, ctx: VerifyConte
     if result.usage.get("clipped_replies"):
         verdict.flag(TRUNCATED)
     ended = time.monotonic()
+    usage = result.usage
     return Trajectory(
         id=job.id, group_id=job.group_id, env=job.env, env_version=task.env_version, seed=job.seed,
         difficulty=job.difficulty, agent=job.agent, policy_version=job.policy_version, reward=verdict.reward,
         passed=verdict.passed, status=verdict.status, reasons=verdict.reasons, flags=verdict.flags,
         verifier_version=verdict.verifier_version, steps=_steps(result, submission=episode is None),
-        final=result.attempt.final, node=node, finished_at=time.time(),
-        timings={"task_s": made - started, "agent_s": acted - made, "verify_s": ended - acted,
-                 "total_s": ended - started},
-        details={"verdict": verdict.details, "usage": result.usage, **({"agent_error": result.error}
-                                                                       if result.error else {})},
+        final=result.attempt.final, node=node, verdict_details=verdict.details, task=posed(task),
+        messages=result.transcript, turns=result.turns, sampling=result.sampling or SamplingParams(),
+        usage=Usage(**{k: int(usage[k]) for k in USAGE_FIELDS if isinstance(usage.get(k), int)}),
+        agent_error=result.error or "", started_at=started_wall, finished_at=time.time(),
+        timings=Timings(task=made - started, agent=acted - made, verify=ended - acted, total=ended - started),
     ).sealed()
 
 
-def _steps(result: AgentResult, *, submission: bool) -> list[dict[str, Any]]:
+USAGE_FIELDS = tuple(f.name for f in fields(Usage))
+
+
+def posed(task: Task) -> PosedTask:
+    """The task as the agent was given it: its public face only (a ``Task`` holds nothing hidden)."""
+    return PosedTask(kind=task.kind, prompt=task.prompt, entry_point=task.entry_point or "",
+                     answer_format=task.answer_format or "", examples=list(task.examples),
+                     metadata=dict(task.metadata))
+
+
+def _steps(result: AgentResult, *, submission: bool) -> list[Step]:
     # A submission task's one step is the submission itself, which the record keeps as ``final``:
     # the step says when and how long, never the text again (an attempt is stored once).
-    return [{"action": None if submission else s.action, "observation": s.observation, "exit_code": s.exit_code,
-             "seconds": s.seconds} for s in result.steps]
+    return [Step(action="" if submission else s.action, observation=s.observation or "", exit_code=s.exit_code,
+                 duration=s.seconds, violations=list(s.violations)) for s in result.steps]

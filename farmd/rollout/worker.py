@@ -16,7 +16,8 @@ import socket
 from collections import OrderedDict
 from typing import Protocol
 
-from farmd.agents import Agent, NamedEndpoint, make_agent
+from farmd.agents import Agent, ClientPool, NamedEndpoint, make_agent
+from farmd.agents.errors import EndpointError
 from farmd.envs import VerifyContext, get
 from farmd.metrics import Metrics
 from farmd.records import Job, JobState, Trajectory
@@ -56,6 +57,8 @@ class Worker:
         self.owner = f"{self.node}:{os.getpid()}:{id(self):x}"
         self._lease_s = lease_s
         self._agents: OrderedDict[str, Agent] = OrderedDict()
+        self._clients = ClientPool()
+        """The endpoints' connections, shared by the agents (so dropping an agent closes nothing); closed on stop."""
         """Agents by spec, the most recently used last; at most ``_AGENTS_KEPT`` (specs come from callers)."""
         self._running: dict[int, asyncio.Task[None]] = {}
         self._done: list[Trajectory] = []
@@ -94,6 +97,7 @@ class Worker:
         heartbeat.cancel()
         await asyncio.gather(heartbeat, return_exceptions=True)
         await self._flush()
+        await self._clients.aclose()
         given_back = await self.leases.release(self.owner)
         if given_back:
             log.info("gave back %d unfinished leases", given_back)
@@ -101,7 +105,7 @@ class Worker:
     def _agent(self, spec: str) -> Agent:
         agent = self._agents.get(spec)
         if agent is None:
-            agent = self._agents[spec] = make_agent(spec, endpoints=self.endpoints)
+            agent = self._agents[spec] = make_agent(spec, endpoints=self.endpoints, clients=self._clients)
             if len(self._agents) > _AGENTS_KEPT:
                 self._agents.popitem(last=False)
         self._agents.move_to_end(spec)
@@ -139,12 +143,12 @@ class Worker:
             self.counters["ran"] += 1
             log.debug("job %d: reward %g", job.id, trajectory.reward,
                       extra={"job": job.id, "env": job.env, "event": "rollout", "reward": trajectory.reward,
-                             "status": trajectory.status, "seconds": trajectory.timings.get("total_s")})
+                             "status": trajectory.status, "seconds": trajectory.timings.total})
             if self.metrics is not None:
                 m = self.metrics
                 m.rollouts.labels(job.env, "passed" if trajectory.passed else "failed").inc()
-                m.verdict_seconds.labels(job.env).observe(trajectory.timings.get("verify_s", 0.0))
-                m.rollout_seconds.labels(job.env).observe(trajectory.timings.get("total_s", 0.0))
+                m.verdict_seconds.labels(job.env).observe(trajectory.timings.verify)
+                m.rollout_seconds.labels(job.env).observe(trajectory.timings.total)
             if len(self._done) >= _FLUSH_MAX:
                 self._flush_now.set()  # only the flush loop writes: a rollout's cancellation never cuts one
         except asyncio.CancelledError:
@@ -153,6 +157,8 @@ class Worker:
             self.counters["infra_failures"] += 1
             if self.metrics is not None:
                 self.metrics.rollouts.labels(job.env, "infra_failure").inc()
+                if isinstance(exc, EndpointError) or isinstance(exc.__cause__, EndpointError):
+                    self.metrics.endpoint_failed(job.agent)
             log.warning("job %d: %s", job.id, exc, extra={"job": job.id, "env": job.env, "event": "infra_failure"})
             with contextlib.suppress(Exception):
                 await self.leases.fail(self.owner, job.id, f"{type(exc).__name__}: {exc}")

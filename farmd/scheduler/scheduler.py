@@ -97,6 +97,16 @@ class Scheduler:
     async def submit(self, env: str, agent: str, rollouts: int, group_size: int | None = None,
                      source: str = "request") -> tuple[list[int], int]:
         """Queue ``rollouts`` attempts at tasks the bank picks, in groups. Returns (group ids, jobs)."""
+        _, ids, jobs = await self._queue(env, agent, rollouts, group_size, source, as_run=False)
+        return ids, jobs
+
+    async def create_run(self, env: str, agent: str, rollouts: int, group_size: int | None = None) -> int:
+        """``submit``, kept as a run (``Store.run`` says how far it has come). Returns the run's id."""
+        run_id, _, _ = await self._queue(env, agent, rollouts, group_size, "request", as_run=True)
+        return run_id
+
+    async def _queue(self, env: str, agent: str, rollouts: int, group_size: int | None, source: str, *,
+                     as_run: bool) -> tuple[int, list[int], int]:
         size = max(1, group_size or self.config.group_size)
         groups = max(1, math.ceil(rollouts / size))
         async with self._submit_lock:  # the bank hands out fresh seeds: one caller at a time
@@ -105,11 +115,14 @@ class Scheduler:
                 keys.append(keys[len(keys) % max(1, len(keys))] if keys else TaskKey(env, 0, self.bank.level(env)))
             sizes = [size] * groups
             sizes[-1] = rollouts - size * (groups - 1) if rollouts >= size else rollouts
-            ids = await self.store.enqueue([(k.env, k.seed, k.difficulty, agent, n) for k, n in zip(keys, sizes,
-                                                                                                    strict=True)],
-                                           source=source)
+            planned = [(k.env, k.seed, k.difficulty, agent, n) for k, n in zip(keys, sizes, strict=True)]
+            run_id = 0
+            if as_run:
+                run_id, ids = await self.store.enqueue_run(env, agent, rollouts, size, planned)
+            else:
+                ids = await self.store.enqueue(planned, source=source)
         self.counters["enqueued"] += sum(sizes)
-        return ids, sum(sizes)
+        return run_id, ids, sum(sizes)
 
     async def _top_up_demand(self) -> None:
         cfg = self.config
@@ -138,7 +151,8 @@ class Scheduler:
         stored = await self.store.complete([(owner, t) for t in trajectories])
         self.counters["completed"] += len(stored)
         if self.metrics is not None:
-            self.metrics.stored.inc(len(stored))
+            kept = set(stored)
+            self.metrics.stored_trajectories(t for t in trajectories if t.id in kept)
         if stored:
             self.delivery.stored()
         return stored
@@ -203,11 +217,11 @@ class Scheduler:
             m.queue.labels(state.value).set(counts.get(state.value, 0))
         # A series per consumer streaming now, acked within the last hour, or followed by name: names come
         # from clients, so a series for every name ever acked would grow without bound.
-        m.consumer_lag.clear()
         recent = time.time() - _LAG_SHOWN_S
-        for c in await self.delivery.status():
-            if c["state"] != "closed" or (c["acked_at"] or 0) > recent or c["name"] in self.config.demand_consumers:
-                m.consumer_lag.labels(c["name"], "groups" if c["whole_groups"] else "trajectories").set(c["lag"])
+        m.set_consumer_lag({(c["name"], "groups" if c["whole_groups"] else "trajectories"): c["lag"]
+                            for c in await self.delivery.status()
+                            if c["state"] != "closed" or (c["acked_at"] or 0) > recent
+                            or c["name"] in self.config.demand_consumers})
         m.policy_version.set(self.policy_version)
         m.streams.set(self.delivery.open_streams())
 

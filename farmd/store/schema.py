@@ -137,4 +137,24 @@ MIGRATIONS: tuple[str, ...] = (
     UPDATE groups SET done_total = (SELECT total FROM running WHERE running.id = groups.id)
     WHERE done_seq IS NOT NULL;
     """,
+    # 5: runs are resources (CreateRun, GetRun, ListRuns, CancelRun): each group and trajectory names the
+    # run that queued it (0: a trainer's demand, or a group queued before runs were kept). Trajectory
+    # bodies written from here on hold the typed record (task as posed, conversation, turns with token
+    # ids and logprobs, sampling parameters); older bodies are read as they are and upgraded on read.
+    """
+    CREATE TABLE runs (
+        id INTEGER PRIMARY KEY,
+        env TEXT NOT NULL,
+        agent TEXT NOT NULL,
+        rollouts INTEGER NOT NULL,
+        group_size INTEGER NOT NULL,
+        cancelled INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        finished_at REAL
+    );
+    ALTER TABLE groups ADD COLUMN run_id INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX groups_by_run ON groups(run_id) WHERE run_id != 0;
+    ALTER TABLE trajectories ADD COLUMN run_id INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX trajectories_by_run ON trajectories(run_id, seq) WHERE run_id != 0;
+    """,
 )

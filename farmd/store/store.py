@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import sqlite3
+import sys
 import time
 import zlib
+from array import array
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import asynccontextmanager
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +29,7 @@ import aiosqlite
 
 from farmd.errors import BadRequest, FarmError
 from farmd.private import create_file, make_dir
-from farmd.records import Job, JobState, Policy, Trajectory
+from farmd.records import ChatMessage, Job, JobState, Policy, Score, Trajectory, Turn, from_plain
 from farmd.store.policy_files import PolicyFiles, PolicyUpload
 from farmd.store.schema import MIGRATIONS
 from farmd.text import valid_text, valid_tree
@@ -35,7 +39,9 @@ log = logging.getLogger("farmd.store")
 _JOB_COLUMNS = "id, group_id, env, seed, difficulty, agent, state, attempts, lease_owner, lease_expires, " \
                "policy_version, source"
 _TRAJ_COLUMNS = "id, seq, group_id, env, env_version, seed, difficulty, agent, policy_version, reward, passed, " \
-                "status, reasons, flags, verifier_version, body, node, finished_at"
+                "status, reasons, flags, verifier_version, body, node, finished_at, run_id"
+_BODY_INDEX = [c.strip() for c in _TRAJ_COLUMNS.split(",")].index("body")
+_COLUMN_INDEX = tuple(i for i, c in enumerate(_TRAJ_COLUMNS.split(",")) if c.strip() != "body")
 
 
 _MAX_VARS = 10_000
@@ -65,9 +71,112 @@ def _job(row: aiosqlite.Row) -> Job:
                policy_version=row[10], source=row[11])
 
 
+_COLUMN_FIELDS = tuple(c.strip() for c in _TRAJ_COLUMNS.split(",") if c.strip() != "body")
+_BODY_VERSION = 3
+"""3: the JSON is followed by the turns' token ids and logprobs as arrays. 2: all of it JSON. Both are read."""
+_UNSTORED = frozenset({"scores"})
+"""Scores live in their own table (re-scoring adds rows); they are read with a trajectory, never packed in it."""
+_PACKED_FIELDS = tuple(f.name for f in fields(Trajectory) if f.name not in {*_COLUMN_FIELDS, *_UNSTORED})
+_TURN_FIELDS = tuple(f.name for f in fields(Turn))
+_ARRAYS = (("prompt_token_ids", "u32", "I"), ("token_ids", "u32", "I"), ("logprobs", "f64", "d"))
+"""A turn's long lists, kept after the compressed JSON as little-endian arrays, each marked in the JSON by
+``{kind: length}``. As JSON text they were most of a body's bytes, and a float's shortest repr made them
+most of the time spent packing and reading one; random-looking ids and logprobs gain little from zlib."""
+_SWAP = sys.byteorder == "big"
+assert array("I").itemsize == 4 and array("d").itemsize == 8, "the arrays' item sizes are the body format's"
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
+def _as_json(value: Any) -> Any:
+    """``json.dumps``'s ``default``: a nested record as its fields, as ``to_plain`` has it, but built by
+    the encoder as it goes rather than by a walk of every list item first."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {name: getattr(value, name) for name in _field_names(type(value))}
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 def _pack(traj: Trajectory) -> bytes:
-    body = {"steps": traj.steps, "final": traj.final, "timings": traj.timings, "details": traj.details}
-    return zlib.compress(_utf8(json.dumps(body, separators=(",", ":"), ensure_ascii=False)), 3)
+    """Everything of a trajectory that is not a column: compressed JSON of the record's own field list,
+    then the turns' arrays."""
+    body: dict[str, Any] = {"v": _BODY_VERSION}
+    for name in _PACKED_FIELDS:
+        body[name] = getattr(traj, name)
+    arrays = bytearray()
+    body["turns"] = [_pack_turn(turn, traj.messages, arrays) for turn in traj.turns]
+    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False, default=_as_json)
+    return zlib.compress(_utf8(text), 1) + arrays
+
+
+def _pack_turn(turn: Turn, messages: list[ChatMessage], arrays: bytearray) -> dict[str, Any]:
+    plain = {name: getattr(turn, name) for name in _TURN_FIELDS}
+    i = turn.message_index
+    if i < len(messages) and messages[i].content == turn.completion:  # its assistant message's: kept once
+        plain["completion"] = None
+    for name, kind, code in _ARRAYS:
+        try:
+            packed = array(code, plain[name])
+        except (TypeError, OverflowError):
+            continue  # not what a model server sends (a negative id, a None): kept as given, in the JSON
+        if _SWAP:
+            packed.byteswap()
+        arrays += packed
+        plain[name] = {kind: len(packed)}
+    return plain
+
+
+def _unpack(raw: bytes) -> dict[str, Any]:
+    inflate = zlib.decompressobj()
+    text = inflate.decompress(raw)
+    if not inflate.eof:
+        raise zlib.error("a trajectory body ends inside its compressed JSON")
+    body: dict[str, Any] = _read_json(text)
+    version = body.get("v")
+    if version not in (2, _BODY_VERSION):
+        return _upgrade_body(body)
+    del body["v"]
+    arrays = inflate.unused_data if version == _BODY_VERSION else b""
+    at = 0
+    messages = body.get("messages", [])
+    for turn in body.get("turns", []):
+        if turn.get("completion") is None:
+            i = turn["message_index"]
+            turn["completion"] = messages[i]["content"] if i < len(messages) else ""
+        for name, kind, code in _ARRAYS:
+            marker = turn.get(name)
+            if not isinstance(marker, dict):
+                continue
+            values = array(code)
+            end = at + marker[kind] * values.itemsize
+            if end > len(arrays):
+                raise ValueError(f"a trajectory body's {name} runs past its end")
+            values.frombytes(arrays[at:end])
+            at = end
+            if _SWAP:
+                values.byteswap()
+            turn[name] = values.tolist()
+    return body
+
+
+def _upgrade_body(old: dict[str, Any]) -> dict[str, Any]:
+    """A body written before the typed record (schema 4 and earlier): steps, final, timings, details."""
+    timings = old.get("timings") or {}
+    details = old.get("details") or {}
+    usage = details.get("usage") or {}
+    return {
+        "final": old.get("final") or "",
+        "steps": [{"action": s.get("action") or "", "observation": s.get("observation") or "",
+                   "exit_code": s.get("exit_code"), "duration": float(s.get("seconds") or 0.0)}
+                  for s in old.get("steps") or []],
+        "timings": {k: float(timings.get(f"{k}_s", 0.0)) for k in ("task", "agent", "verify", "total")},
+        "verdict_details": details.get("verdict") or {},
+        "usage": {k: int(usage[k]) for k in ("prompt_tokens", "completion_tokens", "total_tokens", "requests",
+                                              "retries") if isinstance(usage.get(k), int)},
+        "agent_error": details.get("agent_error") or "",
+    }
 
 
 def _json(value: Any) -> str:
@@ -96,15 +205,20 @@ def _read_json(raw: str | bytes) -> Any:
 
 
 def _trajectory(row: aiosqlite.Row) -> Trajectory:
-    # A row read without its body (a stream that sends no steps) has NULL there.
-    body: dict[str, Any] = _read_json(zlib.decompress(row[15])) if row[15] is not None else {"steps": [], "final": ""}
-    return Trajectory(
-        id=row[0], seq=row[1], group_id=row[2], env=row[3], env_version=row[4], seed=row[5], difficulty=row[6],
-        agent=row[7], policy_version=row[8], reward=row[9], passed=bool(row[10]), status=row[11],
-        reasons=_read_json(row[12]), flags=_read_json(row[13]), verifier_version=row[14], steps=body["steps"],
-        final=body["final"], timings=body.get("timings", {}), details=body.get("details", {}), node=row[16],
-        finished_at=row[17],
-    )
+    """A row as a record; a row read without its body (a summary) has NULL there."""
+    plain: dict[str, Any] = dict(zip(_COLUMN_FIELDS, (row[i] for i in _COLUMN_INDEX), strict=True))
+    plain["passed"] = bool(plain["passed"])
+    plain["reasons"] = _read_json(plain["reasons"])
+    plain["flags"] = _read_json(plain["flags"])
+    plain["run_id"] = plain["run_id"] or 0
+    body = row[_BODY_INDEX]
+    if body is not None:
+        plain.update(_unpack(body))
+    return from_plain(Trajectory, plain)
+
+
+def _trajectories(rows: list[Any]) -> list[Trajectory]:
+    return [_trajectory(r) for r in rows]
 
 
 def _blob_slice(db_path: Path, version: int, offset: int, size: int) -> bytes:
@@ -209,20 +323,86 @@ class Store:
 
     async def enqueue(self, groups: Iterable[tuple[str, int, int, str, int]], source: str = "request") -> list[int]:
         """Add groups of (env, seed, difficulty, agent, size) jobs. Returns the group ids. Durable on return."""
-        now = time.time()
-        ids = []
         async with self._write() as db:
-            for env, seed, difficulty, agent, size in groups:
-                cur = await db.execute(
-                    "INSERT INTO groups(env, seed, difficulty, agent, size, source, created_at) VALUES (?,?,?,?,?,?,?)",
-                    (env, seed, difficulty, agent, size, source, now))
-                group_id = int(cur.lastrowid or 0)
-                await db.executemany(
-                    "INSERT INTO jobs(group_id, env, seed, difficulty, agent, state, source, created_at, updated_at) "
-                    "VALUES (?,?,?,?,?,'queued',?,?,?)",
-                    [(group_id, env, seed, difficulty, agent, source, now, now)] * size)
-                ids.append(group_id)
+            return await self._insert_groups(db, groups, source, 0, time.time())
+
+    async def enqueue_run(self, env: str, agent: str, rollouts: int, group_size: int,
+                          groups: Iterable[tuple[str, int, int, str, int]]) -> tuple[int, list[int]]:
+        """A run and its groups, in one transaction. Returns (run id, group ids)."""
+        now = time.time()
+        async with self._write() as db:
+            cur = await db.execute("INSERT INTO runs(env, agent, rollouts, group_size, created_at) VALUES (?,?,?,?,?)",
+                                   (env, agent, rollouts, group_size, now))
+            run_id = int(cur.lastrowid or 0)
+            return run_id, await self._insert_groups(db, groups, "request", run_id, now)
+
+    async def _insert_groups(self, db: aiosqlite.Connection, groups: Iterable[tuple[str, int, int, str, int]],
+                             source: str, run_id: int, now: float) -> list[int]:
+        ids = []
+        for env, seed, difficulty, agent, size in groups:
+            cur = await db.execute(
+                "INSERT INTO groups(env, seed, difficulty, agent, size, source, created_at, run_id) "
+                "VALUES (?,?,?,?,?,?,?,?)", (env, seed, difficulty, agent, size, source, now, run_id))
+            group_id = int(cur.lastrowid or 0)
+            await db.executemany(
+                "INSERT INTO jobs(group_id, env, seed, difficulty, agent, state, source, created_at, updated_at) "
+                "VALUES (?,?,?,?,?,'queued',?,?,?)",
+                [(group_id, env, seed, difficulty, agent, source, now, now)] * size)
+            ids.append(group_id)
         return ids
+
+    # -- runs -----------------------------------------------------------------------------------
+
+    async def run(self, run_id: int) -> dict[str, Any] | None:
+        """A run as queued, and how far its jobs have come (``state``: running, succeeded, failed, cancelled)."""
+        row = await self._one("SELECT id, env, agent, rollouts, group_size, cancelled, created_at FROM runs WHERE id=?",
+                              (run_id,))
+        if row is None:
+            return None
+        groups = [int(g[0]) for g in await self._all("SELECT id FROM groups WHERE run_id=? ORDER BY id", (run_id,))]
+        counts = {state: int(n) for state, n in await self._all(
+            "SELECT state, COUNT(*) FROM jobs WHERE group_id IN (SELECT id FROM groups WHERE run_id=?) GROUP BY state",
+            (run_id,))}
+        ended = await self._one(
+            "SELECT MAX(updated_at) FROM jobs WHERE group_id IN (SELECT id FROM groups WHERE run_id=?)", (run_id,))
+        passed = await self._one(
+            "SELECT COUNT(*) FROM trajectories WHERE run_id=? AND status='ok' AND passed=1", (run_id,))
+        open_jobs = counts.get("queued", 0) + counts.get("leased", 0)
+        if row[5]:
+            state = "cancelled"
+        elif open_jobs:
+            state = "running"
+        else:
+            state = "failed" if counts.get("failed", 0) else "succeeded"
+        return {"id": row[0], "env": row[1], "agent": row[2], "rollouts": row[3], "group_size": row[4],
+                "group_ids": groups, "state": state, "jobs": sum(counts.values()), "done": counts.get("done", 0),
+                "failed": counts.get("failed", 0), "cancelled": counts.get("cancelled", 0),
+                "passed": int(passed[0]) if passed else 0, "created_at": row[6],
+                "finished_at": float(ended[0]) if ended and ended[0] is not None and not open_jobs else 0.0}
+
+    async def runs(self, before_id: int = 0, limit: int = 50) -> list[dict[str, Any]]:
+        """Runs newest first, starting below ``before_id`` (0: from the newest)."""
+        ids = await self._all("SELECT id FROM runs WHERE (? = 0 OR id < ?) ORDER BY id DESC LIMIT ?",
+                              (before_id, before_id, limit))
+        out = []
+        for (run_id,) in ids:
+            run = await self.run(int(run_id))
+            if run is not None:
+                out.append(run)
+        return out
+
+    async def cancel_run(self, run_id: int) -> bool:
+        """Drop a run's queued jobs (rollouts already leased finish and are stored). False: no such run."""
+        now = time.time()
+        async with self._write() as db:
+            cur = await db.execute("UPDATE runs SET cancelled=1 WHERE id=?", (run_id,))
+            if cur.rowcount == 0:
+                return False
+            await db.execute("UPDATE jobs SET state='cancelled', updated_at=? WHERE state='queued' AND group_id IN "
+                             "(SELECT id FROM groups WHERE run_id=?)", (now, run_id))
+            groups = [int(g[0]) for g in await db.execute_fetchall("SELECT id FROM groups WHERE run_id=?", (run_id,))]
+            await self._finish_groups(db, groups)
+        return True
 
     async def lease(self, owner: str, n: int, lease_s: float, policy_version: int) -> list[Job]:
         """Lease up to ``n`` queued jobs (oldest first) to ``owner`` until now + ``lease_s``."""
@@ -263,7 +443,25 @@ class Store:
                     await db.execute("UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, "
                                      "last_error='lease expired', updated_at=? WHERE id=?", (now, job_id))
                     requeued += 1
+            requeued -= await self._drop_cancelled(db, [j for j, a in expired if a < max_attempts], now)
         return requeued, failed
+
+    async def _drop_cancelled(self, db: aiosqlite.Connection, job_ids: list[int], now: float) -> int:
+        """Jobs just put back in the queue whose run was cancelled meanwhile end there, cancelled: a
+        cancelled run never starts a rollout again. Returns how many."""
+        if not job_ids:
+            return 0
+        dropped = 0
+        for start in range(0, len(job_ids), _MAX_VARS):
+            chunk = job_ids[start:start + _MAX_VARS]
+            rows = await db.execute_fetchall(
+                f"UPDATE jobs SET state='cancelled', updated_at=? WHERE state='queued' AND id IN "
+                f"({','.join('?' * len(chunk))}) AND group_id IN (SELECT g.id FROM groups g JOIN runs r "
+                f"ON r.id = g.run_id WHERE r.cancelled = 1) RETURNING group_id", (now, *chunk))
+            groups = sorted({int(r[0]) for r in rows})
+            dropped += len(list(rows))
+            await self._finish_groups(db, groups)
+        return dropped
 
     async def expire_leases_of(self, owner_prefix: str, keep: str) -> int:
         """End every lease held under ``owner_prefix`` except ``keep``'s at once: a node that restarts
@@ -276,11 +474,13 @@ class Store:
 
     async def requeue_owner(self, owner: str) -> int:
         """Give back every lease of ``owner`` (a worker shutting down); the attempt is not counted."""
+        now = time.time()
         async with self._write() as db:
-            cur = await db.execute(
+            rows = await db.execute_fetchall(
                 "UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, attempts=MAX(0, attempts-1), "
-                "updated_at=? WHERE state='leased' AND lease_owner=?", (time.time(), owner))
-            return cur.rowcount
+                "updated_at=? WHERE state='leased' AND lease_owner=? RETURNING id", (now, owner))
+            ids = [int(r[0]) for r in rows]
+            return len(ids) - await self._drop_cancelled(db, ids, now)
 
     async def complete(self, items: list[tuple[str, Trajectory]]) -> list[int]:
         """Store trajectories of jobs leased by their owners, and mark the jobs done; one transaction.
@@ -312,16 +512,20 @@ class Store:
                 return []
             row = await db.execute_fetchall("SELECT COALESCE(MAX(seq), 0) FROM trajectories")
             seq = int(next(iter(row))[0])
+            group_ids = sorted({t.group_id for _, t in keep})
+            runs = {int(g): int(r) for g, r in await db.execute_fetchall(
+                f"SELECT id, run_id FROM groups WHERE id IN ({','.join('?' * len(group_ids))})", group_ids)}
             for _, traj in keep:
                 seq += 1
                 traj.seq = seq
+                traj.run_id = runs.get(traj.group_id, 0)
                 traj.finished_at = traj.finished_at or now
             await db.executemany(
-                f"INSERT INTO trajectories({_TRAJ_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT INTO trajectories({_TRAJ_COLUMNS}) VALUES ({','.join('?' * (len(_COLUMN_INDEX) + 1))})",
                 [(t.id, t.seq, t.group_id, t.env, t.env_version, t.seed, t.difficulty, t.agent, t.policy_version,
                   t.reward, int(t.passed), t.status, _json(t.reasons), _json(t.flags), t.verifier_version,
-                  bodies[t.id], t.node, t.finished_at) for _, t in keep])
-            await self._finish_groups(db, sorted({t.group_id for _, t in keep}))
+                  bodies[t.id], t.node, t.finished_at, t.run_id) for _, t in keep])
+            await self._finish_groups(db, group_ids)
         return [t.id for _, t in keep]
 
     async def fail(self, owner: str, job_id: int, error: str, max_attempts: int) -> JobState | None:
@@ -341,6 +545,8 @@ class Store:
                 return JobState.FAILED
             await db.execute("UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, last_error=?, "
                              "updated_at=? WHERE id=?", (error[:2000], now, job_id))
+            if await self._drop_cancelled(db, [job_id], now):
+                return JobState.CANCELLED
             return JobState.QUEUED
 
     async def _fail_job(self, db: aiosqlite.Connection, job_id: int, attempts: int, error: str, now: float,
@@ -412,16 +618,26 @@ class Store:
     # -- trajectories ---------------------------------------------------------------------------
 
     async def trajectory(self, traj_id: int) -> Trajectory | None:
+        """One trajectory, whole, with its scores under every verifier version since."""
         row = await self._one(f"SELECT {_TRAJ_COLUMNS} FROM trajectories WHERE id=?", (traj_id,))
-        return _trajectory(row) if row else None
+        if row is None:
+            return None
+        return (await self._with_scores([await asyncio.to_thread(_trajectory, row)]))[0]
 
     async def trajectories(self, *, after_seq: int = 0, limit: int = 100, env: str | None = None,
-                           min_policy: int | None = None, newest_first: bool = False, body: bool = True
-                           ) -> list[Trajectory]:
-        """Trajectories in stream order; ``body=False`` leaves out steps, final, timings and details
-        (their decompression is most of a read's cost)."""
+                           min_policy: int | None = None, newest_first: bool = False, body: bool = True,
+                           before_seq: int | None = None, run_id: int = 0) -> list[Trajectory]:
+        """Trajectories in stream order (or newest first), after ``after_seq`` and before ``before_seq``;
+        ``body=False`` leaves out the bulk of the record (``BODY_FIELDS``: decompressing it is most of a
+        read's cost)."""
         where: list[str] = ["seq > ?"]
         args: list[object] = [after_seq]
+        if before_seq is not None:
+            where.append("seq < ?")
+            args.append(before_seq)
+        if run_id:
+            where.append("run_id = ?")
+            args.append(run_id)
         if env is not None:
             where.append("env = ?")
             args.append(env)
@@ -430,17 +646,35 @@ class Store:
             args.append(min_policy)
         order = "DESC" if newest_first else "ASC"
         columns = _TRAJ_COLUMNS if body else _TRAJ_COLUMNS.replace("body", "NULL")
-        return [_trajectory(r) for r in await self._all(
+        rows = await self._all(
             f"SELECT {columns} FROM trajectories WHERE {' AND '.join(where)} ORDER BY seq {order} LIMIT ?",
-            (*args, limit))]
+            (*args, limit))
+        if not body:
+            return _trajectories(rows)
+        # Decompressing and parsing bodies is the cost of a read: off the event loop.
+        return await self._with_scores(await asyncio.to_thread(_trajectories, rows))
+
+    async def _with_scores(self, trajectories: list[Trajectory]) -> list[Trajectory]:
+        """Whole records carry their scores under later verifier versions: one query for a page."""
+        if not trajectories:
+            return trajectories
+        by_id = {t.id: t for t in trajectories}
+        for start in range(0, len(trajectories), _MAX_VARS):
+            ids = [t.id for t in trajectories[start:start + _MAX_VARS]]
+            for tid, v, r, p, st, rs, fl, at in await self._all(
+                    "SELECT trajectory_id, verifier_version, reward, passed, status, reasons, flags, scored_at "
+                    f"FROM scores WHERE trajectory_id IN ({','.join('?' * len(ids))}) ORDER BY scored_at", ids):
+                by_id[int(tid)].scores.append(Score(v, r, bool(p), st, _read_json(rs), _read_json(fl), at))
+        return trajectories
 
     async def group_trajectories(self, group_ids: list[int], body: bool = True) -> list[Trajectory]:
         if not group_ids:
             return []
         marks = ",".join("?" * len(group_ids))
         columns = _TRAJ_COLUMNS if body else _TRAJ_COLUMNS.replace("body", "NULL")
-        return [_trajectory(r) for r in await self._all(
-            f"SELECT {columns} FROM trajectories WHERE group_id IN ({marks}) ORDER BY seq", group_ids)]
+        rows = await self._all(f"SELECT {columns} FROM trajectories WHERE group_id IN ({marks}) ORDER BY seq",
+                               group_ids)
+        return await self._with_scores(await asyncio.to_thread(_trajectories, rows)) if body else _trajectories(rows)
 
     async def last_seq(self) -> int:
         row = await self._one("SELECT COALESCE(MAX(seq), 0) FROM trajectories")

@@ -5,8 +5,9 @@
         ... ep.url ... ep.calls ... ep.requests
 
 Each request to ``/v1/chat/completions`` takes the next scripted ``Reply`` or, when
-the script is empty, ``responder(request_json)``. Everything it starts is cancelled
-and closed on exit.
+the script is empty, ``responder(request_json)``. JSON replies keep the connection
+open for the next request (``ep.connections`` counts them); raw and closing replies
+end it. Everything it starts is cancelled and closed on exit.
 """
 
 from __future__ import annotations
@@ -28,13 +29,38 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def text(cls, content: str, *, prompt_tokens: int = 11, completion_tokens: int = 7, chunked: bool = False,
-             finish_reason: str = "stop") -> Reply:
-        body = {"id": "cmpl-1", "object": "chat.completion", "model": "fake",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                             "finish_reason": finish_reason}],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens}}
+    def text(cls, content: str | None, *, prompt_tokens: int = 11, completion_tokens: int = 7, chunked: bool = False,
+             finish_reason: str = "stop", token_ids: list[int] | None = None,
+             prompt_token_ids: list[int] | None = None, logprobs: list[float] | None = None,
+             ids_as_tokens: bool = False, tool_calls: list[tuple[str, str, str]] | None = None,
+             choices: list[str] | None = None) -> Reply:
+        """A completion as vLLM writes it: ``token_ids`` on each choice and ``prompt_token_ids`` at the top
+        (vLLM's return_token_ids), ``logprobs.content`` per token (with ``ids_as_tokens``, tokens written
+        ``token_id:N`` and no ``token_ids``: return_tokens_as_token_ids), ``tool_calls`` as ``(id, name,
+        arguments)``, and ``choices`` (texts) for a reply with several choices."""
+        texts = choices if choices is not None else [content]
+        listed = []
+        for index, text in enumerate(texts):
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if tool_calls is not None:
+                message["tool_calls"] = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+                                         for i, n, a in tool_calls]
+            choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish_reason}
+            if token_ids is not None and not ids_as_tokens:
+                choice["token_ids"] = [t + 1000 * index for t in token_ids]
+            if logprobs is not None:
+                tokens = [f"token_id:{t}" for t in token_ids or []] if ids_as_tokens \
+                    else [f"t{i}" for i in range(len(logprobs))]
+                choice["logprobs"] = {"content": [{"token": token, "logprob": lp, "bytes": list(token.encode()),
+                                                   "top_logprobs": []} for token, lp in zip(tokens, logprobs,
+                                                                                            strict=True)]}
+            listed.append(choice)
+        body: dict[str, Any] = {
+            "id": "cmpl-1", "object": "chat.completion", "model": "fake", "choices": listed,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens * len(texts),
+                      "total_tokens": prompt_tokens + completion_tokens * len(texts)}}
+        if prompt_token_ids is not None:
+            body["prompt_token_ids"] = prompt_token_ids
         return cls("chunked" if chunked else "json", 200, body)
 
     @classmethod
@@ -66,6 +92,7 @@ class FakeEndpoint:
         self.headers: list[dict[str, str]] = []
         self.paths: list[str] = []
         self.port = 0
+        self.connections = 0
         self.arrived = asyncio.Event()
         """Set once a request has been read."""
         self._handlers: set[asyncio.Task[None]] = set()
@@ -82,39 +109,45 @@ class FakeEndpoint:
         task = asyncio.current_task()
         assert task is not None
         self._handlers.add(task)
+        self.connections += 1
         try:
-            request_line = (await reader.readline()).decode()
-            headers: dict[str, str] = {}
-            while (line := (await reader.readline()).decode().strip()):
-                name, _, value = line.partition(":")
-                headers[name.strip().lower()] = value.strip()
-            body = await reader.readexactly(int(headers.get("content-length", "0")))
-            path = request_line.split(" ")[1]
-            self.paths.append(path)
-            self.headers.append(headers)
-            self.requests.append(json.loads(body))
-            self.arrived.set()
-            if path != "/v1/chat/completions":
-                reply = Reply.error(404, f"no route {path}")
-            else:
-                reply = self.script.popleft() if self.script else self.responder(self.requests[-1])
-            await self._send(reply, writer)
+            while request_line := (await reader.readline()).decode():
+                headers: dict[str, str] = {}
+                while (line := (await reader.readline()).decode().strip()):
+                    name, _, value = line.partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                path = request_line.split(" ")[1]
+                self.paths.append(path)
+                self.headers.append(headers)
+                self.requests.append(json.loads(body))
+                self.arrived.set()
+                if path != "/v1/chat/completions":
+                    reply = Reply.error(404, f"no route {path}")
+                else:
+                    reply = self.script.popleft() if self.script else self.responder(self.requests[-1])
+                if reply.kind == "hang":
+                    await reader.read()  # no reply, ever: until the client gives up and closes
+                    break
+                if not await self._send(reply, writer):
+                    break
+        except ConnectionError:
+            pass  # the client went away: nothing to answer
         finally:
             writer.close()
             self._handlers.discard(task)
 
-    async def _send(self, reply: Reply, writer: asyncio.StreamWriter) -> None:
-        if reply.kind == "hang":
-            await asyncio.sleep(3600)
+    async def _send(self, reply: Reply, writer: asyncio.StreamWriter) -> bool:
+        """Send ``reply``; whether the connection stays open for another request."""
         if reply.kind == "close":
-            return
+            return False
         if reply.kind == "raw":
             writer.write(reply.body)
             await writer.drain()
-            return
+            return False
         data = json.dumps(reply.body).encode()
         head = [f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, 'Whatever')}",
-                "Content-Type: application/json", "Connection: close"]
+                "Content-Type: application/json"]
         head += [f"{k.replace('_', '-')}: {v}" for k, v in reply.headers.items()]
         if reply.kind == "chunked":
             head.append("Transfer-Encoding: chunked")
@@ -126,6 +159,7 @@ class FakeEndpoint:
             payload = data
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
         await writer.drain()
+        return True
 
     async def stop(self) -> None:
         for task in list(self._handlers):

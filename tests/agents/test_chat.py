@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 
 import pytest
 
@@ -34,7 +34,8 @@ class Scripted(ChatAgent):
         self.replies = iter(replies)
         self.asked: list[list[Message]] = []
 
-    async def complete(self, messages: list[Message], *, max_tokens: int, policy_version: int) -> Completion:
+    async def complete(self, messages: list[Message], *, max_tokens: int, policy_version: int, tools: bool = False,
+                       group: Hashable | None = None) -> Completion:
         self.asked.append(messages)
         return Completion(next(self.replies), {"total_tokens": 100})
 
@@ -145,14 +146,15 @@ async def test_an_action_task_needs_an_episode() -> None:
 
 async def test_the_transcript_is_not_shared_with_the_model() -> None:
     class Meddler(Scripted):
-        async def complete(self, messages: list[Message], *, max_tokens: int, policy_version: int) -> Completion:
+        async def complete(self, messages: list[Message], *, max_tokens: int, policy_version: int,
+                           tools: bool = False, group: Hashable | None = None) -> Completion:
             reply = await super().complete(messages, max_tokens=max_tokens, policy_version=policy_version)
             messages[0]["content"] = "tampered"
             messages.clear()
             return reply
 
     result = await Meddler(["```python\ndef f(x):\n    return x\n```"]).attempt(CODE_TASK, None, 0)
-    assert result.transcript[0]["role"] == "system" and result.transcript[0]["content"] != "tampered"
+    assert result.transcript[0].role == "system" and result.transcript[0].content != "tampered"
     assert len(result.transcript) == 3
 
 

@@ -31,14 +31,15 @@ def solve(request: dict[str, Any]) -> Reply:
     total = int(tokens[0])
     for sign, number in zip(tokens[1::2], tokens[2::2], strict=True):
         total += int(number) if sign == "+" else -int(number)
-    return Reply.text(f"Adding up.\n<answer>{total}</answer>")
+    return Reply.text(f"Adding up.\n<answer>{total}</answer>", token_ids=[7, total % 1000], prompt_token_ids=[1, 2],
+                      logprobs=[-0.5, -0.25])
 
 
 async def test_jobs_name_endpoints_from_the_config_never_urls(running_farm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     async with fake_endpoint(solve) as keyed, fake_endpoint(solve) as open_:
         config = tmp_path / "farm.toml"
         config.write_text(f'[endpoints.fake]\nurl = "{keyed.url}"\nkey_env = "FARM_TEST_FAKE_KEY"\n'
-                          f"request_timeout_s = 20\nmax_attempts = 2\n\n"
+                          f"request_timeout_s = 20\nmax_attempts = 2\nseed = 5\n\n"
                           f'[endpoints.open]\nurl = "{open_.url}"\n')
         farm = running_farm("--workers", "2", "--config", str(config), env={**os.environ, "FARM_TEST_FAKE_KEY": KEY})
 
@@ -75,3 +76,14 @@ async def test_jobs_name_endpoints_from_the_config_never_urls(running_farm, tmp_
         export = tmp_path / "all.jsonl"
         await farmctl("export", "--format", "jsonl", "--out", str(export))
         assert KEY not in export.read_text() and KEY not in farm.log.read_text()
+        # What the model's server returned is stored with each trajectory, as served.
+        records = [json.loads(line) for line in export.read_text().splitlines()]
+        keyed_rows = [r for r in records if r["agent"].endswith("@fake?max_tokens=64")]
+        assert len(keyed_rows) == 4
+        for row in keyed_rows:
+            (turn,) = row["turns"]
+            assert (turn["token_ids"][0], turn["prompt_token_ids"], turn["logprobs"], turn["has_logprobs"]) == (
+                7, [1, 2], [-0.5, -0.25], True)
+            assert row["messages"][turn["message_index"]]["content"] == turn["completion"]
+            assert (row["sampling"]["model"], row["sampling"]["seed"], row["sampling"]["max_tokens"]) == ("m", 5, 64)
+        assert {r["seed"] for r in keyed.requests} == {5}

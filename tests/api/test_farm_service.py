@@ -17,10 +17,10 @@ pytestmark = pytest.mark.sandbox
 ENV = "rg:chain_sum"  # verified in-process: many rollouts a second, so the tests are about the stream
 
 
-def wait_done(client: FarmClient, groups: list[int], timeout_s: float = 90) -> dict[str, int]:
+def wait_done(client: FarmClient, runs: list[int], timeout_s: float = 90) -> dict[str, int]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        progress = client.progress(groups)
+        progress = client.progress(runs)
         if progress["done"] + progress["failed"] == progress["jobs"]:
             return progress
         time.sleep(0.1)
@@ -38,22 +38,22 @@ def test_stream_resumes_after_the_last_ack_with_no_gap(farm) -> None:  # type: i
     _, client = farm
     run = client.run(ENV, "reference", 40, group_size=4)
     assert run["jobs"] == 40 and len(run["group_ids"]) == 10
-    assert wait_done(client, run["group_ids"]) == {"jobs": 40, "done": 40, "failed": 0, "passed": 40}
+    assert wait_done(client, [run["id"]]) == {"jobs": 40, "done": 40, "failed": 0, "cancelled": 0, "passed": 40}
 
     stream = client.batches("trainer", batch_size=8)
     first, second = next(stream), next(stream)
     stream.close()
-    assert [t["seq"] for t in first.trajectories] == list(range(1, 9))
+    assert [t.seq for t in first.trajectories] == list(range(1, 9))
     assert client.ack(first) == 8
     # the trainer restarts: what it did not ack comes again, nothing before it, nothing skipped
     seen = []
     for batch in client.batches("trainer", batch_size=8):
-        seen += [t["seq"] for t in batch.trajectories]
+        seen += [t.seq for t in batch.trajectories]
         client.ack(batch)
         if len(seen) >= 32:
             break
-    assert seen == list(range(9, 41)) and [t["seq"] for t in second.trajectories] == seen[:8]
-    ids = {t["id"] for t in client.trajectories(limit=100)}
+    assert seen == list(range(9, 41)) and [t.seq for t in second.trajectories] == seen[:8]
+    ids = {t.id for t in client.trajectories(limit=100)}
     assert len(ids) == 40
     (trainer,) = [c for c in client.status()["consumers"] if c["name"] == "trainer"]
     assert (trainer["cursor"], trainer["lag"], trainer["whole_groups"]) == (40, 0, False)
@@ -63,7 +63,7 @@ def test_whole_groups_with_tensors(farm) -> None:  # type: ignore[no-untyped-def
     _, client = farm
     run = client.run(ENV, "random", 24, group_size=6)
     run2 = client.run(ENV, "reference", 12, group_size=6)
-    wait_done(client, run["group_ids"] + run2["group_ids"])
+    wait_done(client, [run["id"], run2["id"]])
     got: list[dict[str, Any]] = []
     for batch in client.batches("grpo", batch_size=12, whole_groups=True, tensors=True):
         sizes = Counter(batch.group_ids)
@@ -77,8 +77,8 @@ def test_whole_groups_with_tensors(farm) -> None:  # type: ignore[no-untyped-def
         client.ack(batch)
         if len(got) == 36:
             break
-    assert len({t["id"] for t in got}) == 36
-    assert all(t["reward"] == 1.0 for t in got if t["agent"] == "reference")
+    assert len({t.id for t in got}) == 36
+    assert all(t.reward == 1.0 for t in got if t.agent == "reference")
     grpo = [c for c in client.status()["consumers"] if c["name"] == "grpo"]
     assert [(c["whole_groups"], c["cursor"], c["lag"]) for c in grpo] == [(True, 6, 0)]
 
@@ -86,7 +86,7 @@ def test_whole_groups_with_tensors(farm) -> None:  # type: ignore[no-untyped-def
 def test_policies_are_versioned_by_content_and_staleness_filters(farm) -> None:  # type: ignore[no-untyped-def]
     _, client = farm
     early = client.run(ENV, "reference", 4, group_size=4)
-    wait_done(client, early["group_ids"])
+    wait_done(client, [early["id"]])
 
     v1 = client.publish_policy(b"weights-1")
     assert client.publish_policy(b"weights-1") == v1, "the same content is the same version"
@@ -103,16 +103,16 @@ def test_policies_are_versioned_by_content_and_staleness_filters(farm) -> None: 
     assert client.status()["policy_version"] == 3
 
     late = client.run(ENV, "reference", 4, group_size=4)
-    wait_done(client, late["group_ids"])
+    wait_done(client, [late["id"]])
     fresh = next(client.batches("fresh-only", batch_size=64, max_staleness=1))
-    assert {t["policy_version"] for t in fresh.trajectories} == {3}
+    assert {t.policy_version for t in fresh.trajectories} == {3}
     assert len(fresh) == 4 and fresh.up_to == 8, "the stale four are passed over, and the cursor moves past them"
 
     with grpc.insecure_channel(client.addr) as channel:
-        stub = farm_pb2_grpc.FarmStub(channel)
+        stub = farm_pb2_grpc.FarmServiceStub(channel)
         with pytest.raises(grpc.RpcError) as err:
-            stub.PublishPolicy(iter([farm_pb2.PolicyChunk(sha256="0" * 64, data=b"x")]), timeout=10)
-        assert err.value.code() == grpc.StatusCode.DATA_LOSS and "hashes to" in err.value.details()
+            stub.PublishPolicy(iter([farm_pb2.PublishPolicyRequest(sha256="0" * 64, data=b"x")]), timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "hashes to" in err.value.details()
         with pytest.raises(grpc.RpcError) as err:
             list(stub.GetPolicy(farm_pb2.GetPolicyRequest(sha256="f" * 64), timeout=10))
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
@@ -121,7 +121,7 @@ def test_policies_are_versioned_by_content_and_staleness_filters(farm) -> None: 
 def test_bad_input_gets_clear_errors_and_loses_nothing(farm) -> None:  # type: ignore[no-untyped-def]
     running, client = farm
     queued = client.run(ENV, "reference", 8, group_size=4)
-    wait_done(client, queued["group_ids"])
+    wait_done(client, [queued["id"]])
     before = client.status()
 
     def code_of(call: Any) -> tuple[grpc.StatusCode, str]:
@@ -147,14 +147,14 @@ def test_bad_input_gets_clear_errors_and_loses_nothing(farm) -> None:  # type: i
     assert code == grpc.StatusCode.NOT_FOUND
 
     with grpc.insecure_channel(running.addr) as channel:
-        garbage = channel.unary_unary("/farm.v1.Farm/Run", request_serializer=lambda b: b,
+        garbage = channel.unary_unary("/farm.v1.FarmService/CreateRun", request_serializer=lambda b: b,
                                       response_deserializer=lambda b: b)
         code, msg = code_of(lambda: garbage(b"\xff\xff\xff\xff not a protobuf", timeout=10))
-        assert code == grpc.StatusCode.INVALID_ARGUMENT and "RunRequest" in msg, (code, msg)
-        huge = farm_pb2.RunRequest(env="x" * (65 << 20), agent="reference", rollouts=1)
-        code, msg = code_of(lambda: farm_pb2_grpc.FarmStub(channel).Run(huge, timeout=30))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "CreateRunRequest" in msg, (code, msg)
+        huge = farm_pb2.CreateRunRequest(env="x" * (65 << 20), agent="reference", rollouts=1)
+        code, msg = code_of(lambda: farm_pb2_grpc.FarmServiceStub(channel).CreateRun(huge, timeout=30))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, msg)
-        code, msg = code_of(lambda: channel.unary_unary("/farm.v1.Farm/Nope")(b"", timeout=10))
+        code, msg = code_of(lambda: channel.unary_unary("/farm.v1.FarmService/Nope")(b"", timeout=10))
         assert code == grpc.StatusCode.UNIMPLEMENTED
 
     after = client.status()

@@ -42,7 +42,7 @@ def open_calls_answer(addr: str) -> None:
         refl = reflection_pb2_grpc.ServerReflectionStub(channel)
         replies = list(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
                                                  timeout=10))
-        assert "farm.v1.Farm" in {s.name for s in replies[0].list_services_response.service}
+        assert "farm.v1.FarmService" in {s.name for s in replies[0].list_services_response.service}
 
 
 def test_unauthenticated_calls_cost_next_to_nothing(running_farm) -> None:  # type: ignore[no-untyped-def]
@@ -51,13 +51,13 @@ def test_unauthenticated_calls_cost_next_to_nothing(running_farm) -> None:  # ty
     options = [("grpc.max_send_message_length", -1)]
     with grpc.insecure_channel(farm.addr, options=options) as channel:
         open_calls_answer(farm.addr)  # warm: the first call's one-off allocations are not the attack's
-        stub = farm_pb2_grpc.FarmStub(channel)
-        assert stub.Status(farm_pb2.StatusRequest(), metadata=AUTH, timeout=10).workers == 0
-        run = raw_call(channel, "/farm.v1.Farm/Run")
+        stub = farm_pb2_grpc.FarmServiceStub(channel)
+        assert stub.GetStatus(farm_pb2.GetStatusRequest(), metadata=AUTH, timeout=10).workers == 0
+        run = raw_call(channel, "/farm.v1.FarmService/CreateRun")
 
         def publish() -> Iterator[farm_pb2.PolicyChunk]:
             for _ in range(60):
-                yield farm_pb2.PolicyChunk(data=bytes(MB))
+                yield farm_pb2.PublishPolicyRequest(data=bytes(MB))
 
         with PeakRss(farm.proc.pid) as rss, ThreadPoolExecutor(12) as pool:
             unary = list(pool.map(lambda _: code_of(lambda: run(body, timeout=60)), range(12)))
@@ -85,31 +85,27 @@ def test_unauthenticated_calls_cost_next_to_nothing(running_farm) -> None:  # ty
 def test_messages_over_the_limit_are_refused_and_the_daemon_stays_up(running_farm) -> None:  # type: ignore[no-untyped-def]
     farm = running_farm("--workers", "0", "--token", TOKEN)
     with grpc.insecure_channel(farm.addr, options=[("grpc.max_send_message_length", -1)]) as channel:
-        stub = farm_pb2_grpc.FarmStub(channel)
+        stub = farm_pb2_grpc.FarmServiceStub(channel)
         # Over the method's own limit (a run names an environment and an agent: kilobytes at most) ...
-        code, msg = code_of(lambda: stub.Run(farm_pb2.RunRequest(env="x" * (200 << 10), agent="reference",
+        code, msg = code_of(lambda: stub.CreateRun(farm_pb2.CreateRunRequest(env="x" * (200 << 10), agent="reference",
                                                                  rollouts=1), metadata=AUTH, timeout=30))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "Run" in msg, (code, msg)
         # Under it, a name the farm does not know is refused as such, and the refusal quotes only some of it:
         # a status's details travel in a header that clients refuse past 16 KiB.
-        code, msg = code_of(lambda: stub.Run(farm_pb2.RunRequest(env="é" * 30_000, agent="reference",
+        code, msg = code_of(lambda: stub.CreateRun(farm_pb2.CreateRunRequest(env="é" * 30_000, agent="reference",
                                                                  rollouts=1), metadata=AUTH, timeout=30))
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "no environment" in msg and len(msg) <= 500, code
         # ... and over what any call may send.
-        code, msg = code_of(lambda: stub.Run(farm_pb2.RunRequest(env="x" * (20 * MB), agent="reference",
+        code, msg = code_of(lambda: stub.CreateRun(farm_pb2.CreateRunRequest(env="x" * (20 * MB), agent="reference",
                                                                  rollouts=1), metadata=AUTH, timeout=30))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, msg)
         # A policy chunk larger than the chunks clients send.
-        chunk = farm_pb2.PolicyChunk(data=bytes(3 * MB))
+        chunk = farm_pb2.PublishPolicyRequest(data=bytes(3 * MB))
         code, msg = code_of(lambda: stub.PublishPolicy(iter([chunk]), metadata=AUTH, timeout=30))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, msg)
-        # The largest legitimate requests still fit: a policy chunk, the progress of 200,000 groups ...
-        assert stub.PublishPolicy(iter([farm_pb2.PolicyChunk(data=bytes(MB))]), metadata=AUTH, timeout=30).size == MB
-        many = farm_pb2.ProgressRequest(group_ids=range(1, 200_001))
-        assert stub.Progress(many, metadata=AUTH, timeout=60).jobs == 0
-    # ... and the client splits the progress of a million (a run of a million rollouts, one per group).
+        # The largest legitimate request still fits: a policy chunk.
+        assert stub.PublishPolicy(iter([farm_pb2.PublishPolicyRequest(data=bytes(MB))]), metadata=AUTH, timeout=30).size == MB
     with FarmClient(farm.addr, token=TOKEN) as client:
-        assert client.progress(list(range(1, 1_000_001)))["jobs"] == 0
         assert client.status()["workers"] == 0
     assert farm.proc.poll() is None, "the daemon stays up"
     open_calls_answer(farm.addr)
@@ -119,7 +115,7 @@ def _hold(stub: farm_pb2_grpc.FarmStub, n: int, release: threading.Event) -> lis
     """``n`` calls that stay open until ``release`` is set (publishes that send a chunk, then wait),
     or [] if one of them was turned away (a refused call ends at once; one let in stays open)."""
     def chunks() -> Iterator[farm_pb2.PolicyChunk]:
-        yield farm_pb2.PolicyChunk(sha256="0" * 64, data=b"x")  # a hash it does not have: never a policy
+        yield farm_pb2.PublishPolicyRequest(sha256="0" * 64, data=b"x")  # a hash it does not have: never a policy
         release.wait(60)
 
     calls = [stub.PublishPolicy.future(chunks(), metadata=AUTH, timeout=60) for _ in range(n)]
@@ -147,12 +143,12 @@ def test_concurrent_calls_are_bounded_and_open_calls_have_their_own_room(running
     config.write_text("[farm]\nmax_concurrent_calls = 3\n")
     farm = running_farm("--workers", "0", "--token", TOKEN, "--config", str(config))
     with grpc.insecure_channel(farm.addr) as channel:
-        stub = farm_pb2_grpc.FarmStub(channel)
-        status = lambda: code_of(lambda: stub.Status(farm_pb2.StatusRequest(), metadata=AUTH, timeout=10))  # noqa: E731
+        stub = farm_pb2_grpc.FarmServiceStub(channel)
+        status = lambda: code_of(lambda: stub.GetStatus(farm_pb2.GetStatusRequest(), metadata=AUTH, timeout=10))  # noqa: E731
 
         # Calls cancelled at any stage give their room back: afterwards three can still be held open.
         for _ in range(30):
-            stub.Run.future(farm_pb2.RunRequest(env="x", agent="y", rollouts=1), metadata=AUTH, timeout=10).cancel()
+            stub.CreateRun.future(farm_pb2.CreateRunRequest(env="x", agent="y", rollouts=1), metadata=AUTH, timeout=10).cancel()
         release = threading.Event()
         held = _until(lambda: _hold(stub, 3, release))
         try:
@@ -160,12 +156,12 @@ def test_concurrent_calls_are_bounded_and_open_calls_have_their_own_room(running
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_concurrent_calls" in msg, (code, msg)
             open_calls_answer(farm.addr)  # a full farm still says it is alive
             # Unauthenticated callers learn nothing about how busy the farm is.
-            assert code_of(lambda: stub.Status(farm_pb2.StatusRequest(), timeout=10))[0] == \
+            assert code_of(lambda: stub.GetStatus(farm_pb2.GetStatusRequest(), timeout=10))[0] == \
                 grpc.StatusCode.UNAUTHENTICATED
         finally:
             release.set()
         for fut in held:
-            assert fut.exception(timeout=30).code() == grpc.StatusCode.DATA_LOSS
+            assert fut.exception(timeout=30).code() == grpc.StatusCode.INVALID_ARGUMENT
         _until(lambda: status()[0] == grpc.StatusCode.OK)
 
         # Open calls (health watchers) have a room of their own: they cannot crowd out the farm's calls.

@@ -84,13 +84,13 @@ def test_a_wrong_hash_stores_nothing(running_farm) -> None:  # type: ignore[no-u
     data = random.Random(8).randbytes(3 * MB + 17)
     with FarmClient(farm.addr) as client, grpc.insecure_channel(farm.addr) as channel:
         first = client.publish_policy(b"weights-1")
-        stub = farm_pb2_grpc.FarmStub(channel)
+        stub = farm_pb2_grpc.FarmServiceStub(channel)
         wrong = hashlib.sha256(b"something else").hexdigest()
-        chunks = [farm_pb2.PolicyChunk(sha256=wrong, data=data[:MB])] + \
-            [farm_pb2.PolicyChunk(data=data[i:i + MB]) for i in range(MB, len(data), MB)]
+        chunks = [farm_pb2.PublishPolicyRequest(sha256=wrong, data=data[:MB])] + \
+            [farm_pb2.PublishPolicyRequest(data=data[i:i + MB]) for i in range(MB, len(data), MB)]
         with pytest.raises(grpc.RpcError) as err:
             stub.PublishPolicy(iter(chunks), timeout=30)
-        assert err.value.code() == grpc.StatusCode.DATA_LOSS and "hashes to" in (err.value.details() or "")
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "hashes to" in (err.value.details() or "")
         assert policy_files(farm.data_dir) == [first["sha256"]] and uploads_in(farm.data_dir) == []
         for sha in (wrong, hashlib.sha256(data).hexdigest()):
             with pytest.raises(grpc.RpcError) as err:
@@ -103,10 +103,10 @@ def test_a_wrong_hash_stores_nothing(running_farm) -> None:  # type: ignore[no-u
                 list(stub.GetPolicy(farm_pb2.GetPolicyRequest(sha256=bad), timeout=10))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             with pytest.raises(grpc.RpcError) as err:
-                stub.PublishPolicy(iter([farm_pb2.PolicyChunk(sha256=bad, data=b"x")]), timeout=10)
+                stub.PublishPolicy(iter([farm_pb2.PublishPolicyRequest(sha256=bad, data=b"x")]), timeout=10)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         with pytest.raises(grpc.RpcError) as err:
-            stub.PublishPolicy(iter([farm_pb2.PolicyChunk(uri="s3://" + "x" * 5000)]), timeout=10)
+            stub.PublishPolicy(iter([farm_pb2.PublishPolicyRequest(uri="s3://" + "x" * 5000)]), timeout=10)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert policy_files(farm.data_dir) == [first["sha256"]] and uploads_in(farm.data_dir) == []
 
@@ -115,9 +115,9 @@ def _slow_upload(stub: farm_pb2_grpc.FarmStub, release: threading.Event) -> grpc
     """An upload that sends 3 MiB, then waits for ``release`` before it sends the rest."""
     def chunks() -> Iterator[farm_pb2.PolicyChunk]:
         for _ in range(3):
-            yield farm_pb2.PolicyChunk(data=bytes(MB))
+            yield farm_pb2.PublishPolicyRequest(data=bytes(MB))
         release.wait(60)
-        yield farm_pb2.PolicyChunk(data=b"end")
+        yield farm_pb2.PublishPolicyRequest(data=b"end")
 
     return stub.PublishPolicy.future(chunks(), timeout=60)
 
@@ -127,8 +127,8 @@ def test_a_failed_cancelled_or_crashed_upload_leaves_no_file(running_farm, tmp_p
     config.write_text(f"[farm]\nmax_policy_bytes = {5 * MB}\n")
     farm = running_farm("--workers", "0", "--config", str(config))
     with grpc.insecure_channel(farm.addr) as channel:
-        stub = farm_pb2_grpc.FarmStub(channel)
-        too_big = (farm_pb2.PolicyChunk(data=bytes(MB)) for _ in range(8))
+        stub = farm_pb2_grpc.FarmServiceStub(channel)
+        too_big = (farm_pb2.PublishPolicyRequest(data=bytes(MB)) for _ in range(8))
         with pytest.raises(grpc.RpcError) as err:
             stub.PublishPolicy(too_big, timeout=30)
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_policy_bytes" in (

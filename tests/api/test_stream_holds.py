@@ -20,7 +20,7 @@ import pytest
 from farm.v1 import farm_pb2, farm_pb2_grpc
 from farm_client import FarmClient
 
-from farmd.records import Trajectory
+from farmd.records import Step, Trajectory
 from farmd.store import Store
 from tests.conftest import farmctl
 
@@ -31,7 +31,7 @@ def traj(job: Any, final: str, reasons: list[str] | None = None) -> Trajectory:
     return Trajectory(id=job.id, group_id=job.group_id, env=job.env, env_version="1", seed=job.seed,
                       difficulty=job.difficulty, agent=job.agent, policy_version=0, reward=0.0, passed=False,
                       status="ok", reasons=reasons or ["wrong"], flags=[], verifier_version="1",
-                      steps=[{"action": None, "observation": None, "exit_code": None, "seconds": 0.1}], final=final,
+                      steps=[Step(duration=0.1)], final=final,
                       node="n1")
 
 
@@ -74,40 +74,38 @@ def test_big_groups_and_broken_old_records_travel(stored, running_farm, tmp_path
     data, ids = stored
     farm = running_farm("--workers", "0", data_dir=data)
     with FarmClient(farm.addr) as client:
-        got: list[dict[str, Any]] = []
-        for batch in client.batches("t", batch_size=64, whole_groups=True, include_steps=True):
+        got: list[Any] = []
+        for batch in client.batches("t", batch_size=64, whole_groups=True):
             assert len(set(batch.group_ids)) == len(batch.group_ids) // max(1, len(batch)) or batch.trajectories
             got += batch.trajectories
             client.ack(batch)
             if len(got) == len(ids):
                 break
-        assert sorted(t["id"] for t in got) == sorted(ids)
-        by_id = {t["id"]: t for t in got}
-        assert "truncated" in by_id[ids[0]]["flags"] and len(by_id[ids[0]]["final"]) <= 256 * 1024
-        assert by_id[ids[3]]["final"] == "\U0001F600" * (200 * 1024), "a record within bounds comes whole"
-        assert "\ufffd" in by_id[ids[-1]]["final"] and "\ufffd" in by_id[ids[-1]]["reasons"][0]
+        assert sorted(t.id for t in got) == sorted(ids)
+        by_id = {t.id: t for t in got}
+        assert "truncated" in by_id[ids[0]].flags and len(by_id[ids[0]].final) <= 256 * 1024
+        assert by_id[ids[3]].final == "\U0001F600" * (200 * 1024), "a record within bounds comes whole"
+        assert "\ufffd" in by_id[ids[-1]].final and "\ufffd" in by_id[ids[-1]].reasons[0]
 
         # Not whole groups, with and without steps; the listing pages by size; one at a time.
-        for steps in (True, False):
+        for summary in (False, True):
             seen = []
-            for batch in client.batches(f"flat{steps}", batch_size=64, include_steps=steps):
-                seen += [t["id"] for t in batch.trajectories]
+            for batch in client.batches(f"flat{summary}", batch_size=64, summary_only=summary):
+                seen += [t.id for t in batch.trajectories]
                 client.ack(batch)
                 if len(seen) == len(ids):
                     break
             assert sorted(seen) == sorted(ids)
-        listed, after = [], 0
-        while page := client.trajectories(limit=1000, after_seq=after, include_steps=True):
-            listed += page
-            after = page[-1]["seq"]
-        assert [t["id"] for t in listed] == sorted(ids)
-        assert "\ufffd" in client.trajectory(ids[-1])["steps"][0]["action"]
+        listed = [t for page in client.trajectory_pages(full=True) for t in page]
+        assert [t.id for t in listed] == sorted(ids)
+        old = client.trajectory(ids[-1])  # stored by an older farmd, upgraded on read
+        assert "\ufffd" in old.steps[0].action and old.steps[0].exit_code == 1
 
     # The 16 records near their bound make one batch of more than one message: the raw stream says so.
     with grpc.insecure_channel(farm.addr, options=[("grpc.max_receive_message_length", 64 << 20)]) as channel:
-        stub = farm_pb2_grpc.FarmStub(channel)
-        stream = stub.StreamTrajectories(farm_pb2.StreamRequest(consumer="raw", batch_size=64, whole_groups=True,
-                                                                include_steps=True), timeout=30)
+        stub = farm_pb2_grpc.FarmServiceStub(channel)
+        stream = stub.StreamTrajectories(farm_pb2.StreamTrajectoriesRequest(consumer="raw", batch_size=64,
+                                                                            whole_groups=True), timeout=30)
         messages = []
         for message in stream:
             messages.append((len(message.trajectories), message.more, message.up_to))
@@ -169,7 +167,7 @@ def consume(addr: str, consumer: str, want: int, timeout_s: float, **stream: Any
 def rogue(addr: str) -> Iterator[None]:
     """A client streaming as ``rogue`` that takes the first batch it is sent and sits on it, never acking."""
     with grpc.insecure_channel(addr) as channel:
-        stream = farm_pb2_grpc.FarmStub(channel).StreamTrajectories(farm_pb2.StreamRequest(consumer="rogue",
+        stream = farm_pb2_grpc.FarmServiceStub(channel).StreamTrajectories(farm_pb2.StreamTrajectoriesRequest(consumer="rogue",
                                                                                            batch_size=4))
         reader = threading.Thread(target=lambda: next(stream, None), daemon=True)
         reader.start()
@@ -211,8 +209,8 @@ def test_a_name_cannot_move_another_consumers_cursor(tmp_path: Path, running_far
         assert client.ack("x", 1, whole_groups=True) == 1
         assert client.ack("x#groups", 6) == 6  # a trajectory cursor that happens to be named like a group one
         with grpc.insecure_channel(farm.addr) as channel:
-            stream = farm_pb2_grpc.FarmStub(channel).StreamTrajectories(
-                farm_pb2.StreamRequest(consumer="x", batch_size=64, whole_groups=True), timeout=10)
+            stream = farm_pb2_grpc.FarmServiceStub(channel).StreamTrajectories(
+                farm_pb2.StreamTrajectoriesRequest(consumer="x", batch_size=64, whole_groups=True), timeout=10)
             first = next(stream)
             stream.cancel()
         assert len(first.trajectories) == 6 and first.up_to == 4, "x's groups after its own cursor, all of them"
@@ -222,8 +220,8 @@ def test_a_name_that_is_not_utf8_is_refused_at_the_edge(running_farm) -> None:  
     farm = running_farm("--workers", "0")
     good = farm_pb2.AckRequest(consumer="ab", up_to=0).SerializeToString()
     with grpc.insecure_channel(farm.addr) as channel:
-        ack = channel.unary_unary("/farm.v1.Farm/Ack")
+        ack = channel.unary_unary("/farm.v1.FarmService/Ack")
         with pytest.raises(grpc.RpcError) as refused:
             ack(good.replace(b"ab", b"a\xed"), timeout=10)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert farm_pb2.AckReply.FromString(ack(good, timeout=10)).cursor == 0  # the next is served as ever
+        assert farm_pb2.AckResponse.FromString(ack(good, timeout=10)).cursor == 0  # the next is served as ever

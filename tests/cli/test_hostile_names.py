@@ -13,7 +13,7 @@ from pathlib import Path
 
 from farm_client import FarmClient
 
-from farmd.records import Trajectory
+from farmd.records import Step, Trajectory
 from farmd.store import Store
 from tests.cli.hostile import HOSTILE, SHOWN, assert_shown_safely
 
@@ -29,7 +29,7 @@ async def _store_a_hostile_trajectory(data_dir: Path) -> None:
         await store.complete([("seed", Trajectory(
             id=job.id, group_id=group, env="py-func", env_version="1", seed=1, difficulty=1, agent=HOSTILE,
             policy_version=0, reward=0.0, passed=False, status="ok", reasons=[HOSTILE], flags=[HOSTILE],
-            verifier_version="1", steps=[{"action": HOSTILE, "observation": HOSTILE}], final=HOSTILE,
+            verifier_version="1", steps=[Step(action=HOSTILE, observation=HOSTILE)], final=HOSTILE,
             node=HOSTILE))])
     finally:
         await store.close()
@@ -42,7 +42,7 @@ def test_status_and_trajectories_show_hostile_names_escaped(running_farm, tmp_pa
     farm = running_farm("--workers", "0", data_dir=data)
     with FarmClient(farm.addr) as client:  # a trainer under a hostile name reads the one trajectory
         batch = next(iter(client.batches(HOSTILE, batch_size=8)))
-        assert [t["agent"] for t in batch.trajectories] == [HOSTILE]
+        assert [t.agent for t in batch.trajectories] == [HOSTILE]
         assert client.ack(batch) == 1
 
     status = farm.farmctl("status", env=WIDE)  # exits 0: a name is never read as markup
@@ -53,8 +53,9 @@ def test_status_and_trajectories_show_hostile_names_escaped(running_farm, tmp_pa
 
     listed = farm.farmctl("trajectories", "list", env=WIDE)
     assert_shown_safely(listed.stdout)
-    assert listed.stdout.decode().count(SHOWN) == 3  # agent, flags, node
+    # Flags are a closed set on the wire: one that is not in it never leaves the store.
+    assert listed.stdout.decode().count(SHOWN) == 2  # agent, node
     (row,) = json.loads(farm.farmctl("trajectories", "list", "--json").stdout)
-    assert (row["agent"], row["flags"], row["node"]) == (HOSTILE, [HOSTILE], HOSTILE), "--json stays exact"
-    shown = json.loads(farm.farmctl("trajectories", "show", str(row["id"])).stdout)
+    assert (row["agent"], row["flags"], row["node"]) == (HOSTILE, [], HOSTILE), "--json stays exact"
+    shown = json.loads(farm.farmctl("trajectories", "show", "--json", str(row["id"])).stdout)
     assert shown["final"] == HOSTILE and shown["reasons"] == [HOSTILE]

@@ -20,6 +20,12 @@ def test_run_status_trajectories_export_rescore(running_farm, tmp_path: Path) ->
     assert "queued 4 rollouts" in queued
     farm.farmctl("run", "--env", "rg:chain_sum", "--agent", "random", "--rollouts", "4", "--wait")
 
+    runs = json.loads(farm.farmctl("runs", "list", "--json").stdout)
+    assert [(r["env"], r["state"], r["jobs"]) for r in runs] == \
+        [("rg:chain_sum", "succeeded", 4), ("rg:chain_sum", "succeeded", 4), ("py-func", "succeeded", 6)]
+    assert json.loads(farm.farmctl("runs", "show", str(ran["id"]), "--json").stdout)["passed"] == 6
+    assert "succeeded" in farm.farmctl("runs", "show", str(ran["id"])).stdout.decode()
+
     status = json.loads(farm.farmctl("status", "--json").stdout)
     assert status["queue"]["done"] == 14 and status["queue"]["failed"] == 0
     rates = {(r["env"], r["difficulty"]): r for r in status["pass_rates"]}
@@ -30,8 +36,9 @@ def test_run_status_trajectories_export_rescore(running_farm, tmp_path: Path) ->
 
     listed = json.loads(farm.farmctl("trajectories", "list", "--env", "py-func", "--json").stdout)
     assert len(listed) == 6 and all(t["passed"] for t in listed)
-    shown = json.loads(farm.farmctl("trajectories", "show", str(listed[0]["id"])).stdout)
+    shown = json.loads(farm.farmctl("trajectories", "show", "--json", str(listed[0]["id"])).stdout)
     assert shown["id"] == listed[0]["id"] and "def " in shown["final"] and shown["steps"]
+    assert shown["task"]["kind"] == "submission" and shown["task"]["entry_point"] and shown["timings"]["total"] > 0
     missing = farm.farmctl("trajectories", "show", "99999", check=False)
     assert missing.returncode != 0 and b"NOT_FOUND" in missing.stderr
 
@@ -46,12 +53,14 @@ def test_run_status_trajectories_export_rescore(running_farm, tmp_path: Path) ->
     table = pq.read_table(parquet)
     assert table.num_rows == 6 and set(table.column("env").to_pylist()) == {"py-func"}
     assert table.column("final").to_pylist()[0].startswith("def ")
-    assert json.loads(table.column("steps").to_pylist()[0])[0]["action"] is None, "the submission is kept once"
+    assert table.column("steps").to_pylist()[0][0]["action"] == "", "the submission is kept once"
 
     first = json.loads(farm.farmctl("rescore", "--env", "py-func", "--json").stdout)
     assert (first["scored"], first["already"], first["errors"]) == (6, 0, 0)
     again = json.loads(farm.farmctl("rescore", "--env", "py-func", "--json").stdout)
     assert (again["scored"], again["already"]) == (0, 6), "scores are added once, never overwritten"
+    rescored = json.loads(farm.farmctl("trajectories", "show", "--json", str(listed[0]["id"])).stdout)
+    assert [(s["verifier_version"], s["passed"]) for s in rescored["scores"]] == [(first["verifier_version"], True)]
 
     bad = farm.farmctl("run", "--env", "nope", "--agent", "reference", "--rollouts", "1", check=False)
     assert bad.returncode != 0 and b"INVALID_ARGUMENT" in bad.stderr and b"nope" in bad.stderr
@@ -59,7 +68,11 @@ def test_run_status_trajectories_export_rescore(running_farm, tmp_path: Path) ->
     assert farm.stop() == 0
     stopped = tmp_path / "stopped.jsonl"
     farm.farmctl("export", "--format", "jsonl", "--out", str(stopped), "--data", str(farm.data_dir))
-    assert stopped.read_text() == jsonl.read_text(), "the data dir holds what farmd served"
+    served = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    kept = [json.loads(line) for line in stopped.read_text().splitlines()]
+    rescored_ids = {r["id"] for r in kept if r["scores"]}
+    assert rescored_ids == {r["id"] for r in served if r["env"] == "py-func"}, "rescores are exported with the record"
+    assert [{**r, "scores": []} for r in kept] == served, "the data dir holds what farmd served"
     empty = tmp_path / "empty.parquet"
     farm.farmctl("export", "--format", "parquet", "--out", str(empty), "--data", str(farm.data_dir), "--env", "shell")
     assert pq.read_table(empty).num_rows == 0

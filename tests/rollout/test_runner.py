@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from farm.v1 import farm_pb2
+from farm.v1 import trajectory_pb2
 
 from farmd.agents import Agent, AgentResult
 from farmd.agents.base import Step
@@ -134,7 +133,7 @@ async def test_a_huge_reply_is_stored_once_and_within_bounds(ctx: VerifyContext)
     traj = await run_rollout(job("rg:chain_sum"), env, Says(huge), ctx, "n1")
     assert traj.status == "ok" and TRUNCATED in traj.flags
     assert len(traj.final) <= MAX_FINAL_CHARS
-    assert traj.steps and all(s["action"] is None for s in traj.steps), "a submission step never repeats it"
-    message: farm_pb2.Trajectory = trajectory_pb(traj)
+    assert traj.steps and all(s.action == "" for s in traj.steps), "a submission step never repeats it"
+    message: trajectory_pb2.Trajectory = trajectory_pb(traj)
     assert message.ByteSize() < 2 << 20
-    assert json.loads(message.steps_json)[0]["action"] is None
+    assert message.steps[0].action == "" and message.task.prompt == traj.task.prompt != ""

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from farmd.errors import BadRequest
-from farmd.records import JobState, Trajectory
+from farmd.records import JobState, Step, Trajectory
 from farmd.store import Store, StoreError
 from farmd.store.schema import MIGRATIONS
 
@@ -20,7 +20,7 @@ def traj(job_id: int, group_id: int = 1, reward: float = 1.0, status: str = "ok"
     return Trajectory(id=job_id, group_id=group_id, env="py-func", env_version="1", seed=1, difficulty=2,
                       agent="reference", policy_version=0, reward=reward, passed=reward > 0, status=status,
                       reasons=["r"], flags=[], verifier_version="1",
-                      steps=[{"action": "def transform(x): ...", "observation": None}], final="src", node="n1")
+                      steps=[Step(action="def transform(x): ...")], final="src", node="n1")
 
 
 @pytest.fixture

@@ -1,0 +1,245 @@
+"""Records <-> protos, derived from the two field lists rather than written out field by field.
+
+A record is a dataclass whose field names are its message's (``protos/farm/v1``). What a field becomes
+is read from the message's descriptor, so no conversion lists the fields again:
+
+- ``google.protobuf.Timestamp``: seconds since the epoch as a float (0.0 when unset);
+- ``google.protobuf.Duration``: seconds as a float;
+- ``google.protobuf.Struct`` / ``Value``: plain JSON values (a whole-number double comes back as an int);
+- an enum: the lower-case name after the enum's prefix (``FLAG_TRUNCATED`` <-> ``"truncated"``; the zero
+  value <-> ``""``);
+- ``optional`` scalars: ``None`` when unset;
+- a nested message: the nested dataclass; repeated fields and maps: lists and dicts.
+
+Both farmd (``farmd.records``) and trainers (``farm_client.record``) convert through here, and a test
+checks that each dataclass has exactly its message's fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+import typing
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from google.protobuf import json_format, struct_pb2
+from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+R = TypeVar("R")
+M = TypeVar("M", bound=Message)
+
+_TIMESTAMP = "google.protobuf.Timestamp"
+_DURATION = "google.protobuf.Duration"
+_STRUCT = "google.protobuf.Struct"
+_VALUE = "google.protobuf.Value"
+
+
+def enum_prefix(enum: EnumDescriptor) -> str:
+    """``FinishReason`` -> ``FINISH_REASON_``: buf's rule for enum value names."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", enum.name).upper() + "_"
+
+
+@functools.cache
+def _enum_maps(enum: EnumDescriptor) -> tuple[dict[str, int], dict[int, str]]:
+    prefix = enum_prefix(enum)
+    names = {v.number: v.name.removeprefix(prefix).lower() for v in enum.values}
+    names[0] = ""
+    return {name: number for number, name in names.items()}, names
+
+
+def enum_names(enum: EnumDescriptor) -> list[str]:
+    """The values a record may hold for ``enum``, "" (unspecified) aside."""
+    return [name for name in _enum_maps(enum)[0] if name]
+
+
+def _plain_number(value: Any) -> Any:
+    """Struct numbers are doubles: a whole one within int range comes back as the int it was."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _plain_number(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_number(v) for v in value]
+    return value
+
+
+def _descriptor(message: Message) -> Descriptor:
+    return typing.cast(Descriptor, message.DESCRIPTOR)
+
+
+def _message_type(fd: FieldDescriptor) -> Descriptor:
+    if fd.message_type is None:
+        raise TypeError(f"{fd.full_name} is not a message field")
+    return fd.message_type
+
+
+def _is_map(fd: FieldDescriptor) -> bool:
+    return fd.type == FieldDescriptor.TYPE_MESSAGE and bool(_message_type(fd).GetOptions().map_entry)
+
+
+def seconds(value: Any) -> float:
+    """A Timestamp or Duration as float seconds (whole seconds and nanos apart: ``ToNanoseconds() / 1e9``
+    rounds an epoch time's last digits away)."""
+    return float(value.seconds) + float(value.nanos) / 1e9
+
+
+def _set_seconds(message: Any, value: float) -> None:
+    whole = math.floor(value)
+    nanos = round((value - whole) * 1e9)
+    if nanos >= 1_000_000_000:
+        whole, nanos = whole + 1, nanos - 1_000_000_000
+    message.seconds, message.nanos = whole, nanos
+
+
+def _is_repeated(fd: FieldDescriptor) -> bool:
+    return bool(fd.is_repeated)
+
+
+# -- record -> message --------------------------------------------------------------------------------
+
+
+def _to_setter(fd: FieldDescriptor) -> Callable[[Message, Any], None]:
+    name = fd.name
+    if fd.type == FieldDescriptor.TYPE_ENUM:
+        numbers = _enum_maps(fd.enum_type)[0]
+        if _is_repeated(fd):
+            # A value outside the closed set (a record from before it was closed) has no number: left out,
+            # rather than sent as UNSPECIFIED, which would read back as a value nobody wrote.
+            return lambda m, v: getattr(m, name).extend(numbers[x] for x in v if x in numbers and x)
+        return lambda m, v: setattr(m, name, numbers.get(v, 0))
+    if _is_map(fd):
+        value_fd = _message_type(fd).fields_by_name["value"]
+        if value_fd.type == FieldDescriptor.TYPE_MESSAGE:
+            def set_map(m: Message, v: Any) -> None:
+                for key, item in v.items():
+                    to_message(item, getattr(m, name)[key])
+            return set_map
+        return lambda m, v: getattr(m, name).update(v)
+    if fd.type != FieldDescriptor.TYPE_MESSAGE:
+        if _is_repeated(fd):
+            return lambda m, v: getattr(m, name).extend(v)
+        if fd.has_presence:
+            return lambda m, v: None if v is None else setattr(m, name, v)
+        return lambda m, v: setattr(m, name, v)
+    full = _message_type(fd).full_name
+    if full in (_TIMESTAMP, _DURATION):
+        if _is_repeated(fd):
+            raise TypeError(f"{fd.full_name}: repeated {full} is not a record field type")
+        return lambda m, v: _set_seconds(getattr(m, name), v) if v else None
+    if full == _STRUCT:
+        return lambda m, v: getattr(m, name).update(v) if v else None
+    if full == _VALUE:
+        if _is_repeated(fd):
+            return lambda m, v: getattr(m, name).extend(json_format.ParseDict(x, struct_pb2.Value()) for x in v)
+        return lambda m, v: json_format.ParseDict(v, getattr(m, name))
+    if _is_repeated(fd):
+        def add_all(m: Message, v: Any) -> None:
+            field = getattr(m, name)
+            for item in v:
+                to_message(item, field.add())
+        return add_all
+    return lambda m, v: None if v is None else to_message(v, getattr(m, name))
+
+
+def _item_hint(hint: Any) -> Any:
+    args = typing.get_args(hint)
+    return args[-1] if args else Any
+
+
+_TO_PLANS: dict[tuple[type, Descriptor], tuple[tuple[str, Callable[[Message, Any], None]], ...]] = {}
+_FROM_PLANS: dict[tuple[type, Descriptor], tuple[tuple[str, Callable[[Message], Any]], ...]] = {}
+
+
+def _to_plan(cls: type, descriptor: Descriptor) -> tuple[tuple[str, Callable[[Message, Any], None]], ...]:
+    known = _TO_PLANS.get((cls, descriptor))
+    if known is not None:
+        return known
+    plan = []
+    for f in dataclasses.fields(cls):
+        fd = descriptor.fields_by_name.get(f.name)
+        if fd is None:
+            raise TypeError(f"{cls.__name__}.{f.name} has no field in {descriptor.full_name}")
+        plan.append((f.name, _to_setter(fd)))
+    _TO_PLANS[(cls, descriptor)] = tuple(plan)
+    return _TO_PLANS[(cls, descriptor)]
+
+
+def to_message(record: Any, message: M) -> M:
+    """Fill ``message`` (a new one, or a field of one) from ``record``; returns it."""
+    for name, setter in _to_plan(type(record), _descriptor(message)):
+        setter(message, getattr(record, name))
+    return message
+
+
+# -- message -> record --------------------------------------------------------------------------------
+
+
+def _from_getter(fd: FieldDescriptor, hint: Any) -> Callable[[Message], Any]:
+    name = fd.name
+    if fd.type == FieldDescriptor.TYPE_ENUM:
+        names = _enum_maps(fd.enum_type)[1]
+        if _is_repeated(fd):
+            return lambda m: [names.get(x, "") for x in getattr(m, name)]
+        return lambda m: names.get(getattr(m, name), "")
+    if _is_map(fd):
+        value_fd = _message_type(fd).fields_by_name["value"]
+        if value_fd.type == FieldDescriptor.TYPE_MESSAGE:
+            item = _item_hint(hint)
+            return lambda m: {k: from_message(v, item) for k, v in getattr(m, name).items()}
+        return lambda m: dict(getattr(m, name))
+    if fd.type != FieldDescriptor.TYPE_MESSAGE:
+        if _is_repeated(fd):
+            return lambda m: list(getattr(m, name))
+        if fd.has_presence:
+            return lambda m: getattr(m, name) if m.HasField(name) else None
+        return lambda m: getattr(m, name)
+    full = _message_type(fd).full_name
+    if full in (_TIMESTAMP, _DURATION):
+        return lambda m: seconds(getattr(m, name)) if m.HasField(name) else 0.0
+    if full == _STRUCT:
+        return lambda m: _plain_number(json_format.MessageToDict(getattr(m, name)))
+    if full == _VALUE:
+        if _is_repeated(fd):
+            return lambda m: [_plain_number(json_format.MessageToDict(x)) for x in getattr(m, name)]
+        return lambda m: _plain_number(json_format.MessageToDict(getattr(m, name))) if m.HasField(name) else None
+    item = _item_hint(hint) if _is_repeated(fd) else hint
+    if isinstance(item, str) or item is Any:
+        raise TypeError(f"{fd.full_name}: the record's type {hint!r} names no dataclass")
+    if _is_repeated(fd):
+        return lambda m: [from_message(x, item) for x in getattr(m, name)]
+    optional = type(None) in typing.get_args(hint)
+    if optional:
+        item = next(a for a in typing.get_args(hint) if a is not type(None))
+        return lambda m: from_message(getattr(m, name), item) if m.HasField(name) else None
+    return lambda m: from_message(getattr(m, name), item)
+
+
+def _from_plan(cls: type, descriptor: Descriptor) -> tuple[tuple[str, Callable[[Message], Any]], ...]:
+    known = _FROM_PLANS.get((cls, descriptor))
+    if known is not None:
+        return known
+    hints = typing.get_type_hints(cls)
+    plan = []
+    for f in dataclasses.fields(cls):
+        fd = descriptor.fields_by_name.get(f.name)
+        if fd is None:
+            raise TypeError(f"{cls.__name__}.{f.name} has no field in {descriptor.full_name}")
+        plan.append((f.name, _from_getter(fd, hints[f.name])))
+    _FROM_PLANS[(cls, descriptor)] = tuple(plan)
+    return _FROM_PLANS[(cls, descriptor)]
+
+
+def from_message(message: Message, cls: type[R]) -> R:
+    """The ``cls`` record ``message`` holds."""
+    return cls(**{name: get(message) for name, get in _from_plan(cls, _descriptor(message))})
+
+
+def mismatched_fields(cls: type, descriptor: Descriptor) -> tuple[set[str], set[str]]:
+    """(fields only the record has, fields only the message has): both empty when they are in step."""
+    ours = {f.name for f in dataclasses.fields(cls)}
+    theirs = set(descriptor.fields_by_name)
+    return ours - theirs, theirs - ours

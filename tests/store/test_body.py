@@ -1,0 +1,100 @@
+"""A trajectory's body: what goes in comes back, through each way a body has been written."""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+
+from farmd.records import ChatMessage, PosedTask, SamplingParams, Trajectory, Turn, Usage, to_plain
+from farmd.store import Store
+
+
+def f32(x: float) -> float:
+    """A logprob as servers send them: a float32 widened to a double."""
+    return float(struct.unpack("f", struct.pack("f", x))[0])
+
+
+def record(job_id: int, group_id: int, turns: list[Turn]) -> Trajectory:
+    return Trajectory(id=job_id, group_id=group_id, env="py-func", env_version="1", seed=1, difficulty=2,
+                      agent="chat:m", policy_version=0, reward=1.0, passed=True, status="ok", reasons=[], flags=[],
+                      verifier_version="1", final="def transform(x): return x", node="n1",
+                      task=PosedTask(prompt="Write transform(x).", examples=[{"input": [1], "output": 1}]),
+                      messages=[ChatMessage("system", "s"), ChatMessage("user", "Write transform(x)."),
+                                ChatMessage("assistant", "first"), ChatMessage("user", "again"),
+                                ChatMessage("assistant", "second, edited")],
+                      turns=turns, sampling=SamplingParams(model="m", temperature=1.0, stop=["</s>"]),
+                      usage=Usage(prompt_tokens=9, completion_tokens=4, total_tokens=13, requests=2))
+
+
+TURNS = [
+    Turn(message_index=2, prompt_messages=2, completion="first", prompt_token_ids=[0, 151_935, 2 ** 32 - 1],
+         token_ids=[7, 8], logprobs=[f32(-0.0001234), -1e-300, -math.inf], has_logprobs=True, finish_reason="stop",
+         usage=Usage(prompt_tokens=3, completion_tokens=2)),
+    # Its message was edited after the reply (so the text is kept apart); no logprobs came back.
+    Turn(message_index=4, prompt_messages=4, completion="second", prompt_token_ids=list(range(1000)),
+         token_ids=[5], finish_reason="length"),
+    # Not what a server sends, but a record may hold it: kept as given.
+    Turn(message_index=9, completion="orphan", token_ids=[-1, 2 ** 40], logprobs=[0.5]),
+]
+
+
+async def test_turns_come_back_as_they_went_in(tmp_path: Path) -> None:
+    store = await Store.open(tmp_path / "farm.db")
+    try:
+        await store.enqueue([("py-func", 1, 2, "chat:m", 2)])
+        jobs = await store.lease("w", 2, 30, 0)
+        sent = [record(jobs[0].id, jobs[0].group_id, TURNS), record(jobs[1].id, jobs[1].group_id, [])]
+        expected = [to_plain(t) for t in sent]
+        assert await store.complete([("w", t) for t in sent]) == [j.id for j in jobs]
+        for want, job in zip(expected, jobs, strict=True):
+            got = await store.trajectory(job.id)
+            assert got is not None
+            for name in ("task", "messages", "turns", "sampling", "usage", "final"):
+                assert to_plain(getattr(got, name)) == want[name], name
+        streamed = await store.group_trajectories([jobs[0].group_id])
+        assert [to_plain(t.turns) for t in streamed] == [want["turns"] for want in expected]
+    finally:
+        await store.close()
+
+
+async def test_a_body_of_json_only_is_still_read(tmp_path: Path) -> None:
+    """Version 2 kept token ids and logprobs in the JSON."""
+    db = tmp_path / "farm.db"
+    store = await Store.open(db)
+    try:
+        await store.enqueue([("py-func", 1, 2, "chat:m", 1)])
+        (job,) = await store.lease("w", 1, 30, 0)
+        sent = record(job.id, job.group_id, TURNS[:2])
+        await store.complete([("w", sent)])
+        body = {"v": 2, **{k: v for k, v in to_plain(sent).items()
+                           if k in ("task", "messages", "turns", "sampling", "usage", "final")}}
+        body["turns"][0]["completion"] = None  # its assistant message's text, as version 2 kept it
+        with sqlite3.connect(db) as conn:
+            conn.execute("UPDATE trajectories SET body=? WHERE id=?",
+                         (zlib.compress(json.dumps(body).encode(), 1), job.id))
+        got = await store.trajectory(job.id)
+        assert got is not None and to_plain(got.turns) == to_plain(sent.turns)
+    finally:
+        await store.close()
+
+
+async def test_a_cut_body_is_an_error_not_a_shorter_record(tmp_path: Path) -> None:
+    db = tmp_path / "farm.db"
+    store = await Store.open(db)
+    try:
+        await store.enqueue([("py-func", 1, 2, "chat:m", 1)])
+        (job,) = await store.lease("w", 1, 30, 0)
+        await store.complete([("w", record(job.id, job.group_id, TURNS[:1]))])
+        with sqlite3.connect(db) as conn:
+            (body,) = conn.execute("SELECT body FROM trajectories WHERE id=?", (job.id,)).fetchone()
+            conn.execute("UPDATE trajectories SET body=? WHERE id=?", (body[:-4], job.id))
+        with pytest.raises(ValueError):
+            await store.trajectory(job.id)
+    finally:
+        await store.close()

@@ -1,0 +1,140 @@
+"""The trajectory record is written once: farmd's dataclass, the client's and the proto agree field for
+field, convert both ways without loss, and a record is bounded before it is stored."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+
+import farm_client.record as client_record
+import pytest
+from farm.v1 import trajectory_pb2
+from farm_client.convert import enum_names, from_message, mismatched_fields, to_message
+
+from farmd import flags as farm_flags
+from farmd import records
+from farmd.records import (
+    MAX_CONVERSATION_CHARS,
+    MAX_TOKEN_ENTRIES,
+    ChatMessage,
+    PosedTask,
+    SamplingParams,
+    Score,
+    Step,
+    Timings,
+    ToolCall,
+    Trajectory,
+    Turn,
+    Usage,
+    from_plain,
+    to_plain,
+)
+
+
+def _record_types(module: typing.Any) -> dict[str, type]:
+    return {name: cls for name, cls in vars(module).items()
+            if dataclasses.is_dataclass(cls) and isinstance(cls, type) and hasattr(trajectory_pb2, name)}
+
+
+def test_records_client_and_proto_have_the_same_fields() -> None:
+    ours, theirs = _record_types(records), _record_types(client_record)
+    assert set(ours) == set(theirs) == {"PosedTask", "ToolCall", "ChatMessage", "Usage", "Turn", "SamplingParams",
+                                        "Step", "Score", "Timings", "Trajectory"}
+    for name, cls in ours.items():
+        message = getattr(trajectory_pb2, name).DESCRIPTOR
+        assert mismatched_fields(cls, message) == (set(), set()), name
+        assert mismatched_fields(theirs[name], message) == (set(), set()), name
+        assert [f.name for f in dataclasses.fields(cls)] == [f.name for f in dataclasses.fields(theirs[name])], name
+
+
+def test_the_flag_enum_is_the_closed_set() -> None:
+    assert set(enum_names(trajectory_pb2.DESCRIPTOR.enum_types_by_name["Flag"])) == set(farm_flags.ALL)
+
+
+def full_record() -> Trajectory:
+    return Trajectory(
+        id=7, group_id=3, env="py-func", env_version="2", seed=-5, difficulty=2, agent="openai:m@local",
+        policy_version=4, reward=0.5, passed=False, status="ok", reasons=["test 2 failed"],
+        flags=["truncated", "no_answer"], verifier_version="3", final="def f(x): return x", node="n1", run_id=9,
+        steps=[Step(action="ls", observation="a\nb", exit_code=0, duration=0.25, violations=["wall_time"]),
+               Step(action="sleep 9", exit_code=None)],
+        verdict_details={"tests": 10, "failed": 1, "speedup": 1.5},
+        task=PosedTask(kind="actions", prompt="Do it.", entry_point="f", answer_format="ANSWER: x",
+                       examples=[{"input": [1, 2], "output": 3}], metadata={"level": "two", "max_steps": 8}),
+        messages=[ChatMessage("system", "be good"), ChatMessage("user", "Do it."),
+                  ChatMessage("assistant", "", [ToolCall("c1", "run", '{"command": "ls"}')]),
+                  ChatMessage("tool", "a\nb", tool_call_id="c1"), ChatMessage("assistant", "ANSWER: 3")],
+        turns=[Turn(message_index=2, prompt_messages=2, completion="", prompt_token_ids=[1, 2, 3], token_ids=[4, 5],
+                    logprobs=[-0.5, -0.25], has_logprobs=True, finish_reason="tool_calls",
+                    usage=Usage(3, 2, 5, 1, 0), latency=0.125, choice_index=1),
+               Turn(message_index=4, prompt_messages=4, completion="ANSWER: 3", finish_reason="length")],
+        sampling=SamplingParams(model="m", temperature=0.75, top_p=0.5, max_tokens=64, seed=11, stop=["</s>"], n=8,
+                                extra={"top_k": 20}),
+        usage=Usage(prompt_tokens=10, completion_tokens=4, total_tokens=14, requests=2, retries=1),
+        agent_error="out of turns",
+        scores=[Score(verifier_version="4", reward=0.0, passed=False, status="ok", reasons=["r"],
+                      flags=["suspected_hack"], scored_at=1_700_000_000.5)],
+        timings=Timings(task=0.5, agent=1.25, verify=0.125, total=2.0), started_at=1_700_000_000.25,
+        finished_at=1_700_000_002.25, seq=12)
+
+
+def test_a_record_goes_over_the_wire_and_back_unchanged() -> None:
+    sent = full_record()
+    message = to_message(sent, trajectory_pb2.Trajectory())
+    assert message.flags == [trajectory_pb2.FLAG_TRUNCATED, trajectory_pb2.FLAG_NO_ANSWER]
+    assert message.status == trajectory_pb2.VERDICT_STATUS_OK
+    assert message.turns[1].finish_reason == trajectory_pb2.FINISH_REASON_LENGTH
+    assert message.finished_at.seconds == 1_700_000_002 and message.timings.agent.ToNanoseconds() == 1_250_000_000
+    assert message.steps[0].HasField("exit_code") and not message.steps[1].HasField("exit_code")
+    assert message.sampling.seed == 11 and message.sampling.HasField("seed")
+    for cls in (Trajectory, client_record.Trajectory):
+        got = from_message(trajectory_pb2.Trajectory.FromString(message.SerializeToString()), cls)
+        assert to_plain(got) == to_plain(sent), cls  # logprobs chosen exact in float32
+    unseeded = to_message(dataclasses.replace(sent, sampling=SamplingParams()), trajectory_pb2.Trajectory())
+    assert not unseeded.sampling.HasField("seed") and from_message(unseeded, Trajectory).sampling.seed is None
+
+
+def test_plain_values_round_trip() -> None:
+    sent = full_record()
+    assert from_plain(Trajectory, to_plain(sent)) == sent
+    assert from_plain(Trajectory, {**to_plain(sent), "turns": []}).turns == []
+
+
+def test_sealing_bounds_the_conversation_and_the_tokens() -> None:
+    base = full_record()
+    long = "é" * (MAX_CONVERSATION_CHARS // 2)
+    many = dataclasses.replace(base, messages=[ChatMessage("user", long) for _ in range(4)],
+                               turns=[Turn(message_index=i, prompt_token_ids=list(range(MAX_TOKEN_ENTRIES // 4)),
+                                           token_ids=[1] * 1000, logprobs=[-1.0] * 1000, has_logprobs=True)
+                                      for i in range(4)])
+    sealed = many.sealed()
+    assert sum(len(m.content) for m in sealed.messages) <= MAX_CONVERSATION_CHARS
+    assert [m.role for m in sealed.messages] == ["user"] * 4, "a message past the budget keeps its role"
+    entries = sum(len(t.prompt_token_ids) + len(t.token_ids) + len(t.logprobs) for t in sealed.turns)
+    assert entries <= MAX_TOKEN_ENTRIES
+    # Earlier turns' prompts go first: the last turn's prompt holds them, and every completion keeps its tokens.
+    assert sealed.turns[-1].prompt_token_ids and all(t.token_ids and t.has_logprobs for t in sealed.turns)
+    assert "truncated" in sealed.flags
+    assert "truncated" not in dataclasses.replace(base, flags=[]).sealed().flags, "a record within bounds is kept"
+
+
+def test_sealing_repairs_text_everywhere_it_is_kept() -> None:
+    bad = "\ud800"
+    record = dataclasses.replace(full_record(), flags=[],
+                                 messages=[ChatMessage("assistant", bad, [ToolCall("i", "run", bad)])],
+                                 task=PosedTask(prompt=bad, metadata={"k": bad}),
+                                 turns=[Turn(completion=bad, finish_reason="stop")])
+    sealed = record.sealed()
+    assert sealed.messages[0].content == "\ufffd" and sealed.messages[0].tool_calls[0].arguments == "\ufffd"
+    assert sealed.task.prompt == "\ufffd" and sealed.task.metadata == {"k": "\ufffd"}
+    assert sealed.turns[0].completion == "\ufffd" and sealed.flags == ["invalid_text"]
+    to_message(sealed, trajectory_pb2.Trajectory()).SerializeToString()  # encodes: nothing left to refuse
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_a_non_finite_logprob_survives_the_wire(value: float) -> None:
+    # -inf is a legitimate sampling logprob (a token the sampler forced); it must not break a stream.
+    record = dataclasses.replace(full_record(), turns=[Turn(token_ids=[1], logprobs=[-value], has_logprobs=True)])
+    got = from_message(to_message(record, trajectory_pb2.Trajectory()), Trajectory)
+    assert len(got.turns[0].logprobs) == 1
