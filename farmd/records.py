@@ -149,12 +149,17 @@ def _hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
+_SCALARS = frozenset({int, float, str, bool})
+
+
 def _value(hint: Any, value: Any) -> Any:
     if value is None:
         return None
     origin = get_origin(hint)
     if origin is list:
         (item,) = get_args(hint)
+        if item in _SCALARS:  # token ids, logprobs, reasons: copied whole, not item by item
+            return list(value)
         return [_value(item, v) for v in value]
     if isinstance(hint, type) and is_dataclass(hint):
         return from_plain(hint, value)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from datasets import load_dataset
 from farm_client import FarmClient
 from farm_client.record import Trajectory
 from farm_client.sequences import group_advantages
@@ -142,6 +143,19 @@ def test_the_stream_gives_tensors_masked_on_exactly_the_models_tokens(running_fa
             assert rows == 10
             assert any(abs(a) > 0.5 for batch in batches for a in batch.advantages.tolist())
             print(f"10 trajectories streamed as tensors in {streamed_s:.1f}s; {len(server.requests)} requests")
+
+            # The same trajectories exported to Parquet load in `datasets` with the conversation intact.
+            out = tmp_path / "e2e.parquet"
+            farm_proc.farmctl("export", "--format", "parquet", "--out", str(out))
+            rows_out = {r["id"]: r for r in load_dataset("parquet", data_files=str(out), split="train")}
+            assert set(rows_out) == set(trajectories)
+            for t in trajectories.values():
+                row = rows_out[t.id]
+                assert [(m["role"], m["content"]) for m in row["messages"]] == [(m.role, m.content) for m in t.messages]
+                assert [turn["token_ids"] for turn in row["turns"]] == [turn.token_ids for turn in t.turns]
+                for stored, turn in zip(row["turns"], t.turns, strict=True):
+                    assert stored["logprobs"] == pytest.approx(turn.logprobs, rel=1e-6)
+                assert row["task"]["prompt"] == t.task.prompt != "" and row["reward"] == t.reward
 
             # The README's trainer code, as written, against this farm and a tiny model: one step.
             model = TinyLM()
