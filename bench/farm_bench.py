@@ -562,7 +562,7 @@ def render(rep: dict[str, Any], console: Console) -> None:
     console.print("  verdict -> trainer: receipt minus the trajectory's finished_at (wall clock, stamped when the "
                   f"verdict is in): the worker's batched flush (every {lat['flush_every_ms']:.0f} ms), the commit "
                   "and the stream")
-    console.print("  upper bound: receipt minus the Run reply minus the rollout's own time (its timings.total_s); "
+    console.print("  upper bound: receipt minus the Run reply minus the rollout's own time (its timings.total); "
                   "it adds the wait for a lease")
     for name, ok in rep["met"].items():
         console.print(f"  {'met' if ok else 'NOT met'}: {name}")
@@ -576,7 +576,7 @@ LIMITS = [
     "beside it (farmd / boxed)",
     "ingest: a few statements per batch, each a round trip to aiosqlite's thread, and three indexes on "
     "jobs updated per state change; the raw figure is one executemany into a table nobody queries",
-    "read and stream: Store.trajectories builds a record per row; streams without steps skip the "
-    "compressed body, exports and include_steps streams inflate it",
+    "read and stream: Store.trajectories builds a record per row; summary-only streams skip the "
+    "compressed body, exports and whole-record streams inflate it",
     "this VM is noisy: rerun and compare ratios, not absolute figures",
 ]

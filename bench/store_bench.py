@@ -429,8 +429,8 @@ LIMITS = [
     "indexes, the groups' done order) and a round trip to aiosqlite's thread per statement (~0.1 ms each on a "
     "loaded 2-core VM). Raw inserts bodies packed beforehand: at 0.5 all of that would have to fit in the time of "
     "one more raw insert, and the SQL alone (bodies packed for free) measured about 0.3-0.4",
-    "reads: records.from_plain rebuilds every list item by item (~0.5 ms for a record's ~700 numbers, most of a "
-    "read); decoding the body itself is a fraction of it",
+    "reads: building a record from its row (nested dataclasses; lists of numbers are copied whole) costs about "
+    "as much as decoding the body, which is all the raw read does",
     "the gRPC stream adds the proto conversion at both ends (farmd's to_message, farm_client's from_message)",
     "this VM is noisy: rerun and compare ratios, not absolute figures",
 ]

@@ -69,9 +69,12 @@ class Agent(abc.ABC):
     """Stable and printable (it is stored with every trajectory); never holds a secret."""
 
     @abc.abstractmethod
-    async def attempt(self, task: Task, episode: Episode | None, policy_version: int) -> AgentResult:
+    async def attempt(self, task: Task, episode: Episode | None, policy_version: int, *,
+                      rollout_id: int = 0) -> AgentResult:
         """Attempt ``task``. ``episode`` is open for action tasks (the agent must not close it) and
-        None for submission tasks. Raises ``AgentError`` only when no attempt could be made."""
+        None for submission tasks. ``rollout_id`` (the job's id) tells the attempts of one group apart,
+        and stays the same when a rollout is retried (a model agent derives its sampling seed from it).
+        Raises ``AgentError`` only when no attempt could be made."""
 
     async def aclose(self) -> None:
         """Release what the agent holds (an endpoint's connections); its owner calls it once no attempt is

@@ -140,6 +140,8 @@ class Completion:
     choice_index: int = 0
     """Which choice of its request this reply was (several when a group's first requests were one)."""
     n: int = 1
+    seed: int | None = None
+    """The seed the request carried, if any."""
     """Choices its request asked for."""
 
 
@@ -289,7 +291,7 @@ class _Conversation:
     """One attempt's messages, turns, usage and budget."""
 
     def __init__(self, agent: ChatAgent, task: Task, policy_version: int, system: str, user: str, *,
-                 tools: bool = False) -> None:
+                 tools: bool = False, rollout_id: int = 0) -> None:
         self.agent = agent
         self.limits = agent.limits
         self.policy_version = policy_version
@@ -299,7 +301,8 @@ class _Conversation:
         self.messages: list[Message] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         self.usage: dict[str, Any] = {"requests": 0, "retries": 0}
         self.turns: list[Turn] = []
-        self.sampling = agent.sampling(policy_version)
+        self.sampling = agent.sampling(policy_version, rollout_id)
+        self.seed = self.sampling.seed if self.sampling is not None else None
         problem = self.over_budget()
         if problem:
             # Not the policy's failure: this agent's limits cannot hold the task at all.
@@ -322,7 +325,7 @@ class _Conversation:
         # The model sees a copy: a policy that kept (or mutated) the list must not change the record.
         reply = await self.agent.complete(copy.deepcopy(self.messages), max_tokens=self.limits.max_tokens,
                                           policy_version=self.policy_version, tools=self.tools,
-                                          group=self.group if first else None)
+                                          group=self.group if first else None, seed=self.seed)
         # The reply enters the farm here: valid text (a lone surrogate in the server's JSON is a str
         # Python accepts and every encoder refuses) and bounded, both counted so the record says so.
         clipped: list[bool] = []
@@ -357,6 +360,8 @@ class _Conversation:
             choice_index=reply.choice_index))
         if first and self.sampling is not None:
             self.sampling.n = reply.n
+            if reply.seed is not None:  # a coalesced request carried its first attempt's seed
+                self.seed = self.sampling.seed = reply.seed
         return replace(reply, text=text, tool_calls=calls)
 
     def _kept(self, text: str, clipped: list[bool], bound: int | None = None) -> str:
@@ -409,26 +414,27 @@ class ChatAgent(Agent):
 
     @abc.abstractmethod
     async def complete(self, messages: list[Message], *, max_tokens: int, policy_version: int, tools: bool = False,
-                       group: Hashable | None = None) -> Completion:
+                       group: Hashable | None = None, seed: int | None = None) -> Completion:
         """The model's reply to ``messages``. Raises ``EndpointError`` when the model cannot answer.
 
         ``tools``: offer ``TOOLS``. ``group``: given with an attempt's first request only, the same for every
         attempt of one group (its task and policy version); a model server may answer the group's identical
-        first requests with the choices of one request."""
+        first requests with the choices of one request. ``seed``: the attempt's (``sampling``), if any."""
 
-    def sampling(self, policy_version: int) -> SamplingParams | None:
-        """What requests ask the model to sample with; None when the agent does not know."""
+    def sampling(self, policy_version: int, rollout_id: int = 0) -> SamplingParams | None:
+        """What rollout ``rollout_id``'s requests ask the model to sample with; None when the agent does not know."""
         return None
 
-    async def attempt(self, task: Task, episode: Episode | None, policy_version: int) -> AgentResult:
+    async def attempt(self, task: Task, episode: Episode | None, policy_version: int, *,
+                      rollout_id: int = 0) -> AgentResult:
         if task.kind == "actions":
             if episode is None:
                 raise AgentError(f"{task.env}: an action task needs an open episode")
-            return await self._actions(task, episode, policy_version)
-        return await self._submission(task, policy_version)
+            return await self._actions(task, episode, policy_version, rollout_id)
+        return await self._submission(task, policy_version, rollout_id)
 
-    async def _submission(self, task: Task, policy_version: int) -> AgentResult:
-        conv = _Conversation(self, task, policy_version, SUBMISSION_SYSTEM, task_text(task))
+    async def _submission(self, task: Task, policy_version: int, rollout_id: int) -> AgentResult:
+        conv = _Conversation(self, task, policy_version, SUBMISSION_SYSTEM, task_text(task), rollout_id=rollout_id)
         started = time.monotonic()
         text = (await conv.ask()).text
         final = extract_code(text, task.entry_point) if task.entry_point else text
@@ -436,11 +442,11 @@ class ChatAgent(Agent):
                            usage=conv.usage, transcript=conv.transcript(), turns=conv.turns,
                            sampling=conv.sampling)
 
-    async def _actions(self, task: Task, episode: Episode, policy_version: int) -> AgentResult:
+    async def _actions(self, task: Task, episode: Episode, policy_version: int, rollout_id: int) -> AgentResult:
         turns = turn_limit(task, episode, self.limits)
         system, answer_now = (TOOLS_SYSTEM, ANSWER_NOW_TOOLS) if self.tools else (ACTIONS_SYSTEM, ANSWER_NOW)
         conv = _Conversation(self, task, policy_version, system.format(turns=turns), task_text(task),
-                             tools=self.tools)
+                             tools=self.tools, rollout_id=rollout_id)
         steps: list[Step] = []
         answer: str | None = None
         problem: str | None = None

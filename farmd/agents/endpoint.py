@@ -63,6 +63,8 @@ RESERVED_FIELDS = frozenset({
     "stream", "stream_options", "logprobs", "top_logprobs", "return_token_ids", "tools", "tool_choice",
     "functions", "function_call"})
 """Fields farm sets itself (or whose answer it could not read, like ``stream``): never in ``extra``."""
+SEED_MODULUS = 2 ** 31 - 1
+"""Seeds stay below it: servers take a signed 32-bit seed at least."""
 MAX_STOP = 16
 MAX_N = 256
 _KEEPALIVE = 128
@@ -192,6 +194,8 @@ class ChatReply:
     """Requests it took."""
     n: int = 1
     """Choices the answered request asked for."""
+    seed: int | None = None
+    """The seed the answered request carried (a coalesced request carries its first attempt's)."""
 
 
 class _Retry(Exception):
@@ -260,7 +264,9 @@ class OpenAIClient:
         """
         if group is None or self.config.n <= 1 or "n" in self.unsupported:
             return await self.chat(payload), 0
-        key = (group, json.dumps(payload, sort_keys=True))
+        # Attempts differ by their seed alone (each has its own): one request carries the first one's,
+        # and its n choices are distinct samples all the same.
+        key = (group, json.dumps({k: v for k, v in payload.items() if k != "seed"}, sort_keys=True))
         reply, index = await self._coalescer.join(key, lambda n: self.chat({**payload, "n": n} if n > 1 else payload))
         if index < len(reply.choices):
             return reply, index
@@ -302,7 +308,7 @@ class OpenAIClient:
                 self.unsupported.update(dropped)
                 log.warning("endpoint %s does not take %s: no longer asked for (its turns record no logprobs "
                             "or token ids it did not return)", self.url, ", ".join(dropped))
-            return replace(reply, attempts=requests, n=int(sent.get("n", 1)))
+            return replace(reply, attempts=requests, n=int(sent.get("n", 1)), seed=sent.get("seed"))
 
     def _backoff(self, retry: int, hint_s: float | None) -> float:
         cfg = self.config
@@ -497,22 +503,30 @@ class OpenAIAgent(ChatAgent):
     def model_for(self, policy_version: int) -> str:
         return self.config.model.replace(VERSION_FIELD, str(policy_version))
 
-    def sampling(self, policy_version: int) -> SamplingParams:
+    def sampling(self, policy_version: int, rollout_id: int = 0) -> SamplingParams:
         cfg = self.config
         return SamplingParams(model=self.model_for(policy_version), temperature=float(cfg.temperature),
                               top_p=1.0 if cfg.top_p is None else float(cfg.top_p), max_tokens=self.limits.max_tokens,
-                              seed=cfg.seed, stop=list(cfg.stop), n=1, extra=dict(cfg.extra))
+                              seed=self.attempt_seed(rollout_id), stop=list(cfg.stop), n=1, extra=dict(cfg.extra))
+
+    def attempt_seed(self, rollout_id: int) -> int | None:
+        """The seed of one attempt's requests: the endpoint's ``seed`` offset by the rollout's id. One seed for
+        every attempt would make a group's attempts one sample repeated (no variance, nothing to learn);
+        this way each differs, and a retried rollout asks again with its own."""
+        if self.config.seed is None:
+            return None
+        return (self.config.seed + rollout_id) % SEED_MODULUS
 
     def payload(self, messages: list[Message], *, max_tokens: int, policy_version: int,
-                tools: bool = False) -> dict[str, Any]:
+                tools: bool = False, seed: int | None = None) -> dict[str, Any]:
         """The request body for ``messages`` (before the client drops what its server refused)."""
         cfg = self.config
         payload: dict[str, Any] = {**cfg.extra, "model": self.model_for(policy_version), "messages": messages,
                                    "max_tokens": max_tokens, "temperature": cfg.temperature}
         if cfg.top_p is not None:
             payload["top_p"] = cfg.top_p
-        if cfg.seed is not None:
-            payload["seed"] = cfg.seed
+        if seed is not None:
+            payload["seed"] = seed
         if cfg.stop:
             payload["stop"] = list(cfg.stop)
         if cfg.logprobs:
@@ -524,9 +538,9 @@ class OpenAIAgent(ChatAgent):
         return payload
 
     async def complete(self, messages: list[Message], *, max_tokens: int, policy_version: int, tools: bool = False,
-                       group: Hashable | None = None) -> Completion:
+                       group: Hashable | None = None, seed: int | None = None) -> Completion:
         started = time.monotonic()
-        payload = self.payload(messages, max_tokens=max_tokens, policy_version=policy_version, tools=tools)
+        payload = self.payload(messages, max_tokens=max_tokens, policy_version=policy_version, tools=tools, seed=seed)
         reply, index = await self.client.sample(payload, group)
         choice = reply.choices[index]
         return Completion(
@@ -534,7 +548,7 @@ class OpenAIAgent(ChatAgent):
             attempts=reply.attempts, token_ids=choice.token_ids,
             prompt_token_ids=choice.prompt_token_ids if choice.prompt_token_ids is not None else reply.prompt_token_ids,
             logprobs=choice.logprobs, latency=time.monotonic() - started, tool_calls=choice.tool_calls,
-            choice_index=index, n=reply.n)
+            choice_index=index, n=reply.n, seed=reply.seed)
 
 
 def _usage(reply: ChatReply, choice: Choice) -> dict[str, int]:

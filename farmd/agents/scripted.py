@@ -51,7 +51,8 @@ class ReferenceAgent(Agent):
     def __init__(self, envs: EnvLookup | None = None) -> None:
         self._envs = envs or get_env
 
-    async def attempt(self, task: Task, episode: Episode | None, policy_version: int) -> AgentResult:
+    async def attempt(self, task: Task, episode: Episode | None, policy_version: int, *,
+                      rollout_id: int = 0) -> AgentResult:
         env = self._envs(task.env)
         if env.version != task.env_version:
             raise AgentError(f"{task.env}: the task is of version {task.env_version}, the environment "
@@ -162,7 +163,8 @@ class RandomAgent(Agent):
     def rng(self, task: Task) -> random.Random:
         return random.Random(f"farm-random/{self.seed}/{task.env}/{task.env_version}/{task.seed}/{task.difficulty}")
 
-    async def attempt(self, task: Task, episode: Episode | None, policy_version: int) -> AgentResult:
+    async def attempt(self, task: Task, episode: Episode | None, policy_version: int, *,
+                      rollout_id: int = 0) -> AgentResult:
         rng = self.rng(task)
         if task.kind == "actions":
             return await self._act(task, episode, rng)
@@ -218,7 +220,8 @@ class SkilledAgent(Agent):
     def p_solve(self, difficulty: int) -> float:
         return 1.0 / (1.0 + math.exp(difficulty - self.skill))
 
-    async def attempt(self, task: Task, episode: Episode | None, policy_version: int) -> AgentResult:
+    async def attempt(self, task: Task, episode: Episode | None, policy_version: int, *,
+                      rollout_id: int = 0) -> AgentResult:
         if self._rng.random() < self.p_solve(task.difficulty):
-            return await self._reference.attempt(task, episode, policy_version)
-        return await self._random.attempt(task, episode, policy_version)
+            return await self._reference.attempt(task, episode, policy_version, rollout_id=rollout_id)
+        return await self._random.attempt(task, episode, policy_version, rollout_id=rollout_id)

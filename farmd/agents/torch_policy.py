@@ -54,8 +54,9 @@ class TorchPolicyAgent(ChatAgent):
         self._busy = threading.Lock()
 
     async def complete(self, messages: list[Message], *, max_tokens: int, policy_version: int, tools: bool = False,
-                       group: Hashable | None = None) -> Completion:
-        # ``tools`` stays off for this agent (a bare generate has no tool calls); every request is its own.
+                       group: Hashable | None = None, seed: int | None = None) -> Completion:
+        # ``tools`` stays off for this agent (a bare generate has no tool calls); every request is its own,
+        # and ``seed`` is not used yet (this hook samples with torch's global generator).
         started = time.monotonic()
         prompt = self._render(messages)
         try:

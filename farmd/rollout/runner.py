@@ -46,7 +46,7 @@ async def run_rollout(job: Job, env: Environment, agent: Agent, ctx: VerifyConte
         if task.kind == "actions":
             episode = await env.episode(task, ctx)
         try:
-            result = await agent.attempt(task, episode, job.policy_version)
+            result = await agent.attempt(task, episode, job.policy_version, rollout_id=job.id)
         except EndpointError as exc:
             raise InfraFailure(f"the agent's endpoint failed: {exc}") from exc
         except AgentError as exc:

@@ -35,7 +35,7 @@ class Scripted(ChatAgent):
         self.asked: list[list[Message]] = []
 
     async def complete(self, messages: list[Message], *, max_tokens: int, policy_version: int, tools: bool = False,
-                       group: Hashable | None = None) -> Completion:
+                       group: Hashable | None = None, seed: int | None = None) -> Completion:
         self.asked.append(messages)
         return Completion(next(self.replies), {"total_tokens": 100})
 
@@ -147,7 +147,8 @@ async def test_an_action_task_needs_an_episode() -> None:
 async def test_the_transcript_is_not_shared_with_the_model() -> None:
     class Meddler(Scripted):
         async def complete(self, messages: list[Message], *, max_tokens: int, policy_version: int,
-                           tools: bool = False, group: Hashable | None = None) -> Completion:
+                           tools: bool = False, group: Hashable | None = None,
+                           seed: int | None = None) -> Completion:
             reply = await super().complete(messages, max_tokens=max_tokens, policy_version=policy_version)
             messages[0]["content"] = "tampered"
             messages.clear()

@@ -85,5 +85,7 @@ async def test_jobs_name_endpoints_from_the_config_never_urls(running_farm, tmp_
             assert (turn["token_ids"][0], turn["prompt_token_ids"], turn["logprobs"], turn["has_logprobs"]) == (
                 7, [1, 2], [-0.5, -0.25], True)
             assert row["messages"][turn["message_index"]]["content"] == turn["completion"]
-            assert (row["sampling"]["model"], row["sampling"]["seed"], row["sampling"]["max_tokens"]) == ("m", 5, 64)
-        assert {r["seed"] for r in keyed.requests} == {5}
+            # Each rollout samples with the endpoint's seed offset by its id: a group is not one sample repeated.
+            assert (row["sampling"]["model"], row["sampling"]["seed"], row["sampling"]["max_tokens"]) == \
+                ("m", 5 + row["id"], 64)
+        assert sorted(r["seed"] for r in keyed.requests) == sorted(5 + row["id"] for row in keyed_rows)

@@ -184,6 +184,20 @@ def test_farm_toml_sets_what_requests_ask_for(tmp_path: Path) -> None:
             load(config)
 
 
+async def test_each_attempt_of_a_group_samples_with_its_own_seed() -> None:
+    # One seed for every attempt would make a group one sample repeated: nothing to learn from.
+    async with fake_endpoint() as ep, agent(ep.url, seed=1000) as a:
+        results = await asyncio.gather(*[a.attempt(SAY_HI, None, 0, rollout_id=i) for i in (11, 12, 13)])
+        again = await a.attempt(SAY_HI, None, 0, rollout_id=12)  # a retried rollout asks as it did
+    assert sorted(r["seed"] for r in ep.requests) == [1011, 1012, 1012, 1013]
+    assert [r.sampling.seed for r in results if r.sampling] == [1011, 1012, 1013]
+    assert again.sampling is not None and again.sampling.seed == 1012
+    async with fake_endpoint(choices_for) as ep, agent(ep.url, seed=1000, n=3, coalesce_window_s=0.2) as a:
+        shared = await asyncio.gather(*[a.attempt(SAY_HI, None, 0, rollout_id=i) for i in (21, 22, 23)])
+    assert ep.calls == 1 and ep.requests[0]["n"] == 3, "attempts that differ by their seed alone still share"
+    assert {r.sampling.seed for r in shared if r.sampling} == {ep.requests[0]["seed"]}, "the record says what was sent"
+
+
 # -- n: one request for a group's first turn ----------------------------------------------------------------
 
 def choices_for(request: dict[str, Any]) -> Reply:

@@ -29,7 +29,8 @@ class Says(Agent):
     def __init__(self, final: str) -> None:
         self.final = final
 
-    async def attempt(self, task: Task, episode: Episode | None, policy_version: int) -> AgentResult:
+    async def attempt(self, task: Task, episode: Episode | None, policy_version: int, *,
+                      rollout_id: int = 0) -> AgentResult:
         return AgentResult(attempt=Attempt(final=self.final), steps=[Step(self.final, None, None, 0.0)])
 
 
