@@ -121,7 +121,7 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
             rows = await self._store.trajectories(limit=size + 1, env=request.env or None, run_id=request.run_id,
                                                   newest_first=request.newest_first, body=request.full,
                                                   before_seq=before, after_seq=after)
-            sent = fitting(rows[:size])
+            sent = await asyncio.to_thread(fitting, rows[:size])  # a page of whole records: tens of ms of protos
             more = len(rows) > len(sent)
             return farm_pb2.ListTrajectoriesResponse(
                 trajectories=sent, next_page_token=make_token(kind, sent[-1].seq) if more else "",
@@ -151,7 +151,9 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
         async for batch in self._scheduler.delivery.batches(
                 consumer, whole_groups=request.whole_groups, batch_size=min(request.batch_size or 64, MAX_BATCH),
                 max_staleness=request.max_staleness, body=not request.summary_only):
-            for message in batch_messages(batch.trajectories, batch.up_to):
+            # Building a batch's protos takes tens of milliseconds for hundreds of whole records: off the
+            # event loop, which every box's timer and every other call share.
+            for message in await asyncio.to_thread(list, batch_messages(batch.trajectories, batch.up_to)):
                 yield message
 
     async def Ack(self, request: farm_pb2.AckRequest, context: grpc.aio.ServicerContext[Any, Any]

@@ -355,41 +355,54 @@ class Store:
 
     async def run(self, run_id: int) -> dict[str, Any] | None:
         """A run as queued, and how far its jobs have come (``state``: running, succeeded, failed, cancelled)."""
-        row = await self._one("SELECT id, env, agent, rollouts, group_size, cancelled, created_at FROM runs WHERE id=?",
-                              (run_id,))
-        if row is None:
-            return None
-        groups = [int(g[0]) for g in await self._all("SELECT id FROM groups WHERE run_id=? ORDER BY id", (run_id,))]
-        counts = {state: int(n) for state, n in await self._all(
-            "SELECT state, COUNT(*) FROM jobs WHERE group_id IN (SELECT id FROM groups WHERE run_id=?) GROUP BY state",
-            (run_id,))}
-        ended = await self._one(
-            "SELECT MAX(updated_at) FROM jobs WHERE group_id IN (SELECT id FROM groups WHERE run_id=?)", (run_id,))
-        passed = await self._one(
-            "SELECT COUNT(*) FROM trajectories WHERE run_id=? AND status='ok' AND passed=1", (run_id,))
-        open_jobs = counts.get("queued", 0) + counts.get("leased", 0)
-        if row[5]:
-            state = "cancelled"
-        elif open_jobs:
-            state = "running"
-        else:
-            state = "failed" if counts.get("failed", 0) else "succeeded"
-        return {"id": row[0], "env": row[1], "agent": row[2], "rollouts": row[3], "group_size": row[4],
-                "group_ids": groups, "state": state, "jobs": sum(counts.values()), "done": counts.get("done", 0),
-                "failed": counts.get("failed", 0), "cancelled": counts.get("cancelled", 0),
-                "passed": int(passed[0]) if passed else 0, "created_at": row[6],
-                "finished_at": float(ended[0]) if ended and ended[0] is not None and not open_jobs else 0.0}
+        found = await self._runs([run_id])
+        return found[0] if found else None
 
     async def runs(self, before_id: int = 0, limit: int = 50) -> list[dict[str, Any]]:
         """Runs newest first, starting below ``before_id`` (0: from the newest)."""
         ids = await self._all("SELECT id FROM runs WHERE (? = 0 OR id < ?) ORDER BY id DESC LIMIT ?",
                               (before_id, before_id, limit))
+        return await self._runs([int(r[0]) for r in ids])
+
+    async def _runs(self, run_ids: list[int]) -> list[dict[str, Any]]:
+        """``run`` for many runs in a handful of queries (a page of runs is not a query per run)."""
         out = []
-        for (run_id,) in ids:
-            run = await self.run(int(run_id))
-            if run is not None:
-                out.append(run)
-        return out
+        for start in range(0, len(run_ids), _MAX_VARS):
+            chunk = run_ids[start:start + _MAX_VARS]
+            marks = ",".join("?" * len(chunk))
+            rows = await self._all(f"SELECT id, env, agent, rollouts, group_size, cancelled, created_at FROM runs "
+                                   f"WHERE id IN ({marks})", chunk)
+            groups: dict[int, list[int]] = {}
+            for run_id, group_id in await self._all(
+                    f"SELECT run_id, id FROM groups WHERE run_id IN ({marks}) ORDER BY id", chunk):
+                groups.setdefault(int(run_id), []).append(int(group_id))
+            counts: dict[int, dict[str, int]] = {}
+            ended: dict[int, float] = {}
+            for run_id, state, n, last in await self._all(
+                    f"SELECT g.run_id, j.state, COUNT(*), MAX(j.updated_at) FROM jobs j JOIN groups g "
+                    f"ON g.id = j.group_id WHERE g.run_id IN ({marks}) GROUP BY g.run_id, j.state", chunk):
+                counts.setdefault(int(run_id), {})[state] = int(n)
+                ended[int(run_id)] = max(ended.get(int(run_id), 0.0), float(last))
+            passed = {int(r): int(n) for r, n in await self._all(
+                f"SELECT run_id, COUNT(*) FROM trajectories WHERE run_id IN ({marks}) AND status='ok' AND passed=1 "
+                f"GROUP BY run_id", chunk)}
+            for run_id, env, agent, rollouts, group_size, cancelled, created_at in rows:
+                jobs = counts.get(run_id, {})
+                open_jobs = jobs.get("queued", 0) + jobs.get("leased", 0)
+                if cancelled:
+                    state = "cancelled"
+                elif open_jobs:
+                    state = "running"
+                else:
+                    state = "failed" if jobs.get("failed", 0) else "succeeded"
+                out.append({"id": run_id, "env": env, "agent": agent, "rollouts": rollouts, "group_size": group_size,
+                            "group_ids": groups.get(run_id, []), "state": state, "jobs": sum(jobs.values()),
+                            "done": jobs.get("done", 0), "failed": jobs.get("failed", 0),
+                            "cancelled": jobs.get("cancelled", 0), "passed": passed.get(run_id, 0),
+                            "created_at": created_at,
+                            "finished_at": ended.get(run_id, 0.0) if not open_jobs else 0.0})
+        order = {run_id: i for i, run_id in enumerate(run_ids)}
+        return sorted(out, key=lambda r: order[r["id"]])
 
     async def cancel_run(self, run_id: int) -> bool:
         """Drop a run's queued jobs (rollouts already leased finish and are stored). False: no such run."""
