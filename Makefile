@@ -37,7 +37,7 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow and not sandbox"
 
 run: setup
 	$(BIN)/python -m farmd.cli.main_job
@@ -50,6 +50,7 @@ lint: setup
 	$(BIN)/ruff check farmd clients/farm_client tests bench
 	$(BIN)/mypy
 	$(BIN)/buf lint protos
+	$(BIN)/lint-imports
 
 bench: setup
 	$(BIN)/python -m bench

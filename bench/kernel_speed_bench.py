@@ -37,10 +37,11 @@ from rich.progress import Progress
 from rich.table import Table
 
 from farmd.envs import Attempt, VerifyContext
-from farmd.envs.kernel import MIN_REWARD, OPS, POLICY, SPEED_AT_PARITY, Arg, Kernel, KernelOp, Spec
+from farmd.envs.kernel import OPS, POLICY, Arg, Kernel, KernelOp, Spec
 from farmd.sandbox import Sandbox, SandboxConfig
 from farmd.verifier import VerifierKey
 from farmd.verifier.boxjudge import JUDGE_COMMAND
+from farmd.verifier.kernels import MIN_REWARD, SPEED_AT_PARITY
 
 KEY = VerifierKey(b"kernel-speed-bench-key-32-bytes!")
 PINNED_JUDGE = (Path(__file__).parent / "pinned" / "kernel_judge_1fa4647.txt").read_bytes()

@@ -13,11 +13,10 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from farmd.agents.errors import AgentSpecError
 from farmd.agents.registry import NamedEndpoint, make_agent
-from farmd.errors import ConfigError
+from farmd.errors import AgentSpecError, ConfigError
 from farmd.sandbox.config import SandboxConfig
-from farmd.scheduler.scheduler import SchedulerConfig
+from farmd.scheduler.config import SchedulerConfig
 
 DEFAULT_LISTEN = "127.0.0.1:7431"
 

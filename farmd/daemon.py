@@ -2,7 +2,8 @@
 
 ``Daemon.start()`` checks isolation, starts the sandbox (when this node runs
 rollouts) and the gRPC server; ``stop()`` stops intake, waits a grace period and
-closes everything it started, in that order. Signal handlers only set a flag.
+closes everything it started, in that order, and logs what was done. Signal handlers only set a
+flag; a second signal makes ``serve`` raise ``ForcedStop``, and the entry point decides the exit.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from farmd.api.reflection import enable_reflection
 from farmd.api.refuse import UnknownMethods
 from farmd.config import Config
 from farmd.envs import VerifyContext, get, names
-from farmd.errors import ConfigError, IsolationUnavailable
+from farmd.errors import ConfigError, ForcedStop, IsolationUnavailable
 from farmd.metrics import GrpcMetrics, Metrics, MetricsServer
 from farmd.node import NodeInfo
 from farmd.private import make_dir, tighten, write_file
@@ -165,6 +166,10 @@ class Daemon:
     def request_stop(self) -> None:
         self._stopping.set()
 
+    @property
+    def stop_requested(self) -> bool:
+        return self._stopping.is_set()
+
     async def wait(self) -> None:
         await self._stopping.wait()
 
@@ -187,27 +192,57 @@ class Daemon:
         if self.store is not None:
             await self.store.close()
         await asyncio.get_running_loop().run_in_executor(None, self._remove_runfile)
-        log.info("farmd stopped")
+        self._log_counts()
+
+    def _log_counts(self) -> None:
+        """What this farmd did, in the figures an operator checks after a stop (arq's worker logs the same)."""
+        done = self.scheduler.counters if self.scheduler is not None else {}
+        ran = self.worker.counters if self.worker is not None else {}
+        counts = {"complete": done.get("completed", 0), "failed": done.get("failed", 0),
+                  # a failure sent back to the queue and an expired lease requeued are both a retry
+                  "retried": done.get("retried", 0) + done.get("requeued", 0),
+                  "in_flight": ran.get("in_flight", 0), "given_back": ran.get("given_back", 0)}
+        log.info("farmd stopped: %(complete)d complete, %(failed)d failed, %(retried)d retried, %(in_flight)d in "
+                 "flight (%(given_back)d of them given back unfinished)", counts,
+                 extra={"event": "stopped", **counts})
 
 
 async def serve(config: Config) -> None:
-    """Run a node until SIGTERM or SIGINT; a second signal exits at once."""
+    """Run a node until SIGTERM or SIGINT, then stop it gracefully.
+
+    A second signal raises ``ForcedStop`` at once, whatever the shutdown is waiting for, and leaves
+    that shutdown unfinished: the caller is to exit without waiting for anything (``farmd serve``
+    does), since that is what a second Ctrl-C asks for.
+    """
     daemon = Daemon(config)
     loop = asyncio.get_running_loop()
-    signals_seen = 0
+    forced: asyncio.Future[None] = loop.create_future()
 
     def on_signal() -> None:
-        nonlocal signals_seen
-        signals_seen += 1
-        if signals_seen > 1:
+        if not daemon.stop_requested:
+            daemon.request_stop()
+        elif not forced.done():
             log.warning("second signal: exiting now")
-            os._exit(130)
-        daemon.request_stop()
+            forced.set_result(None)
+
+    async def lifetime() -> None:
+        try:
+            await daemon.start()
+            await daemon.wait()
+        finally:
+            await daemon.stop()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    # Raced rather than cancelled: parts of the shutdown rightly shield themselves from cancellation
+    # (a flush mid-transaction), and a second signal must not wait for them.
+    life = loop.create_task(lifetime(), name="farmd")
     try:
-        await daemon.start()
-        await daemon.wait()
-    finally:
-        await daemon.stop()
+        await asyncio.wait((life, forced), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        life.cancel()
+        await asyncio.gather(life, return_exceptions=True)
+        raise
+    if not life.done():
+        raise ForcedStop("a second signal: farmd exits without finishing its shutdown")
+    await life

@@ -1,10 +1,20 @@
 """farm's errors: one base, flat subclasses named by the boundary they cross.
 
-Library code raises these; only entry points (``farmd.cli``) decide exit codes,
-and only ``farmd.api`` maps them to gRPC status codes.
+Library code raises these; only entry points (``farmd.cli``) decide exit codes, and only
+``farmd.api`` maps them to gRPC status codes (``farmd.api.errors``, which also keeps the one error
+that carries a gRPC code, ``Refused``: gRPC types stop at ``farmd/api``).
+
+Whether a failure is retried is the scheduler's decision (``farmd.scheduler``), made from what
+these say: each kind's docstring says which way it goes. None is ever a score.
 """
 
 from __future__ import annotations
+
+__all__ = [
+    "AgentError", "AgentSpecError", "BadRequest", "ConfigError", "CursorError", "EndpointError", "FailedPrecondition", "FarmError",
+    "ForcedStop", "InfraFailure", "IsolationUnavailable", "NotFound", "PolicyError", "SandboxError", "StoreError",
+    "TaskBankError", "TaskError",
+]
 
 
 class FarmError(Exception):
@@ -22,12 +32,14 @@ class FarmError(Exception):
             self.reason = reason
 
 
+# -- configuration --------------------------------------------------------------------------------
+
+
 class ConfigError(FarmError):
-    """A setting is missing, malformed or contradicts another."""
+    """A setting is missing, malformed or contradicts another. Never retried: an operator must fix it."""
 
 
-class PolicyError(FarmError):
-    """A sandbox policy asks for something invalid (a bound out of range, a bad path)."""
+# -- API requests: what a caller asked for (never retried by farmd; the caller may ask again) -------
 
 
 class BadRequest(FarmError):
@@ -42,8 +54,16 @@ class FailedPrecondition(FarmError):
     """The call is well formed, but this node is not in a state to do it (no workers to rescore on)."""
 
 
+# -- the sandbox ----------------------------------------------------------------------------------
+
+
+class PolicyError(FarmError):
+    """A sandbox policy asks for something invalid (a bound out of range, a bad path). Never retried."""
+
+
 class IsolationUnavailable(FarmError):
-    """The host cannot give a box every isolation feature, so untrusted code must not run.
+    """The host cannot give a box every isolation feature, so untrusted code must not run. Never
+    retried: farmd refuses to start rollouts on such a host.
 
     ``missing`` lists each missing feature with what to do about it.
     """
@@ -55,7 +75,83 @@ class IsolationUnavailable(FarmError):
 
 
 class SandboxError(FarmError):
-    """The sandbox itself failed (not the code inside it): an infrastructure failure.
-
-    A program that crashes, times out or exhausts a bound is a result, never this.
+    """The sandbox itself failed (not the code inside it): an infrastructure failure, so the rollout
+    is retried. A program that crashes, times out or exhausts a bound is a result, never this.
     """
+
+
+# -- agents and model endpoints -------------------------------------------------------------------
+
+
+class AgentError(FarmError):
+    """The agent could not make an attempt (not that it made a bad one): an infrastructure failure,
+    retried like any, never a score."""
+
+
+class AgentSpecError(AgentError):
+    """An agent spec (``reference``, ``random``, ``openai:MODEL@ENDPOINT``, ...) is malformed or unknown.
+    Refused when a run is asked for; never retried."""
+
+
+class EndpointError(AgentError):
+    """The model behind an agent failed to answer (after the client's own retries where a retry
+    could help). Never a score, so a dead inference server cannot look like a failing policy.
+
+    ``transient`` says whether trying the job again later may succeed: connection errors,
+    timeouts, 429 and 5xx are, and the scheduler retries the job with backoff; a 4xx for a
+    request the endpoint will never accept is not, and the job fails at once. ``status`` is the
+    last HTTP status seen (None when there was no response), ``attempts`` how many requests
+    were made.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, attempts: int = 1,
+                 transient: bool = True) -> None:
+        super().__init__(message)
+        self.status = status
+        self.attempts = attempts
+        self.transient = transient
+
+
+# -- environments and rollouts --------------------------------------------------------------------
+
+
+class TaskError(FarmError):
+    """A task cannot be made as asked (unknown environment, difficulty out of range). Refused when
+    asked for directly; a rollout that meets it fails as infrastructure (``InfraFailure``)."""
+
+
+class InfraFailure(FarmError):
+    """A rollout could not be produced honestly (its endpoint, box or verifier failed): never
+    scored. ``transient`` False: trying again cannot help (an endpoint that refuses the request),
+    so the scheduler fails the job at once; True: retried with backoff up to its attempts."""
+
+    def __init__(self, message: str, *, transient: bool = True) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class TaskBankError(FarmError, ValueError):
+    """The task bank was asked something invalid: an unknown environment, a difficulty out of range,
+    a reward outside [0, 1], a setting out of range, or saved state it cannot read. Never retried.
+    """
+
+
+# -- the store ------------------------------------------------------------------------------------
+
+
+class StoreError(FarmError):
+    """The store cannot be opened or used as it is (a newer schema, a broken file). Never retried:
+    farmd stops rather than write to a database it does not understand."""
+
+
+class CursorError(StoreError):
+    """A consumer's cursor was moved somewhere the stream has not reached. Nothing was changed; the
+    caller may ask again (the API answers INVALID_ARGUMENT). Not a broken store, so farmd goes on."""
+
+
+# -- the daemon -----------------------------------------------------------------------------------
+
+
+class ForcedStop(FarmError):
+    """A second signal cut farmd's graceful shutdown short. The entry point exits at once on it,
+    waiting for nothing that is still stopping; library code never exits the process itself."""

@@ -157,3 +157,63 @@ def test_the_data_directory_is_private_to_farmd(running_farm, tmp_path) -> None:
     assert again.log.read_text().count("was readable by others") >= 4
     with FarmClient(again.addr) as client:
         assert client.get_policy()[1] == b"weights"
+
+
+def test_stop_logs_what_was_done(running_farm) -> None:  # type: ignore[no-untyped-def]
+    farm = running_farm("--workers", "1")
+    done = json.loads(farm.farmctl("run", "--env", "rg:chain_sum", "--agent", "reference", "--rollouts", "3",
+                                   "--wait", "--json").stdout)
+    assert done["done"] == 3
+    assert farm.stop(signal.SIGTERM) == 0
+    assert "farmd stopped: 3 complete, 0 failed, 0 retried, 0 in flight" in farm.log.read_text()
+
+
+async def test_a_permanent_endpoint_refusal_fails_the_job_at_once(running_farm, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A 400 is not retried by the scheduler (whatever ``max_attempts``), and is never a score."""
+    import asyncio
+
+    from tests.agents.fake_endpoint import Reply, fake_endpoint
+
+    async with fake_endpoint(lambda request: Reply.error(400, "this model does not take tools")) as ep:
+        cfg = tmp_path / "farm.toml"
+        cfg.write_text(f'[scheduler]\nmax_attempts = 3\nretry_backoff_s = 0.0\n\n[endpoints.strict]\nurl = "{ep.url}"\n')
+
+        def scenario() -> tuple[dict[str, int], str]:
+            farm = running_farm("--workers", "1", "--config", str(cfg))
+            res = farm.farmctl("run", "--env", "rg:chain_sum", "--agent", "openai:fake@strict", "--rollouts", "2",
+                               "--wait", "--json", check=False)
+            farm.stop(signal.SIGTERM)
+            return json.loads(res.stdout), farm.log.read_text()
+
+        run, log = await asyncio.to_thread(scenario)
+        leases = ep.calls
+    assert run["failed"] == 2 and run["done"] == 0, run
+    # The client asks once more without optional fields, then gives up; the scheduler adds no lease.
+    assert leases <= 2 * 2, leases
+    assert "failed at once: trying again cannot help" in log and "this model does not take tools" in log
+    assert "0 complete, 2 failed, 0 retried" in log
+
+
+async def test_a_second_signal_exits_at_once(running_farm, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The first signal starts a graceful stop that would wait for a rollout its model never answers; the
+    second cuts it short."""
+    import asyncio
+    import time
+
+    from tests.agents.fake_endpoint import Reply, fake_endpoint
+
+    async with fake_endpoint(lambda request: Reply.hang()) as ep:
+        cfg = tmp_path / "farm.toml"
+        cfg.write_text(f'[endpoints.slow]\nurl = "{ep.url}"\nrequest_timeout_s = 120\n')
+        farm = await asyncio.to_thread(running_farm, "--workers", "1", "--config", str(cfg))
+        await asyncio.to_thread(farm.farmctl, "run", "--env", "rg:chain_sum", "--agent", "openai:fake@slow",
+                                "--rollouts", "1")
+        await asyncio.wait_for(ep.arrived.wait(), 60)
+        farm.proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(1.0)
+        assert farm.proc.poll() is None, "the graceful stop waits for the rollout in flight"
+        started = time.monotonic()
+        code = await asyncio.to_thread(farm.stop, signal.SIGTERM, 10)
+        took = time.monotonic() - started
+    assert code == 130 and took < 3, (code, took)
+    assert "second signal: exiting now" in farm.log.read_text()

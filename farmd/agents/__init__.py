@@ -12,10 +12,10 @@ from __future__ import annotations
 from farmd.agents.base import Agent, AgentResult, Step
 from farmd.agents.chat import ChatAgent, ChatLimits, Completion
 from farmd.agents.endpoint import ClientPool, EndpointConfig, OpenAIAgent, OpenAIClient
-from farmd.agents.errors import AgentError, AgentSpecError, EndpointError
 from farmd.agents.registry import FORMS, NamedEndpoint, make_agent
 from farmd.agents.scripted import RandomAgent, ReferenceAgent
 from farmd.agents.torch_policy import TorchPolicy, TorchPolicyAgent
+from farmd.errors import AgentError, AgentSpecError, EndpointError
 
 __all__ = ["FORMS", "Agent", "AgentError", "AgentResult", "AgentSpecError", "ChatAgent", "ChatLimits", "ClientPool",
            "Completion", "EndpointConfig", "EndpointError", "NamedEndpoint", "OpenAIAgent", "OpenAIClient", "RandomAgent",

@@ -50,8 +50,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from farmd.agents.base import Agent, AgentResult, Step
-from farmd.agents.errors import AgentError
 from farmd.envs.base import Attempt, Episode, Observation, Task
+from farmd.errors import AgentError
 from farmd.records import ChatMessage, SamplingParams, ToolCall, Turn, Usage
 from farmd.text import clip, valid_text
 

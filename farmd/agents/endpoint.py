@@ -45,8 +45,8 @@ from urllib.parse import urlsplit
 import httpx
 
 from farmd.agents.chat import TOOLS, ChatAgent, ChatLimits, Completion, Message
-from farmd.agents.errors import EndpointError
 from farmd.agents.sampling import Coalescer
+from farmd.errors import EndpointError
 from farmd.records import SamplingParams, ToolCall
 
 log = logging.getLogger("farmd.agents.endpoint")

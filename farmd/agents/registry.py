@@ -34,8 +34,8 @@ from urllib.parse import parse_qsl
 from farmd.agents.base import Agent
 from farmd.agents.chat import ChatLimits
 from farmd.agents.endpoint import ClientPool, EndpointConfig, OpenAIAgent, check_sampling
-from farmd.agents.errors import AgentSpecError
 from farmd.agents.scripted import RandomAgent, ReferenceAgent, SkilledAgent
+from farmd.errors import AgentSpecError
 from farmd.text import clip
 
 FORMS = ("reference", "random", "random:SEED", "skilled:S",

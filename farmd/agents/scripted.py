@@ -23,9 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 from farmd.agents.base import Agent, AgentResult, Step
-from farmd.agents.errors import AgentError
 from farmd.envs.base import Attempt, Environment, Episode, Task
 from farmd.envs.registry import get as get_env
+from farmd.errors import AgentError
 
 EnvLookup = Callable[[str], Environment]
 

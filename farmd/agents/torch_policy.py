@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable
 from typing import Protocol, runtime_checkable
 
 from farmd.agents.chat import ChatAgent, ChatLimits, Completion, Message
-from farmd.agents.errors import EndpointError
+from farmd.errors import EndpointError
 
 
 @runtime_checkable

@@ -21,17 +21,19 @@ import grpc
 from google.rpc.error_details_pb2 import ErrorInfo
 from google.rpc.status_pb2 import Status
 
-from farmd.agents.errors import AgentSpecError, EndpointError
-from farmd.envs.base import TaskError
 from farmd.errors import (
+    AgentSpecError,
     BadRequest,
     ConfigError,
+    CursorError,
+    EndpointError,
     FailedPrecondition,
     FarmError,
     IsolationUnavailable,
     NotFound,
     PolicyError,
     SandboxError,
+    TaskError,
 )
 from farmd.text import clip, valid_text
 
@@ -52,7 +54,8 @@ not a copy of the request."""
 
 class Refused(FarmError):
     """A call turned away with a code no kind of farm error stands for (RESOURCE_EXHAUSTED, DATA_LOSS):
-    the handler that raises it decides the code."""
+    the handler that raises it decides the code. It lives here, not in ``farmd.errors``, because it
+    carries a gRPC code and gRPC types stop at ``farmd/api``. Never retried by farmd."""
 
     def __init__(self, code: grpc.StatusCode, detail: str, reason: str) -> None:
         super().__init__(detail, reason=reason)
@@ -62,6 +65,7 @@ class Refused(FarmError):
 # The first kind an error is an instance of decides; the reason is the error's own when it names one.
 _CODES: list[tuple[type[BaseException], grpc.StatusCode, str]] = [
     (BadRequest, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
+    (CursorError, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
     (NotFound, grpc.StatusCode.NOT_FOUND, "NOT_FOUND"),
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION, "FAILED_PRECONDITION"),
     (PolicyError, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SANDBOX_POLICY"),

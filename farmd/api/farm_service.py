@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -16,10 +15,11 @@ from farmd.api.errors import Refused, guarded, guarded_stream
 from farmd.api.limits import POLICY_CHUNK_BYTES
 from farmd.api.paging import make_token, page_size, read_token
 from farmd.api.trajectories import batch_messages, fitting, trajectory_pb
-from farmd.envs import Attempt, VerifyContext, get, verify_safely
-from farmd.errors import BadRequest, FailedPrecondition, NotFound
+from farmd.envs import VerifyContext, get
+from farmd.errors import BadRequest, NotFound
 from farmd.node import NodeInfo
-from farmd.scheduler import Scheduler
+from farmd.rollout import rescore
+from farmd.scheduler import PolicyChunk, Scheduler
 from farmd.store import Store, StoreError
 
 MAX_ROLLOUTS = 1_000_000
@@ -28,8 +28,6 @@ MAX_BATCH = 4096
 MAX_CONSUMER_CHARS = 200
 MAX_POLICY_BYTES = 4 << 30
 """The default bound on one policy's content (the ``max_policy_bytes`` setting)."""
-MAX_POLICY_URI_CHARS = 4096
-_HEX = frozenset("0123456789abcdef")
 
 
 class FarmService(farm_pb2_grpc.FarmServiceServicer):
@@ -168,40 +166,22 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
 
     async def PublishPolicy(self, request_iterator: AsyncIterator[farm_pb2.PublishPolicyRequest],
                             context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.PublishPolicyResponse:
-        """Content goes to a file as it arrives, hashed on the way: farmd holds a chunk, never a policy.
-        Whatever ends the call before the policy is stored (a wrong hash, a cancel) removes the file
-        before the caller hears of it: by then nothing is left."""
         async def call() -> farm_pb2.PublishPolicyResponse:
-            declared = uri = ""
-            upload = None
-            try:
-                async for chunk in request_iterator:
-                    declared = declared or chunk.sha256
-                    uri = uri or chunk.uri
-                    if not chunk.data:
-                        continue
-                    upload = upload or await self._store.policy_upload()
-                    if upload.size + len(chunk.data) > self._max_policy_bytes:
-                        raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"a policy is at most "
-                                      f"{self._max_policy_bytes} bytes (max_policy_bytes)", "POLICY_TOO_LARGE")
-                    await upload.write(chunk.data)
-                if declared and not _is_sha256(declared):
-                    raise BadRequest("sha256 is 64 lowercase hex digits")
-                if len(uri) > MAX_POLICY_URI_CHARS:
-                    raise BadRequest(f"a policy uri is at most {MAX_POLICY_URI_CHARS} characters")
-                if upload is None and not uri:
-                    raise BadRequest("a policy needs content or a uri")
-                actual = upload.sha256 if upload is not None else hashlib.sha256(uri.encode()).hexdigest()
-                if declared and declared != actual:
-                    raise BadRequest(f"content hashes to {actual}, not the declared {declared}",
-                                     reason="POLICY_HASH_MISMATCH")
-                policy = await self._store.add_policy(actual, upload, uri or None)
-            finally:
-                if upload is not None:
-                    await upload.discard()
-            self._scheduler.set_policy_version(policy.version)
+            policy = await self._scheduler.policies.publish(self._policy_chunks_in(request_iterator))
             return farm_pb2.PublishPolicyResponse(version=policy.version, sha256=policy.sha256, size=policy.size)
         return await guarded(context, call)
+
+    async def _policy_chunks_in(self, requests: AsyncIterator[farm_pb2.PublishPolicyRequest]
+                                ) -> AsyncGenerator[PolicyChunk, None]:
+        """The chunks as plain data, bounded as they arrive: the bound is on what one call may send, and
+        a call over it ends before the chunk that would pass it is written (its upload then removed)."""
+        size = 0
+        async for chunk in requests:
+            size += len(chunk.data)
+            if size > self._max_policy_bytes:
+                raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"a policy is at most "
+                              f"{self._max_policy_bytes} bytes (max_policy_bytes)", "POLICY_TOO_LARGE")
+            yield PolicyChunk(sha256=chunk.sha256, uri=chunk.uri, data=chunk.data)
 
     async def GetPolicy(self, request: farm_pb2.GetPolicyRequest,
                         context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[farm_pb2.GetPolicyResponse]:
@@ -211,15 +191,12 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
 
     async def _policy_chunks(self, request: farm_pb2.GetPolicyRequest
                              ) -> AsyncGenerator[farm_pb2.GetPolicyResponse, None]:
-        if request.sha256 and not _is_sha256(request.sha256):
-            raise BadRequest("sha256 is 64 lowercase hex digits")
-        policy = await (self._store.policy_by_hash(request.sha256) if request.sha256 else self._store.latest_policy())
-        if policy is None:
-            raise NotFound("no such policy" if request.sha256 else "no policy has been published")
+        policies = self._scheduler.policies
+        policy = await policies.find(request.sha256)
         header: farm_pb2.GetPolicyResponse | None = farm_pb2.GetPolicyResponse(
             sha256=policy.sha256, uri=policy.uri or "", version=policy.version)
         try:
-            async with contextlib.aclosing(self._store.policy_content(policy.sha256, POLICY_CHUNK_BYTES)) as content:
+            async with contextlib.aclosing(policies.content(policy, POLICY_CHUNK_BYTES)) as content:
                 async for data in content:
                     if header is not None:
                         header.data = data
@@ -235,37 +212,9 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
     async def Rescore(self, request: farm_pb2.RescoreRequest,
                       context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.RescoreResponse:
         async def call() -> farm_pb2.RescoreResponse:
-            if self._verify_ctx is None:
-                raise FailedPrecondition("this node runs no boxes (--workers 0), so it cannot verify: "
-                                         "rescore on a worker node", reason="NO_WORKERS")
-            env = get(request.env)
-            done = await self._store.scored_versions(env.name)
-            scored = already = errors = 0
-            rows: list[tuple[int, str, float, bool, str, list[str], list[str]]] = []
-            after = 0
-            limit = request.limit or None
-            while limit is None or scored + already + errors < limit:
-                page = await self._store.trajectories(after_seq=after, limit=200, env=env.name)
-                if not page:
-                    break
-                after = page[-1].seq
-                for t in page:
-                    if env.verifier_version in done.get(t.id, set()):
-                        already += 1
-                        continue
-                    task = await asyncio.to_thread(env.generate, t.seed, t.difficulty)  # rg puzzles take time
-                    attempt = Attempt(final=t.final, actions=[s.action for s in t.steps] if task.kind == "actions"
-                                      else [])
-                    verdict = await verify_safely(env, task, attempt, self._verify_ctx)
-                    if verdict.status == "error":
-                        errors += 1
-                        continue
-                    rows.append((t.id, verdict.verifier_version, verdict.reward, verdict.passed, str(verdict.status),
-                                 verdict.reasons, verdict.flags))
-                    scored += 1
-            await self._store.add_scores(rows)
-            return farm_pb2.RescoreResponse(scored=scored, already=already, errors=errors,
-                                         verifier_version=env.verifier_version)
+            done = await rescore(self._store, self._verify_ctx, request.env, request.limit or None)
+            return farm_pb2.RescoreResponse(scored=done.scored, already=done.already, errors=done.errors,
+                                            verifier_version=done.verifier_version)
         return await guarded(context, call)
 
 
@@ -300,6 +249,3 @@ def _consumer(name: str) -> str | None:
     name = name.strip()
     return name if 0 < len(name) <= MAX_CONSUMER_CHARS else None
 
-
-def _is_sha256(text: str) -> bool:
-    return len(text) == 64 and set(text) <= _HEX

@@ -15,11 +15,11 @@ from rich import box
 from rich.table import Column, Table
 from rich.text import Text
 
-from farmd.agents.errors import AgentSpecError
 from farmd.agents.registry import NamedEndpoint, make_agent
 from farmd.cli.common import CliState, console, emit_json, json_option
 from farmd.cli.shown import text
-from farmd.envs import Environment, get, names
+from farmd.envs import Environment, get, kind_of, names
+from farmd.errors import AgentSpecError
 
 _AGENT_FORMS = (
     # (the form, an example the registry must accept for the form to be runnable, what it runs)
@@ -34,8 +34,8 @@ _OPENAI = "a model behind an OpenAI-compatible API, at the endpoint farm.toml na
 
 def describe_env(env: Environment) -> dict[str, Any]:
     """name, version, verifier_version, max_difficulty, kind (submission or actions), description."""
-    # An environment whose tasks are played in actions is one that can start an episode.
-    kind = "actions" if type(env).episode is not Environment.episode else "submission"
+    # The interface it implements, not a field it sets: it cannot claim a kind it does not play.
+    kind = kind_of(env)
     return {**env.describe(), "kind": kind, "description": _summary(env)}
 
 

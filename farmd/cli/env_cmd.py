@@ -12,7 +12,8 @@ import click
 from farmd.cli.common import EXIT_INFRA, CliState, console, emit_json, fail, json_option, run_async
 from farmd.cli.shown import plain, text
 from farmd.envs import Attempt, VerifyContext, get, verify_safely
-from farmd.envs.base import Environment, TaskError
+from farmd.envs.base import Environment
+from farmd.errors import TaskError
 from farmd.sandbox import Sandbox
 from farmd.verifier.secret import VerifierKey
 
@@ -111,7 +112,7 @@ async def _verify(state: CliState, env: Environment, task: Any, attempt: Attempt
 @click.pass_obj
 def audit(state: CliState, env_name: str, n: int, data_dir: Path | None, as_json: bool) -> None:
     """Recall on reference attempts and precision against the built-in exploit library, with counts."""
-    from farmd.verifier.audit import run_audit
+    from farmd.intake.audit import run_audit
 
     env = _env(env_name)
     key = VerifierKey.load_or_create(data_dir or state.config.data_dir)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
 
 from farmd import __version__
 from farmd.cli.common import EXIT_USAGE, fail, run_async
-from farmd.config import load
-from farmd.errors import ConfigError
+from farmd.config import Config, load
+from farmd.errors import ConfigError, ForcedStop
 from farmd.logs import setup_logging
+
+EXIT_FORCED = 130
+"""A second signal: the shell's code for "killed by SIGINT", as Ctrl-C twice is."""
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -42,9 +46,18 @@ def serve(data_dir: Path | None, listen: str | None, workers: int | None, token:
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
     setup_logging(config.log_level, config.log_format)
+    run_async(_serve(config))
+
+
+async def _serve(config: Config) -> None:
     from farmd.daemon import serve as serve_forever
 
-    run_async(serve_forever(config))
+    try:
+        await serve_forever(config)
+    except ForcedStop:
+        # Here, inside the loop, not after it: closing the loop would wait for the rollouts, threads
+        # and boxes the cut-short shutdown left behind, which a second signal says not to wait for.
+        os._exit(EXIT_FORCED)
 
 
 def main() -> None:

@@ -10,14 +10,17 @@ from farmd.envs.base import (
     Attempt,
     Environment,
     Episode,
+    EpisodeEnvironment,
     Observation,
+    SubmissionEnvironment,
     Task,
-    TaskError,
     VerifyContext,
     judge_episode_safely,
+    kind_of,
     verify_safely,
 )
 from farmd.envs.registry import get, names
+from farmd.errors import TaskError
 
-__all__ = ["Attempt", "Environment", "Episode", "Observation", "Task", "TaskError", "VerifyContext", "get",
-           "judge_episode_safely", "names", "verify_safely"]
+__all__ = ["Attempt", "Environment", "Episode", "EpisodeEnvironment", "Observation", "SubmissionEnvironment", "Task",
+           "TaskError", "VerifyContext", "get", "judge_episode_safely", "kind_of", "names", "verify_safely"]

@@ -17,15 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from farmd.envs.base import Attempt, Environment, Task, TaskError, VerifyContext, numbered
-from farmd.errors import FarmError
+from farmd.envs.base import Attempt, SubmissionEnvironment, Task, VerifyContext, numbered
+from farmd.errors import FarmError, TaskError
 from farmd.sandbox import SandboxPolicy
 from farmd.verifier import canon as C
-from farmd.verifier.boxjudge import JudgeReport, opening_verdict, run_judge
-from farmd.verifier.secret import public_rng
+from farmd.verifier.boxjudge import run_judge
+from farmd.verifier.calls import judge_calls
 from farmd.verifier.verdict import (
-    SUSPECTED_HACK,
-    TIMEOUT,
     Verdict,
     errored,
     unreadable_source,
@@ -207,7 +205,7 @@ def edge_inputs(kind: Kind) -> list[Any]:
     return ["", "a", "A", " ", "Hello World", "a-b c! d?", "zzz ZZZ", "multiple   spaces here"]
 
 
-class PyFunc(Environment):
+class PyFunc(SubmissionEnvironment):
     name = "py-func"
     version = "1"
     verifier_version = "1"
@@ -215,8 +213,7 @@ class PyFunc(Environment):
     exploit_kind = "function"
 
     def _chain(self, seed: int, difficulty: int) -> Chain:
-        self.check_difficulty(difficulty)
-        rng = public_rng(self.name, self.version, seed, difficulty, "chain")
+        rng = self.public_rng(seed, difficulty, "chain")
         for _ in range(100):
             chain = make_chain(rng, difficulty)
             if informative(chain, rng):
@@ -225,7 +222,7 @@ class PyFunc(Environment):
 
     def generate(self, seed: int, difficulty: int) -> Task:
         chain = self._chain(seed, difficulty)
-        rng = public_rng(self.name, self.version, seed, difficulty, "examples")
+        rng = self.public_rng(seed, difficulty, "examples")
         fn = chain.function()
         examples: list[dict[str, Any]] = []
         wanted = rng.choice((2, 3))
@@ -242,9 +239,8 @@ class PyFunc(Environment):
             f"The function must not modify its argument. Examples:\n{shown}\n\n"
             "Submit Python source code that defines the function."
         )
-        return Task(env=self.name, env_version=self.version, seed=seed, difficulty=difficulty, prompt=prompt,
-                    examples=examples, entry_point=ENTRY_POINT,
-                    metadata={"input": chain.start, "output": chain.result})
+        return self.task(seed, difficulty, prompt, examples=examples, entry_point=ENTRY_POINT,
+                         metadata={"input": chain.start, "output": chain.result})
 
     def reference(self, task: Task) -> Attempt:
         return Attempt(final=self._chain(task.seed, task.difficulty).source())
@@ -281,49 +277,3 @@ class PyFunc(Environment):
             return errored(v, f"the judge's box failed: {exc}")
         # Claimed values are parsed (up to megabytes of JSON): off the event loop.
         return await asyncio.to_thread(judge_calls, v, report, expected)
-
-
-def judge_calls(version: str, report: JudgeReport, expected: list[Any], *, rel_tol: float = 0.0,
-                abs_tol: float = 0.0) -> Verdict:
-    """The verdict of a call-mode judge run: every test answered, once, with the expected value."""
-    verdict, readable = opening_verdict(version, report)
-    if not readable:
-        return verdict
-    wrong = 0
-    for i, want in enumerate(expected):
-        outcome = report.outcomes.get(i)
-        if outcome is None:
-            wrong += 1
-            continue
-        if outcome.lost:
-            wrong += 1
-            # A correct function neither exits the process nor talks out of turn.
-            verdict.flag(TIMEOUT if outcome.lost == "timeout" else SUSPECTED_HACK)
-            if len(verdict.reasons) < 5:
-                verdict.reasons.append(f"test {i}: no answer ({outcome.lost})")
-            continue
-        if not outcome.ok:
-            wrong += 1
-            if outcome.error and "not accepted" in outcome.error and "builtins." not in outcome.error:
-                verdict.flag(SUSPECTED_HACK)
-            if len(verdict.reasons) < 5:
-                verdict.reasons.append(f"test {i}: raised {outcome.error}")
-            continue
-        try:
-            got = C.parse_claim(outcome.value or "")
-        except C.BadClaim as exc:
-            wrong += 1
-            verdict.reasons.append(f"test {i}: {exc}")
-            continue
-        if not C.strict_equal(got, want, rel_tol=rel_tol, abs_tol=abs_tol):
-            wrong += 1
-            if len(verdict.reasons) < 5:
-                verdict.reasons.append(f"test {i}: wrong value")
-    verdict.details = {"tests": len(expected), "failed": wrong}
-    if wrong == 0 and report.done and not report.anomalies and not verdict.flags:
-        verdict.passed = True
-        verdict.reward = 1.0
-        verdict.reasons = [f"all {len(expected)} tests passed"]
-    elif wrong == 0 and not verdict.reasons:
-        verdict.reasons.append("every value was right, but the run was not clean")
-    return verdict

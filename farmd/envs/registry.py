@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 import importlib
 
-from farmd.envs.base import Environment, TaskError
+from farmd.envs.base import Environment
+from farmd.errors import TaskError
 
 _BUILTIN = {
     "py-func": "farmd.envs.pyfunc:PyFunc",

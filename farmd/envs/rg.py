@@ -25,7 +25,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from farmd.envs.base import Attempt, Environment, Task, TaskError, VerifyContext
+from farmd.envs.base import Attempt, SubmissionEnvironment, Task, VerifyContext
+from farmd.errors import TaskError
 from farmd.text import valid_text
 from farmd.verifier.answer import (
     AnswerKind,
@@ -131,7 +132,7 @@ class _Item:
         return str(self.entry["answer"]).strip()
 
 
-class ReasoningGym(Environment):
+class ReasoningGym(SubmissionEnvironment):
     """One reasoning-gym dataset as a farm environment: ``ReasoningGym("chain_sum")`` is ``rg:chain_sum``."""
 
     version = "1"
@@ -159,8 +160,7 @@ class ReasoningGym(Environment):
                   "holds more than one candidate answer, scores 0.")
         metadata = {"dataset": self.dataset, "source": f"reasoning-gym {RG_VERSION}",
                     "answer_kind": self.settings.answer, "knobs": dict(self.settings.levels[difficulty - 1])}
-        return Task(env=self.name, env_version=self.version, seed=seed, difficulty=difficulty, prompt=prompt,
-                    examples=[], answer_format=answer_format, kind="submission", metadata=metadata)
+        return self.task(seed, difficulty, prompt, answer_format=answer_format, metadata=metadata)
 
     def reference(self, task: Task) -> Attempt:
         return Attempt(final=f"<answer>{self._item(task.seed, task.difficulty).oracle}</answer>")

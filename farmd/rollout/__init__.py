@@ -1,7 +1,8 @@
 """One rollout end to end (the task, the agent's actions in boxes, the verdict, the trajectory),
-and the worker that leases jobs and runs them."""
+the worker that leases jobs and runs them, and re-scoring stored trajectories with a newer verifier."""
 
+from farmd.rollout.rescore import Rescored, Scores, rescore
 from farmd.rollout.runner import InfraFailure, run_rollout
 from farmd.rollout.worker import Leases, Worker
 
-__all__ = ["InfraFailure", "Leases", "Worker", "run_rollout"]
+__all__ = ["InfraFailure", "Leases", "Rescored", "Scores", "Worker", "rescore", "run_rollout"]

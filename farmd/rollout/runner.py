@@ -3,9 +3,10 @@ verify, and write the trajectory record.
 
 What is the attempt's fault is a result: a wrong answer, a crash of its code, a bound hit,
 text that cannot be encoded, a verifier that fails on it but not on the task's reference
-(``verify_safely``). What is not is an ``InfraFailure``, which the scheduler retries and never
-scores: the model endpoint failing, a box that cannot start, a verifier that cannot judge the
-task at all (``status == "error"``).
+(``verify_safely``). What is not is an ``InfraFailure``, which is never scored and which the scheduler retries unless
+it says trying again cannot help (an endpoint that refuses the request outright): the model
+endpoint failing, a box that cannot start, a verifier that cannot judge the task at all
+(``status == "error"``).
 
 This is also where an attempt enters the farm's records, so it is the boundary for its text:
 what the agent produced is judged as valid UTF-8 (``verify_safely``; flagged ``invalid_text`` if
@@ -21,15 +22,21 @@ from dataclasses import fields
 
 from farmd.agents import Agent
 from farmd.agents.base import AgentResult
-from farmd.agents.errors import AgentError, EndpointError
-from farmd.envs import Environment, Episode, Task, VerifyContext, judge_episode_safely, verify_safely
-from farmd.errors import FarmError
+from farmd.envs import (
+    Environment,
+    Episode,
+    EpisodeEnvironment,
+    Task,
+    VerifyContext,
+    judge_episode_safely,
+    kind_of,
+    verify_safely,
+)
+from farmd.errors import AgentError, EndpointError, FarmError, InfraFailure
 from farmd.flags import INVALID_TEXT, TRUNCATED
 from farmd.records import Job, PosedTask, SamplingParams, Step, Timings, Trajectory, Usage
 
-
-class InfraFailure(Exception):
-    """The rollout could not be produced honestly; retry it, never score it."""
+__all__ = ["USAGE_FIELDS", "InfraFailure", "posed", "run_rollout"]
 
 
 async def run_rollout(job: Job, env: Environment, agent: Agent, ctx: VerifyContext, node: str) -> Trajectory:
@@ -41,21 +48,27 @@ async def run_rollout(job: Job, env: Environment, agent: Agent, ctx: VerifyConte
     except FarmError as exc:
         raise InfraFailure(f"cannot make the task: {exc}") from exc
     made = time.monotonic()
+    # How the agent acts is the environment's interface; the task's kind only tells the agent.
+    if task.kind != kind_of(env):
+        raise InfraFailure(f"{env.name} made a task of kind {task.kind!r} for an environment of kind {kind_of(env)!r}")
+    played = env if isinstance(env, EpisodeEnvironment) else None
     episode: Episode | None = None
     try:
-        if task.kind == "actions":
-            episode = await env.episode(task, ctx)
+        if played is not None:
+            episode = await played.episode(task, ctx)
         try:
             result = await agent.attempt(task, episode, job.policy_version, rollout_id=job.id)
         except EndpointError as exc:
-            raise InfraFailure(f"the agent's endpoint failed: {exc}") from exc
+            raise InfraFailure(f"the agent's endpoint failed: {exc}", transient=exc.transient) from exc
         except AgentError as exc:
             raise InfraFailure(f"the agent failed: {exc}") from exc
         acted = time.monotonic()
-        if episode is not None:
-            verdict = await judge_episode_safely(env, task, episode, result.attempt.final, ctx)
+        if played is not None and episode is not None:
+            verdict = await judge_episode_safely(played, task, episode, result.attempt.final, ctx)
         else:
             verdict = await verify_safely(env, task, result.attempt, ctx)
+    except InfraFailure:
+        raise  # it is a FarmError too: not to be wrapped again, which would hide its cause
     except FarmError as exc:  # a box that could not start, a sandbox that failed
         raise InfraFailure(f"{type(exc).__name__}: {exc}") from exc
     finally:

@@ -17,8 +17,8 @@ from collections import OrderedDict
 from typing import Protocol
 
 from farmd.agents import Agent, ClientPool, NamedEndpoint, make_agent
-from farmd.agents.errors import EndpointError
 from farmd.envs import VerifyContext, get
+from farmd.errors import EndpointError, InfraFailure
 from farmd.metrics import Metrics
 from farmd.records import Job, JobState, Trajectory
 from farmd.rollout.runner import run_rollout
@@ -40,7 +40,8 @@ class Leases(Protocol):
     async def lease(self, owner: str, n: int) -> list[Job]: ...
     async def heartbeat(self, owner: str, job_ids: list[int]) -> int: ...
     async def complete(self, owner: str, trajectories: list[Trajectory]) -> list[int]: ...
-    async def fail(self, owner: str, job_id: int, error: str) -> JobState | None: ...
+    async def fail(self, owner: str, job_id: int, error: str, *, transient: bool = True) -> JobState | None:
+        """An infrastructure failure of a leased job; ``transient`` False: trying again cannot help."""
     async def release(self, owner: str) -> int: ...
     async def recover(self, node: str, owner: str) -> int: ...
 
@@ -67,7 +68,8 @@ class Worker:
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self._flush_now = asyncio.Event()
-        self.counters = {"ran": 0, "infra_failures": 0}
+        self.counters = {"ran": 0, "infra_failures": 0, "in_flight": 0, "given_back": 0}
+        """``in_flight``: rollouts running when ``stop`` began; ``given_back``: those of them that did not finish."""
         self.metrics = metrics
 
     async def start(self) -> None:
@@ -84,6 +86,7 @@ class Worker:
         middle of its transaction would be rolled back and its rollouts run again.
         """
         self._stopping = True
+        self.counters["in_flight"] = len(self._running)
         self._wake.set()
         self._flush_now.set()
         leasing, flushing, heartbeat = self._tasks
@@ -99,6 +102,7 @@ class Worker:
         await self._flush()
         await self._clients.aclose()
         given_back = await self.leases.release(self.owner)
+        self.counters["given_back"] = given_back
         if given_back:
             log.info("gave back %d unfinished leases", given_back)
 
@@ -153,15 +157,17 @@ class Worker:
                 self._flush_now.set()  # only the flush loop writes: a rollout's cancellation never cuts one
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # InfraFailure or a bug: not the attempt's fault, so retried, never scored
+        except Exception as exc:  # InfraFailure or a bug: not the attempt's fault, so never scored
             self.counters["infra_failures"] += 1
             if self.metrics is not None:
                 self.metrics.rollouts.labels(job.env, "infra_failure").inc()
                 if isinstance(exc, EndpointError) or isinstance(exc.__cause__, EndpointError):
                     self.metrics.endpoint_failed(job.agent)
             log.warning("job %d: %s", job.id, exc, extra={"job": job.id, "env": job.env, "event": "infra_failure"})
+            # A bug says nothing about whether trying again helps: retried up to the job's attempts, as before.
+            transient = exc.transient if isinstance(exc, InfraFailure) else True
             with contextlib.suppress(Exception):
-                await self.leases.fail(self.owner, job.id, f"{type(exc).__name__}: {exc}")
+                await self.leases.fail(self.owner, job.id, f"{type(exc).__name__}: {exc}", transient=transient)
         finally:
             self._running.pop(job.id, None)
             self._wake.set()

@@ -3,8 +3,9 @@
 Jobs come in groups (n attempts at one task, for group-relative methods). Workers,
 local or remote, take leases through the same interface (``lease``, ``heartbeat``,
 ``complete``, ``fail``, ``release``); a lease that expires goes back to the queue;
-an infrastructure failure is retried up to ``max_attempts`` and then recorded as a
-failure, apart from every score. Each job carries the policy version current when
+an infrastructure failure is retried up to ``max_attempts``, after a backoff, and then
+recorded as a failure, apart from every score. This is farm's one retry policy: the store
+only carries out what it decides. Each job carries the policy version current when
 it was leased. Finished groups feed the task bank, whose state is saved in the store.
 """
 
@@ -16,12 +17,13 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from farmd.metrics import Metrics
 from farmd.records import Job, JobState, Trajectory
+from farmd.scheduler.config import SchedulerConfig
 from farmd.scheduler.delivery import Delivery
+from farmd.scheduler.policies import Policies
 from farmd.store import Store
 from farmd.taskbank import TaskBank, TaskKey
 
@@ -29,28 +31,6 @@ log = logging.getLogger("farmd.scheduler")
 
 _BANK_STATE = "taskbank"
 _LAG_SHOWN_S = 3600.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SchedulerConfig:
-    lease_s: float = 120.0
-    """How long a worker holds a job without a heartbeat before it goes back to the queue."""
-    max_attempts: int = 3
-    """Leases a job may take (infrastructure failures, expired leases) before it fails for good."""
-    maintenance_every_s: float = 1.0
-    """How often expired leases are requeued and finished groups fed to the task bank."""
-    demand_buffer: int = 256
-    """Unconsumed trajectories (stored or in the queue) to keep ahead of the slowest streaming trainer."""
-    demand_agent: str | None = None
-    """The agent demand-driven rollouts use (the current policy's); None: only explicit requests run."""
-    demand_envs: tuple[str, ...] = ()
-    demand_consumers: tuple[str, ...] = ()
-    """The trainers demand follows, by consumer name; empty: every consumer that is consuming."""
-    consumer_stall_s: float = 300.0
-    """A consumer holding a batch unacknowledged this long stops counting for demand until it acks (a client
-    that streams under a new name and never acks must not halt production for every trainer)."""
-    group_size: int = 8
-    seed: int = 0
 
 
 class Scheduler:
@@ -62,10 +42,12 @@ class Scheduler:
         self.config = config or SchedulerConfig()
         self.policy_version = 0
         self._rng = random.Random(self.config.seed)
+        self._jitter = random.Random()  # apart from ``_rng``, whose seeded draws choose the tasks
         self._bank_cursor = 0
         self._task: asyncio.Task[None] | None = None
         self.delivery = Delivery(store, lambda: self.policy_version, stall_s=self.config.consumer_stall_s,
                                  consumers=self.config.demand_consumers)
+        self.policies = Policies(store, self.set_policy_version)
         self._submit_lock = asyncio.Lock()
         self.counters: dict[str, int] = {"completed": 0, "failed": 0, "retried": 0, "requeued": 0, "enqueued": 0}
 
@@ -157,15 +139,42 @@ class Scheduler:
             self.delivery.stored()
         return stored
 
-    async def fail(self, owner: str, job_id: int, error: str) -> JobState | None:
-        state = await self.store.fail(owner, job_id, error, self.config.max_attempts)
+    async def fail(self, owner: str, job_id: int, error: str, *, transient: bool = True) -> JobState | None:
+        """An infrastructure failure of ``owner``'s job: retried after a backoff while it has attempts
+        left and ``transient``; else failed for good (never a score). None: ``owner`` lost the lease."""
+        attempts = await self.store.leased_attempts(owner, job_id)
+        if attempts is None:
+            return None
+        final = not transient or attempts >= self.config.max_attempts
+        not_before = 0.0 if final else time.time() + self.backoff_s(attempts)
+        state = await self.store.fail(owner, job_id, error, final=final, not_before=not_before)
         if state is JobState.FAILED:
             self.counters["failed"] += 1
-            log.warning("job %d failed for good: %s", job_id, error,
-                        extra={"job": job_id, "event": "job_failed", "error": error[:500]})
+            why = "for good" if transient else "at once: trying again cannot help"
+            log.warning("job %d failed %s: %s", job_id, why, error,
+                        extra={"job": job_id, "event": "job_failed", "error": error[:500], "transient": transient})
         elif state is JobState.QUEUED:
             self.counters["retried"] += 1
         return state
+
+    def backoff_s(self, attempts: int) -> float:
+        """How long a job that failed on its ``attempts``-th lease waits before the next: exponential,
+        with jitter in its upper half (never less than half the step, so the backoff still grows)."""
+        cfg = self.config
+        step = min(cfg.retry_backoff_max_s, cfg.retry_backoff_s * 2.0 ** max(0, attempts - 1))
+        return step * self._jitter.uniform(0.5, 1.0)
+
+    async def _requeue_expired(self) -> tuple[int, int]:
+        """Expired leases back to the queue at once (the lease itself was the wait), or failed for good
+        once out of attempts. Returns (requeued, failed)."""
+        expired = await self.store.expired_leases()
+        if not expired:
+            return 0, 0
+        requeued, failed = await self.store.requeue_expired(
+            {job_id: attempts >= self.config.max_attempts for job_id, attempts in expired.items()})
+        self.counters["requeued"] += requeued
+        self.counters["failed"] += failed
+        return requeued, failed
 
     async def release(self, owner: str) -> int:
         return await self.store.requeue_owner(owner)
@@ -178,9 +187,7 @@ class Scheduler:
         """
         expired = await self.store.expire_leases_of(f"{node}:", keep=owner)
         if expired:
-            requeued, failed = await self.store.requeue_expired(self.config.max_attempts)
-            self.counters["requeued"] += requeued
-            self.counters["failed"] += failed
+            await self._requeue_expired()
             log.info("%s restarted: %d rollouts it had leased before went back to the queue", node, expired)
         return expired
 
@@ -197,9 +204,7 @@ class Scheduler:
         while True:
             await asyncio.sleep(self.config.maintenance_every_s)
             try:
-                requeued, failed = await self.store.requeue_expired(self.config.max_attempts)
-                self.counters["requeued"] += requeued
-                self.counters["failed"] += failed
+                await self._requeue_expired()
                 if await self._observe_finished():
                     await self._save_bank()
                 await self._top_up_demand()

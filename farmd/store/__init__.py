@@ -1,5 +1,6 @@
 """The trajectory store and durable job queue: SQLite (WAL) through aiosqlite. All of farm's SQL is here."""
 
-from farmd.store.store import Store, StoreError
+from farmd.errors import StoreError
+from farmd.store.store import Store
 
 __all__ = ["Store", "StoreError"]

@@ -157,4 +157,10 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE trajectories ADD COLUMN run_id INTEGER NOT NULL DEFAULT 0;
     CREATE INDEX trajectories_by_run ON trajectories(run_id, seq) WHERE run_id != 0;
     """,
+    # 6: a job put back in the queue after a transient failure waits out its backoff: ``not_before`` is the
+    # earliest time it may be leased again (0: at once, as every job queued before this was). How long
+    # is the scheduler's retry policy; the store only keeps the time.
+    """
+    ALTER TABLE jobs ADD COLUMN not_before REAL NOT NULL DEFAULT 0;
+    """,
 )

@@ -19,7 +19,7 @@ import sys
 import time
 import zlib
 from array import array
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -27,7 +27,7 @@ from typing import Any
 
 import aiosqlite
 
-from farmd.errors import BadRequest, FarmError
+from farmd.errors import CursorError, StoreError
 from farmd.private import create_file, make_dir
 from farmd.records import ChatMessage, Job, JobState, Policy, Score, Trajectory, Turn, from_plain
 from farmd.store.policy_files import PolicyFiles, PolicyUpload
@@ -59,10 +59,6 @@ def _kind(kind: str) -> str:
 
 def _consumer_rows(rows: list[Any]) -> list[dict[str, Any]]:
     return [{"name": n, "kind": k, "acked": int(a), "updated_at": float(t)} for n, k, a, t in rows]
-
-
-class StoreError(FarmError):
-    """The store cannot be opened or used as it is (a newer schema, a broken file)."""
 
 
 def _job(row: aiosqlite.Row) -> Job:
@@ -418,13 +414,15 @@ class Store:
         return True
 
     async def lease(self, owner: str, n: int, lease_s: float, policy_version: int) -> list[Job]:
-        """Lease up to ``n`` queued jobs (oldest first) to ``owner`` until now + ``lease_s``."""
+        """Lease up to ``n`` queued jobs (oldest first) whose backoff has passed to ``owner`` until now +
+        ``lease_s``."""
         now = time.time()
         async with self._write() as db, db.execute(
             f"UPDATE jobs SET state='leased', lease_owner=?, lease_expires=?, policy_version=?, "
             f"attempts=attempts+1, updated_at=? WHERE id IN "
-            f"(SELECT id FROM jobs WHERE state='queued' ORDER BY id LIMIT ?) RETURNING {_JOB_COLUMNS}",
-            (owner, now + lease_s, policy_version, now, n),
+            f"(SELECT id FROM jobs WHERE state='queued' AND not_before <= ? ORDER BY id LIMIT ?) "
+            f"RETURNING {_JOB_COLUMNS}",
+            (owner, now + lease_s, policy_version, now, now, n),
         ) as cur:
             rows = await cur.fetchall()
         return sorted((_job(r) for r in rows), key=lambda j: j.id)
@@ -440,24 +438,36 @@ class Store:
                 (time.time() + lease_s, owner, *job_ids))
             return cur.rowcount
 
-    async def requeue_expired(self, max_attempts: int) -> tuple[int, int]:
-        """Expired leases go back to the queue, or fail for good after ``max_attempts``. Returns (requeued, failed)."""
+    async def expired_leases(self) -> dict[int, int]:
+        """Jobs whose leases have run out, each with the attempts it has had: for the scheduler to
+        decide which ``requeue_expired`` fails for good."""
+        rows = await self._all("SELECT id, attempts FROM jobs WHERE state='leased' AND lease_expires < ?",
+                               (time.time(),))
+        return {int(job_id): int(attempts) for job_id, attempts in rows}
+
+    async def requeue_expired(self, final: Mapping[int, bool]) -> tuple[int, int]:
+        """End the expired leases of the jobs in ``final``: back to the queue, or, where ``final`` says so,
+        failed for good. A job leased or heartbeaten since it was found expired is left alone. Returns
+        (requeued, failed)."""
         now = time.time()
         async with self._write() as db:
-            async with db.execute(
-                "SELECT id, attempts FROM jobs WHERE state='leased' AND lease_expires < ?", (now,)) as cur:
-                expired = await cur.fetchall()
-            requeued = failed = 0
-            for job_id, attempts in expired:
-                if attempts >= max_attempts:
+            requeued: list[int] = []
+            failed = 0
+            for job_id, last in final.items():
+                rows = await db.execute_fetchall(
+                    "SELECT attempts FROM jobs WHERE id=? AND state='leased' AND lease_expires < ?", (job_id, now))
+                if not rows:
+                    continue
+                if last:
+                    attempts = int(next(iter(rows))[0])
                     await self._fail_job(db, job_id, attempts, "its lease expired (the worker died or hung)", now)
                     failed += 1
                 else:
                     await db.execute("UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, "
                                      "last_error='lease expired', updated_at=? WHERE id=?", (now, job_id))
-                    requeued += 1
-            requeued -= await self._drop_cancelled(db, [j for j, a in expired if a < max_attempts], now)
-        return requeued, failed
+                    requeued.append(job_id)
+            dropped = await self._drop_cancelled(db, requeued, now)
+        return len(requeued) - dropped, failed
 
     async def _drop_cancelled(self, db: aiosqlite.Connection, job_ids: list[int], now: float) -> int:
         """Jobs just put back in the queue whose run was cancelled meanwhile end there, cancelled: a
@@ -541,8 +551,17 @@ class Store:
             await self._finish_groups(db, group_ids)
         return [t.id for _, t in keep]
 
-    async def fail(self, owner: str, job_id: int, error: str, max_attempts: int) -> JobState | None:
-        """An infrastructure failure of a leased job: requeue it, or fail it for good. Never a score."""
+    async def leased_attempts(self, owner: str, job_id: int) -> int | None:
+        """The attempts a job ``owner`` holds the lease of has had; None: ``owner`` does not hold it."""
+        row = await self._one("SELECT attempts FROM jobs WHERE id=? AND state='leased' AND lease_owner=?",
+                              (job_id, owner))
+        return None if row is None else int(row[0])
+
+    async def fail(self, owner: str, job_id: int, error: str, *, final: bool, not_before: float = 0.0
+                   ) -> JobState | None:
+        """An infrastructure failure of a leased job, recorded apart from every score: failed for good
+        when ``final``, else back in the queue, leased again no earlier than ``not_before`` (a time).
+        The scheduler decides which. None: ``owner`` does not hold the lease."""
         now = time.time()
         async with self._write() as db:
             async with db.execute("SELECT attempts FROM jobs WHERE id=? AND state='leased' AND lease_owner=?",
@@ -552,12 +571,12 @@ class Store:
                 return None
             attempts = int(row[0])
             await db.execute("INSERT INTO failures(job_id, attempt, error, final, at) VALUES (?,?,?,?,?)",
-                             (job_id, attempts, error[:2000], int(attempts >= max_attempts), now))
-            if attempts >= max_attempts:
+                             (job_id, attempts, error[:2000], int(final), now))
+            if final:
                 await self._fail_job(db, job_id, attempts, error, now, logged=True)
                 return JobState.FAILED
             await db.execute("UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, last_error=?, "
-                             "updated_at=? WHERE id=?", (error[:2000], now, job_id))
+                             "not_before=?, updated_at=? WHERE id=?", (error[:2000], not_before, now, job_id))
             if await self._drop_cancelled(db, [job_id], now):
                 return JobState.CANCELLED
             return JobState.QUEUED
@@ -759,7 +778,7 @@ class Store:
                 row = await cur.fetchone()
             high = int(row[0]) if row else 0
             if not 0 <= up_to <= high:
-                raise BadRequest(f"cannot ack up to {up_to}: the stream has only reached {high}")
+                raise CursorError(f"cannot ack up to {up_to}: the stream has only reached {high}")
             cur = await db.execute(
                 "INSERT INTO consumers(name, kind, acked_seq, updated_at) VALUES (?,?,?,?) ON CONFLICT(name, kind) "
                 "DO UPDATE SET acked_seq=MAX(acked_seq, excluded.acked_seq), updated_at=excluded.updated_at "

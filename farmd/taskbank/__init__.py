@@ -3,8 +3,8 @@
 Pure logic for the scheduler to call and persist; see ``bank.py`` for how it chooses.
 """
 
+from farmd.errors import TaskBankError
 from farmd.taskbank.bank import SCHEMA_VERSION, BankConfig, TaskBank, TaskKey
-from farmd.taskbank.errors import TaskBankError
 from farmd.taskbank.posterior import BetaModel, Posterior
 
 __all__ = ["SCHEMA_VERSION", "BankConfig", "BetaModel", "Posterior", "TaskBank", "TaskBankError", "TaskKey"]

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from farmd.taskbank.errors import TaskBankError
+from farmd.errors import TaskBankError
 from farmd.taskbank.posterior import BetaModel, Posterior
 
 SCHEMA_VERSION = 1

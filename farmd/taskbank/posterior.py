@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from farmd.taskbank.errors import TaskBankError
+from farmd.errors import TaskBankError
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,6 +56,16 @@ import struct
 import sys
 import time
 
+# Types only for the checker: no ``typing`` (or ``__future__``) import runs in the box. mypy takes any
+# name TYPE_CHECKING as true.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import ast
+    from collections.abc import Callable, Iterable
+    from typing import Any, NoReturn
+
+    Record = dict[str, Any]
+
 SPEC_DIR = "/box/.judge"
 SUBMISSION = "/box/submission.py"
 AGENT_LOG = "/tmp/.judge-agent.log"
@@ -74,8 +84,9 @@ class NotCanonical(Exception):
 _NONE_TYPE = type(None)
 
 
-def canon(value, _type=type, _int=int, _bool=bool, _str=str, _float=float, _list=list, _tuple=tuple,
-          _none=_NONE_TYPE, _repr=float.__repr__):
+def canon(value: "Any", _type: "Any" = type, _int: "Any" = int, _bool: "Any" = bool, _str: "Any" = str,
+          _float: "Any" = float, _list: "Any" = list, _tuple: "Any" = tuple, _none: "Any" = _NONE_TYPE,
+          _repr: "Callable[[float], str]" = float.__repr__) -> "Any":
     """A JSON-ready copy of ``value`` built only from exact builtin types, or NotCanonical.
 
     float and tuple are tagged (``{"f": repr}``, ``{"t": [...]}``) so that NaN, inf
@@ -84,7 +95,7 @@ def canon(value, _type=type, _int=int, _bool=bool, _str=str, _float=float, _list
     """
     budget = [_MAX_ITEMS]
 
-    def walk(v, depth):
+    def walk(v: "Any", depth: int) -> "Any":
         budget[0] -= 1
         if budget[0] < 0:
             raise NotCanonical("the value is too large")
@@ -109,7 +120,7 @@ def canon(value, _type=type, _int=int, _bool=bool, _str=str, _float=float, _list
 
 # -- framing ----------------------------------------------------------------------------------
 
-def _write_frame(fd, header, body=b""):
+def _write_frame(fd: int, header: "Record", body: "bytes | memoryview" = b"") -> None:
     # The body goes from where it lies straight into the pipe (no joined copy): each copy would be
     # timed as part of the call, for arrays of a MiB.
     head = json.dumps(header).encode()
@@ -123,7 +134,7 @@ def _write_frame(fd, header, body=b""):
             parts[0] = parts[0][n:]
 
 
-def _read_exact(fd, n, deadline):
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytearray:
     buf = bytearray(n)  # read in place: no chunks to join, one copy fewer inside a timed call
     view = memoryview(buf)
     while view:
@@ -138,7 +149,7 @@ def _read_exact(fd, n, deadline):
     return buf
 
 
-def _read_frame(fd, deadline=None):
+def _read_frame(fd: int, deadline: float | None = None) -> "tuple[Any, bytes | bytearray]":
     head_len, body_len = struct.unpack(">II", _read_exact(fd, 8, deadline))
     if head_len > _MAX_FRAME or body_len > _MAX_FRAME:
         raise ValueError("frame too large")
@@ -152,7 +163,7 @@ def _read_frame(fd, deadline=None):
 
 # -- the runner (child): runs the submission ----------------------------------------------------
 
-def _runner(head, req_r, resp_w):
+def _runner(head: "Record", req_r: int, resp_w: int) -> "NoReturn":
     """The child. It waits for "go" (with the reference's source, for a reference runner),
     then loads the code and answers requests until its pipe closes."""
     mode = head["mode"]
@@ -169,18 +180,18 @@ def _runner(head, req_r, resp_w):
     for lo, hi in zip(keep, [*keep[1:], 1 << 16], strict=True):
         os.closerange(lo + 1, hi)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    np = sys.modules.get("numpy")  # array mode: imported by the recorder before any fork
+    np: Any = sys.modules.get("numpy")  # array mode: imported by the recorder before any fork
     ndarray = np.ndarray if np is not None else None
-    frombuffer = np.frombuffer if np is not None else None
+    frombuffer: Any = np.frombuffer if np is not None else None
     dumps = json.dumps
     import _thread
 
     threads = _thread._count  # bound before the code runs: threads it started, alive
-    broken = []  # the first rule the code broke, if it broke one; it fails every test from then on
+    broken: list[str] = []  # the first rule the code broke, if it broke one; it fails every test from then on
     rules = head.get("rules")
     confine = (lambda: _confine(rules, broken)) if rules else None
 
-    def rule_broken():
+    def rule_broken() -> str | None:
         if not broken and rules and threads():
             broken.append("starts a thread: kernels run on the caller's thread only")
         return f"{RULE_BROKEN}: {broken[0]}" if broken else None
@@ -191,8 +202,8 @@ def _runner(head, req_r, resp_w):
         _import_failed(req_r, resp_w, f"does not compile: {exc}")
     except BaseException as exc:  # SystemExit at import is an answer too: a failure
         _import_failed(req_r, resp_w, rule_broken() or _describe(exc))
-    if rule_broken():
-        _import_failed(req_r, resp_w, rule_broken())
+    if why := rule_broken():
+        _import_failed(req_r, resp_w, why)
     while True:
         try:
             header, body = _read_frame(req_r)
@@ -244,7 +255,7 @@ def _runner(head, req_r, resp_w):
             _write_frame(resp_w, {"id": test_id, "ok": False, "error": rule_broken() or _describe(exc)})
 
 
-def _import_failed(req_r, resp_w, error):
+def _import_failed(req_r: int, resp_w: int, error: str) -> "NoReturn":
     """Say why the code could not be loaded, then wait for the recorder to hang up: a runner gone
     before the first request is written would leave the recorder an error on its write instead of
     this answer."""
@@ -265,7 +276,8 @@ class _RuleBroken(Exception):
     pass
 
 
-def _load_submission(entry_point, source=None, confine=None):
+def _load_submission(entry_point: str, source: "str | bytes | None" = None,
+                     confine: "Callable[[], None] | None" = None) -> "Callable[..., Any]":
     """The function ``entry_point`` of the submission (or of the reference's ``source``). The code is
     compiled first, then ``confine`` (if any) sets the rules, and only then does any of it run."""
     if source is None:
@@ -284,13 +296,13 @@ def _load_submission(entry_point, source=None, confine=None):
     if confine is not None:
         confine()
     exec(code, module.__dict__)
-    fn = getattr(module, entry_point, None)
+    fn: Callable[..., Any] | None = getattr(module, entry_point, None)
     if not callable(fn):
         raise AttributeError(f"the submission defines no function {entry_point!r}")
     return fn
 
 
-def _describe(exc):
+def _describe(exc: BaseException) -> str:
     try:
         return f"{type(exc).__name__}: {str(exc)[:300]}"
     except BaseException:  # a hostile __str__
@@ -318,7 +330,7 @@ _SYSTEM_ATTRS = frozenset({
 _PUBLIC_DUNDERS = frozenset({"__name__", "__init__"})
 
 
-def _name_problem(name):
+def _name_problem(name: str) -> str | None:
     """Why confined code may not use ``name`` as an attribute or an imported name, or None."""
     if name.startswith("__") and name.endswith("__"):
         if name in _PUBLIC_DUNDERS:
@@ -331,7 +343,7 @@ def _name_problem(name):
     return None
 
 
-def rule_problem(tree, imports):
+def rule_problem(tree: "ast.AST", imports: "frozenset[str]") -> str | None:
     """Why a parsed source breaks the rules of confined code, or None: imports beyond ``imports``,
     dynamic code and computed attributes, the interpreter's internals, modules reached through other
     modules' attributes. The first line of the rules, with the clearest message; what it cannot see
@@ -381,8 +393,10 @@ _QUIET_EVENTS = frozenset({"exec", "compile", "marshal.loads", "builtins.id", "o
 _READABLE_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 
 
-def audit_refusal(event, args, imports, readable, _isinstance=isinstance, _str=str, _bytes=bytes, _int=int,
-                  _len=len, _normpath=os.path.normpath, _fsdecode=os.fsdecode):
+def audit_refusal(event: str, args: "tuple[Any, ...]", imports: "frozenset[str]", readable: "Iterable[str]",
+                  _isinstance: "Any" = isinstance, _str: "Any" = str, _bytes: "Any" = bytes, _int: "Any" = int,
+                  _len: "Any" = len, _normpath: "Any" = os.path.normpath,
+                  _fsdecode: "Any" = os.fsdecode) -> str | None:
     """Why confined code must not do what raised audit ``event`` (with ``args``), or None when it may.
 
     An allow-list: what plain numpy raises passes, everything else (files, processes, signals, sockets,
@@ -393,7 +407,7 @@ def audit_refusal(event, args, imports, readable, _isinstance=isinstance, _str=s
     if event in _QUIET_EVENTS:
         return None
     if event == "object.__getattr__":
-        name = args[1] if _len(args) > 1 else None
+        name: Any = args[1] if _len(args) > 1 else None
         return None if name in _READABLE_ATTRS else f"reads {_str(name)[:40]}: kernels may not inspect frames"
     if event == "object.__setattr__":
         name = args[1] if _len(args) > 1 else None
@@ -409,7 +423,7 @@ def audit_refusal(event, args, imports, readable, _isinstance=isinstance, _str=s
             path = _fsdecode(path)
         writes = False
         if event == "open":
-            mode = args[1] if _len(args) > 1 else None
+            mode: Any = args[1] if _len(args) > 1 else None
             flags = args[2] if _len(args) > 2 else 0
             writes = (_isinstance(mode, _str) and any(c in mode for c in "wax+")) \
                 or not _isinstance(flags, _int) or (flags & 0o3) != 0 or (flags & 0o1000) != 0  # O_CREAT
@@ -424,29 +438,30 @@ def audit_refusal(event, args, imports, readable, _isinstance=isinstance, _str=s
     return f"does what raises the audit event {event}: kernels may not"
 
 
-def _confine(rules, broken):
+def _confine(rules: "Record", broken: list[str]) -> None:
     """Set the rules for the rest of this process's life: an audit hook (which nothing can remove)
     refuses what ``audit_refusal`` refuses, and notes the first refusal in ``broken``: the test
     fails even if the code catches the error."""
     imports = frozenset(rules.get("imports", ()))
-    readable = [SUBMISSION]
+    paths = [SUBMISSION]
     np = sys.modules.get("numpy")
-    if np is not None and getattr(np, "__file__", None):
-        readable.append(os.path.dirname(os.path.normpath(np.__file__)) + "/")
-    readable = tuple(readable)
+    np_file = getattr(np, "__file__", None) if np is not None else None
+    if np_file:
+        paths.append(os.path.dirname(os.path.normpath(np_file)) + "/")
+    readable = tuple(paths)
     refusal = audit_refusal
 
-    def refuse(why):
+    def refuse(why: str) -> "NoReturn":
         if not broken:
             broken.append(why)
         raise PermissionError(f"{RULE_BROKEN}: {why}")
 
-    def hook(event, args):
+    def hook(event: str, args: "tuple[Any, ...]") -> None:
         why = refusal(event, args, imports, readable)
         if why is not None:
             refuse(why)
 
-    def no_threads(*args, **kwargs):
+    def no_threads(*args: "Any", **kwargs: "Any") -> "NoReturn":
         refuse("starts a thread: kernels run on the caller's thread only")
 
     # Python 3.11 raises no audit event for a new thread: the only ways to one (threading is not
@@ -464,7 +479,7 @@ def _confine(rules, broken):
 _CHECK_S = 20.0
 
 
-def source_problem(source, rules=None):
+def source_problem(source: "str | bytes", rules: "Record | None" = None) -> "Record | None":
     """Why ``source`` (bytes or text) must not run at all, as a record for the host, or None.
 
     ``{"kind": "unparseable", "error": ...}``: it cannot be compiled, whichever way compiling fails
@@ -477,7 +492,7 @@ def source_problem(source, rules=None):
         if rules and rules.get("static", True):
             import ast
 
-            tree = compile(source, SUBMISSION, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+            tree: Any = compile(source, SUBMISSION, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
             why = rule_problem(tree, frozenset(rules.get("imports", ())))
             if why is not None:
                 return {"kind": "refused", "why": why}
@@ -489,7 +504,7 @@ def source_problem(source, rules=None):
     return None
 
 
-def _check_submission(head):
+def _check_submission(head: "Record") -> "Record | None":
     """``source_problem`` of the submission, worked out in a child of the recorder (which holds no
     secret yet), so that whatever compiling does to its process (the box's memory bound included) is
     the submission's failure, reported as such."""
@@ -498,6 +513,7 @@ def _check_submission(head):
     if pid == 0:
         try:
             os.close(r)
+            problem: Record | None
             try:
                 with open(SUBMISSION, "rb") as fh:
                     source = fh.read()
@@ -528,7 +544,8 @@ def _check_submission(head):
     _, status = os.waitpid(pid, 0)
     if not timed_out:
         try:
-            return json.loads(b"".join(chunks))
+            problem = json.loads(b"".join(chunks))
+            return problem
         except ValueError:
             pass
     if timed_out:
@@ -540,7 +557,7 @@ def _check_submission(head):
     return {"kind": "unparseable", "error": why}
 
 
-def _refuse(problem):
+def _refuse(problem: "Record") -> None:
     """The recorder's whole report for a submission that must not run: ``problem``, then done."""
     with open(f"{SPEC_DIR}/secret.json") as fh:
         nonce = json.load(fh)["nonce"]
@@ -555,7 +572,7 @@ def _refuse(problem):
 
 # -- the recorder (parent): feeds, times, records -----------------------------------------------
 
-def _recorder():
+def _recorder() -> None:
     # What a runner may know (mode, entry point) is read before any fork; the rest
     # (nonce, test inputs, the reference's source) only after both runners exist, so
     # no runner's memory ever holds a copy of it, and then the files are deleted.
@@ -582,11 +599,11 @@ def _recorder():
         _share_a_cpu(ref_runner[0], runner[0])
     with open(f"{SPEC_DIR}/secret.json") as fh:
         secret = json.load(fh)
-    blobs = {}
+    blobs: dict[str, bytes] = {}
     for name in os.listdir(SPEC_DIR):
         if name.endswith(".bin"):
-            with open(f"{SPEC_DIR}/{name}", "rb") as fh:
-                blobs[name] = fh.read()
+            with open(f"{SPEC_DIR}/{name}", "rb") as blob:
+                blobs[name] = blob.read()
         os.unlink(f"{SPEC_DIR}/{name}")
     os.rmdir(SPEC_DIR)
     nonce = secret["nonce"]
@@ -594,7 +611,7 @@ def _recorder():
     per_call = float(head.get("per_call_s", 5.0))
     out = os.fdopen(1, "w", buffering=1)
 
-    def emit(record):
+    def emit(record: "Record") -> None:
         out.write(f"FARM {nonce} {json.dumps(record)}\n")
 
     mode = head["mode"]
@@ -653,7 +670,7 @@ def _recorder():
     out.flush()
 
 
-def _share_a_cpu(*pids):
+def _share_a_cpu(*pids: int) -> None:
     """Keep this process and ``pids`` on the CPU this process runs on. The two runners are timed
     against each other, and what slows one of them for a whole run, pairing rounds cannot cancel:
     without this, the same kernel read 1.9x slower in one runner than in the other, all run long
@@ -668,12 +685,12 @@ def _share_a_cpu(*pids):
         pass  # not pinned: timed all the same, only less evenly
 
 
-def _cpu_spent(who):
+def _cpu_spent(who: int) -> float:
     usage = resource.getrusage(who)
     return usage.ru_utime + usage.ru_stime
 
 
-def _steady_heap():
+def _steady_heap() -> None:
     """Keep freed memory in the heap instead of handing it back to the kernel: arrays of a few MiB
     are otherwise mmap'd and unmapped around every call, and the page faults of a fresh mapping,
     counted in the call's time or not depending on the allocator's state, are noise."""
@@ -687,7 +704,7 @@ def _steady_heap():
         pass
 
 
-def _pipe():
+def _pipe() -> tuple[int, int]:
     r, w = os.pipe()
     try:
         # Arrays of hundreds of KiB would otherwise cross a 64 KiB pipe in many hops, and the
@@ -700,7 +717,7 @@ def _pipe():
     return r, w
 
 
-def _start_runner(head):
+def _start_runner(head: "Record") -> tuple[int, int, int]:
     req_r, req_w = _pipe()
     resp_r, resp_w = _pipe()
     pid = os.fork()
@@ -719,7 +736,7 @@ def _start_runner(head):
 class _Runner:
     """A runner as the recorder drives it: its pipes, its CPU clock, why it no longer answers."""
 
-    def __init__(self, pid, req_w, resp_r, emit):
+    def __init__(self, pid: int, req_w: int, resp_r: int, emit: "Callable[[Record], None]") -> None:
         self.pid = pid
         self.req_w = req_w
         self.resp_r = resp_r
@@ -729,10 +746,10 @@ class _Runner:
         # time it sat preempted on a shared machine. Any process of the same box may read it.
         self.clock = ((~pid) << 3) | 2
         self.calls = 0
-        self.lost = None
+        self.lost: str | None = None
 
 
-def _with_echo(tests, i):
+def _with_echo(tests: "list[Record]", i: int) -> "list[Record]":
     """The calls for ``tests[i]``: the test, after an echo if it asks for one. An echo measures what
     a call costs besides the function (moving arrays through the pipes, checking them): arrays of the
     same size go in and out, but not the test's own inputs. They are the previous test's, which both
@@ -746,19 +763,20 @@ def _with_echo(tests, i):
     return [{**test, "id": -1 - test["id"], "echo_blob": before["blob"] if before is not None else None}, test]
 
 
-def _feed(mode, per_call, runner, tests, blobs):
+def _feed(mode: str, per_call: float, runner: _Runner, tests: "list[Record]", blobs: dict[str, bytes]) -> None:
     for test in tests:
         _call(mode, per_call, runner, test, blobs)
 
 
-def _cpu_ns(clock):
+def _cpu_ns(clock: int) -> int | None:
     try:
         return time.clock_gettime_ns(clock)
     except OSError:
         return None
 
 
-def _call(mode, per_call, runner, test, blobs, quiet=False):
+def _call(mode: str, per_call: float, runner: _Runner, test: "Record", blobs: dict[str, bytes],
+          quiet: bool = False) -> None:
     """Send one test to the runner, time its answer from here, and record it (or why there is none).
     A ``quiet`` call records nothing: if it finds the runner gone, its next call says so."""
     emit = (lambda record: None) if quiet else runner.emit
@@ -836,7 +854,7 @@ _MAX_NDIM = 8
 _MAX_DTYPE_CHARS = 8
 
 
-def _checked_reply(mode, reply, data):
+def _checked_reply(mode: str, reply: "Any", data: "bytes | bytearray") -> "Record | None":
     """A runner's reply with every field checked for type and size before any is used, or None
     when it is garbled. The response pipe is open in the submission's own process, so a reply may
     be a forged frame: anything but the fields a runner sends, in the types and sizes it sends them,
@@ -881,7 +899,7 @@ def _checked_reply(mode, reply, data):
     return {"id": test_id, "ok": True, "dtype": dtype, "shape": shape}
 
 
-def _sample(data, dtype, indices):
+def _sample(data: "bytes | bytearray", dtype: str, indices: "list[int]") -> bytes:
     import numpy as np
 
     try:
@@ -891,7 +909,7 @@ def _sample(data, dtype, indices):
         return b""
 
 
-def _log_tail():
+def _log_tail() -> str:
     try:
         with open(AGENT_LOG, "rb") as fh:
             fh.seek(0, os.SEEK_END)

@@ -18,10 +18,10 @@ from farmd.envs import get, names
 from farmd.envs.base import Observation, Task, VerifyContext
 from farmd.envs.kernel import static_problem
 from farmd.envs.rg import ReasoningGym
+from farmd.intake.exploits import for_kind
 from farmd.sandbox import Sandbox
 from farmd.verifier import VerifierKey
 from farmd.verifier.answer import extract_single_answer, several_candidates
-from farmd.verifier.exploits import for_kind
 from farmd.verifier.verdict import SUSPECTED_HACK
 from tests.agents.fakes import ListEpisode
 

@@ -45,10 +45,9 @@ def error_of(call: Callable[[], Any]) -> tuple[grpc.StatusCode, str, dict[str, s
 
 
 @pytest.fixture
-def coordinator(running_farm) -> Iterator[grpc.Channel]:  # type: ignore[no-untyped-def]
+def coordinator(farm_in_process: Callable[..., str]) -> Iterator[grpc.Channel]:
     """A channel to a farm with no workers: everything but rollouts."""
-    farm = running_farm("--workers", "0")
-    with grpc.insecure_channel(farm.addr) as channel:
+    with grpc.insecure_channel(farm_in_process()) as channel:
         yield channel
 
 
@@ -93,9 +92,9 @@ def _reflect(channel: grpc.Channel, version: str, requests: list[dict[str, str]]
 
 
 @pytest.mark.parametrize("version", ["v1", "v1alpha"])
-def test_reflection_answers_under_v1_and_v1alpha(running_farm, version: str) -> None:  # type: ignore[no-untyped-def]
-    farm = running_farm("--workers", "0", "--token", "s3cret")  # reflection stays open without the token
-    with grpc.insecure_channel(farm.addr) as channel:
+def test_reflection_answers_under_v1_and_v1alpha(farm_in_process: Callable[..., str], version: str) -> None:
+    addr = farm_in_process(token="s3cret")  # reflection stays open without the token
+    with grpc.insecure_channel(addr) as channel:
         listed, farm_file, reflection_file, unknown = _reflect(channel, version, [
             {"list_services": ""},
             {"file_containing_symbol": "farm.v1.FarmService"},
@@ -123,10 +122,9 @@ def test_reflection_answers_under_v1_and_v1alpha(running_farm, version: str) -> 
     assert unknown.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
 
 
-def test_a_v1_reflection_client_sees_the_farm(running_farm) -> None:  # type: ignore[no-untyped-def]
+def test_a_v1_reflection_client_sees_the_farm(farm_in_process: Callable[..., str]) -> None:
     """buf curl, a v1 reflection client of its own, lists and calls the farm knowing no proto."""
-    farm = running_farm("--workers", "0")
-    url = f"http://{farm.addr}"
+    url = f"http://{farm_in_process()}"
     base = [_buf(), "curl", "--protocol", "grpc", "--http2-prior-knowledge", "--reflect-protocol", "grpc-v1"]
     listed = subprocess.run([*base, "--list-methods", url], capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0, listed.stderr
@@ -182,9 +180,8 @@ def test_errors_carry_google_rpc_details(coordinator: grpc.Channel) -> None:
     assert error_of(lambda: nothing(b"", timeout=10))[:2] == (grpc.StatusCode.UNIMPLEMENTED, "UNIMPLEMENTED")
 
 
-def test_a_missing_token_is_unauthenticated_with_details(running_farm) -> None:  # type: ignore[no-untyped-def]
-    farm = running_farm("--workers", "0", "--token", "s3cret")
-    with grpc.insecure_channel(farm.addr) as channel:
+def test_a_missing_token_is_unauthenticated_with_details(farm_in_process: Callable[..., str]) -> None:
+    with grpc.insecure_channel(farm_in_process(token="s3cret")) as channel:
         stub = farm_pb2_grpc.FarmServiceStub(channel)
         for metadata in [(), (("authorization", "Bearer wrong"),)]:
             assert error_of(lambda m=metadata: stub.GetStatus(farm_pb2.GetStatusRequest(), metadata=m, timeout=10)

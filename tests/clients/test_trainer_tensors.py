@@ -72,6 +72,7 @@ def stream_all(data: FarmDataset, expected: int) -> tuple[list[TensorBatch], dic
     raise AssertionError("the stream ended")
 
 
+@pytest.mark.sandbox  # farmd with workers: it refuses to start on a host that cannot isolate
 @pytest.mark.timeout(90)
 def test_the_stream_gives_tensors_masked_on_exactly_the_models_tokens(running_farm: Any, tmp_path: Path) -> None:
     policy = Policy()

@@ -141,7 +141,7 @@ RULE_BREAKERS = ("os-via-np-testing", "threading-via-np-testing", "ctypes-via-np
 
 @pytest.mark.sandbox
 async def test_breaking_the_rules_is_a_flagged_zero_and_modifying_an_argument_a_zero() -> None:
-    from farmd.verifier.exploits import for_kind
+    from farmd.intake.exploits import for_kind
 
     exploits = {e.name: e.make for e in for_kind("kernel")}
     task = ENV.generate(3, 1)

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from farmd.envs import Attempt, Task, VerifyContext
-from farmd.envs.kernel import CHECKS, POLICY, SAMPLE, SPEED_AT_PARITY, WARMUP, Kernel, Spec, judge_kernel
+from farmd.envs.kernel import POLICY, SAMPLE, Kernel, Spec
 from farmd.sandbox import Sandbox
 from farmd.verifier import Verdict, VerifierKey
 from farmd.verifier.boxjudge import JudgeReport, run_judge
+from farmd.verifier.kernels import CHECKS, SPEED_AT_PARITY, WARMUP, judge_kernel
 from farmd.verifier.verdict import SUSPECTED_HACK
 
 pytestmark = pytest.mark.sandbox
@@ -71,7 +72,7 @@ async def judge(task: Task, submission: str, *, reference_source: str | None = N
             "reference_source": reference_source or s.reference_source()}
     async with Sandbox() as sandbox:
         report = await run_judge(sandbox, submission, spec, POLICY, blobs=blobs)
-    return judge_kernel(ENV.verifier_version, s, report, expected, {t["id"]: t["sample"] for t in tests}), report
+    return judge_kernel(ENV.verifier_version, s.tolerance, report, expected, {t["id"]: t["sample"] for t in tests}), report
 
 
 def reference(task: Task) -> str:

@@ -17,11 +17,11 @@ import pytest
 
 from farmd.envs import Attempt, Task, TaskError, VerifyContext, get, names, rg, verify_safely
 from farmd.envs.rg import DATASETS, ReasoningGym
+from farmd.intake.exploits import for_kind
+from farmd.intake.exploits.answer import CODE_MARKER
 from farmd.sandbox import Sandbox
 from farmd.verifier import Verdict, VerifierKey
 from farmd.verifier.answer import extract_single_answer
-from farmd.verifier.exploits import for_kind
-from farmd.verifier.exploits.answer import CODE_MARKER
 from farmd.verifier.verdict import NO_ANSWER, SUSPECTED_HACK, VERIFIER_FAULT
 from tests.conftest import farmctl
 

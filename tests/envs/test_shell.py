@@ -34,8 +34,8 @@ from farmd.envs.shell import (
     matches,
     normalize_answer,
 )
+from farmd.intake.exploits import for_kind
 from farmd.sandbox import Sandbox
-from farmd.verifier.exploits import for_kind
 from farmd.verifier.secret import VerifierKey
 from farmd.verifier.verdict import NO_ANSWER, SANDBOX_VIOLATION, SUSPECTED_HACK, Verdict
 from tests.conftest import farmctl
@@ -448,7 +448,7 @@ _OLD_INI_LINE = re.compile(r"^\s*([^#;=\s][^=]*?)\s*=\s*(.*?)\s*$")
 
 
 def test_ini_files_are_read_as_before_in_linear_time() -> None:
-    from farmd.envs.shell import _as_ini
+    from farmd.envs.shell.checks import _as_ini
 
     def old(text: str) -> list[str]:
         out = []

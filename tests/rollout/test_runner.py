@@ -12,7 +12,8 @@ from farm.v1 import trajectory_pb2
 from farmd.agents import Agent, AgentResult
 from farmd.agents.base import Step
 from farmd.api.trajectories import trajectory_pb
-from farmd.envs import Attempt, Environment, Episode, Task, VerifyContext, get
+from farmd.envs import Attempt, Episode, SubmissionEnvironment, Task, VerifyContext, get
+from farmd.errors import EndpointError
 from farmd.flags import INVALID_TEXT, TRUNCATED, VERIFIER_FAULT
 from farmd.records import MAX_FINAL_CHARS, Job, JobState
 from farmd.rollout.runner import InfraFailure, run_rollout
@@ -34,7 +35,7 @@ class Says(Agent):
         return AgentResult(attempt=Attempt(final=self.final), steps=[Step(self.final, None, None, 0.0)])
 
 
-class Brittle(Environment):
+class Brittle(SubmissionEnvironment):
     """Its verifier crashes on an attempt holding "boom" (as a verifier bug an attempt found would), and
     on every attempt when ``broken`` (a verifier that cannot judge this task at all)."""
 
@@ -87,6 +88,28 @@ async def test_a_verifier_crash_an_attempt_causes_is_its_zero(tmp_path: Path) ->
 async def test_a_verifier_that_cannot_judge_the_reference_is_an_infrastructure_failure(tmp_path: Path) -> None:
     with pytest.raises(InfraFailure, match="reference"):
         await run_rollout(job("brittle"), Brittle(broken=True), Says("boom"), no_box(tmp_path), "n1")
+
+
+class Refused(Agent):
+    """An agent whose endpoint answers as ``error`` says."""
+
+    name = "refused"
+
+    def __init__(self, error: EndpointError) -> None:
+        self.error = error
+
+    async def attempt(self, task: Task, episode: Episode | None, policy_version: int, *,
+                      rollout_id: int = 0) -> AgentResult:
+        raise self.error
+
+
+@pytest.mark.parametrize("transient", [True, False])
+async def test_an_endpoint_failure_is_an_infrastructure_failure_that_says_whether_to_retry(
+        tmp_path: Path, transient: bool) -> None:
+    error = EndpointError("http://model/v1: 400 bad request", status=400, transient=transient)
+    with pytest.raises(InfraFailure, match="endpoint failed") as caught:
+        await run_rollout(job("brittle"), Brittle(), Refused(error), no_box(tmp_path), "n1")
+    assert caught.value.transient is transient and caught.value.__cause__ is error
 
 
 @pytest.mark.sandbox

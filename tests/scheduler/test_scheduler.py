@@ -77,7 +77,7 @@ async def test_completion_is_once_even_when_reported_twice(farm) -> None:  # typ
 
 async def test_infrastructure_failures_retry_then_fail_apart_from_scores(farm) -> None:  # type: ignore[no-untyped-def]
     store, open_ = farm
-    s = await open_(group_size=1, max_attempts=3)
+    s = await open_(group_size=1, max_attempts=3, retry_backoff_s=0)
     await s.submit("rg:chain_sum", "reference", 1)
     states = []
     for _ in range(3):
@@ -89,6 +89,37 @@ async def test_infrastructure_failures_retry_then_fail_apart_from_scores(farm) -
     failures = await store.failures()
     assert len(failures) == 3 and all("endpoint down" in f["error"] for f in failures)
     assert (await s.status())["queue"]["failed"] == 1
+
+
+async def test_a_transient_failure_waits_out_a_growing_jittered_backoff(farm) -> None:  # type: ignore[no-untyped-def]
+    _store, open_ = farm
+    s = await open_(group_size=1, max_attempts=3, retry_backoff_s=0.3, retry_backoff_max_s=0.5)
+    waits = [s.backoff_s(attempts) for attempts in (1, 2, 3, 9) for _ in range(50)]
+    assert all(0.15 <= w <= 0.3 for w in waits[:50]) and all(0.25 <= w <= 0.5 for w in waits[50:])
+    assert len(set(waits[:50])) > 1, "jittered: jobs one outage failed together come back apart"
+    await s.submit("rg:chain_sum", "reference", 1)
+    [job] = await s.lease("w", 1)
+    assert await s.fail("w", job.id, "endpoint 503", transient=True) is JobState.QUEUED
+    assert await s.lease("w", 1) == [], "not leased again before its backoff has passed"
+    await asyncio.sleep(0.35)
+    [again] = await s.lease("w", 1)
+    assert again.id == job.id and again.attempts == 2
+    assert s.counters["retried"] == 1
+
+
+async def test_a_permanent_failure_fails_at_once_apart_from_scores(farm) -> None:  # type: ignore[no-untyped-def]
+    store, open_ = farm
+    s = await open_(group_size=1, max_attempts=3, retry_backoff_s=0)
+    await s.submit("rg:chain_sum", "reference", 1)
+    [job] = await s.lease("w", 1)
+    error = "InfraFailure: the agent's endpoint failed: http://model/v1: 400 bad request; not retried"
+    assert await s.fail("w", job.id, error, transient=False) is JobState.FAILED
+    assert await s.lease("w", 1) == [], "first attempt, but trying again cannot help"
+    [failure] = await store.failures()
+    assert failure["final"] and "400 bad request" in failure["error"]
+    assert await store.trajectories(limit=10) == [], "never a score"
+    assert (s.counters["failed"], s.counters["retried"]) == (1, 0)
+    assert await s.fail("w", job.id, error, transient=False) is None, "no longer its lease"
 
 
 async def test_expired_leases_go_back_to_the_queue(farm) -> None:  # type: ignore[no-untyped-def]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
 import zlib
 from pathlib import Path
 
@@ -90,10 +91,11 @@ async def test_a_cancelled_runs_jobs_never_go_back_to_the_queue(tmp_path: Path) 
         assert await store.cancel_run(run_id)
         assert (await store.run(run_id) or {})["cancelled"] == 1  # the one still queued
         # Each way a running job could go back to the queue ends it instead.
-        assert await store.fail("w", failing.id, "endpoint down", max_attempts=3) == JobState.CANCELLED
+        assert await store.fail("w", failing.id, "endpoint down", final=False) == JobState.CANCELLED
         await store.extend("w", [handed_back.id], 60)
         await asyncio.sleep(0.05)  # `expiring`'s lease runs out
-        assert await store.requeue_expired(max_attempts=3) == (0, 0)
+        expired = await store.expired_leases()
+        assert await store.requeue_expired({job_id: False for job_id in expired}) == (0, 0)
         assert (await store.run(run_id) or {})["cancelled"] == 3 and expiring is not None
         assert await store.requeue_owner("w") == 0
         assert await store.lease("w2", 10, 30, 0) == []
@@ -102,3 +104,28 @@ async def test_a_cancelled_runs_jobs_never_go_back_to_the_queue(tmp_path: Path) 
         assert len(await store.finished_groups(0, 10)) == 4, "whole-group streams are not held back"
     finally:
         await store.close()
+
+
+async def test_a_schema_5_queue_migrates_and_its_jobs_lease_at_once(tmp_path: Path) -> None:
+    """Migration 6 adds a job's backoff (``not_before``); jobs queued before it have none to wait out."""
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    with sqlite3.connect(data / "farm.db") as db:
+        for version in range(5):
+            db.executescript(f"BEGIN; {MIGRATIONS[version]}; PRAGMA user_version={version + 1}; COMMIT;")
+        db.execute("INSERT INTO groups(id, env, seed, difficulty, agent, size, source, created_at) "
+                   "VALUES (1, 'py-func', 5, 2, 'reference', 1, 'request', 1.0)")
+        db.execute("INSERT INTO jobs(id, group_id, env, seed, difficulty, agent, state, attempts, source, last_error, "
+                   "created_at, updated_at) VALUES (1, 1, 'py-func', 5, 2, 'reference', 'queued', 1, 'request', "
+                   "'endpoint down', 1.0, 2.0)")
+    store = await Store.open(data / "farm.db")
+    try:
+        (job,) = await store.lease("w", 5, 30, 0)
+        assert (job.id, job.attempts) == (1, 2)
+        assert await store.fail("w", job.id, "endpoint down", final=False, not_before=time.time() + 60) \
+            == JobState.QUEUED
+        assert await store.lease("w", 5, 30, 0) == [], "a backoff the scheduler set is kept"
+    finally:
+        await store.close()
+    with sqlite3.connect(data / "farm.db") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 6

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from farmd.errors import BadRequest
+from farmd.errors import CursorError
 from farmd.records import JobState, Step, Trajectory
 from farmd.store import Store, StoreError
 from farmd.store.schema import MIGRATIONS
@@ -61,15 +61,20 @@ async def test_lease_complete_once(store: Store) -> None:
     assert got is not None and got.steps == traj(0).steps and got.final == "src" and got.node == "n1"
 
 
+async def out_of_attempts(store: Store, max_attempts: int) -> dict[int, bool]:
+    """The decision the scheduler makes for expired leases (the store only carries it out)."""
+    return {job_id: attempts >= max_attempts for job_id, attempts in (await store.expired_leases()).items()}
+
+
 async def test_expired_leases_come_back_and_fail_for_good(store: Store) -> None:
     await store.enqueue([("py-func", 1, 1, "reference", 1)])
     (job,) = await store.lease("w1", 1, lease_s=0.01, policy_version=0)
     await asyncio.sleep(0.03)
-    assert await store.requeue_expired(max_attempts=2) == (1, 0)
+    assert await store.requeue_expired(await out_of_attempts(store, max_attempts=2)) == (1, 0)
     (again,) = await store.lease("w2", 1, lease_s=0.01, policy_version=0)
     assert again.id == job.id and again.attempts == 2
     await asyncio.sleep(0.03)
-    assert await store.requeue_expired(max_attempts=2) == (0, 1)
+    assert await store.requeue_expired(await out_of_attempts(store, max_attempts=2)) == (0, 1)
     assert (await store.job_counts()) == {"failed": 1}
     failures = await store.failures()
     assert failures and failures[0]["final"] and "lease expired" in failures[0]["error"]
@@ -79,10 +84,10 @@ async def test_expired_leases_come_back_and_fail_for_good(store: Store) -> None:
 async def test_failures_are_retried_then_recorded_apart(store: Store) -> None:
     await store.enqueue([("py-func", 1, 1, "reference", 1)])
     (job,) = await store.lease("w", 1, 30, 0)
-    assert await store.fail("w", job.id, "sandbox died", max_attempts=2) is JobState.QUEUED
+    assert await store.fail("w", job.id, "sandbox died", final=False) is JobState.QUEUED
     (job,) = await store.lease("w", 1, 30, 0)
-    assert await store.fail("other", job.id, "not mine", max_attempts=2) is None
-    assert await store.fail("w", job.id, "sandbox died again", max_attempts=2) is JobState.FAILED
+    assert await store.fail("other", job.id, "not mine", final=False) is None
+    assert await store.fail("w", job.id, "sandbox died again", final=True) is JobState.FAILED
     assert len(await store.failures()) == 2
     done = await store.finished_groups(0, 10)
     assert len(done) == 1 and done[0]["rewards"] == []
@@ -104,7 +109,7 @@ async def test_groups_end_in_the_order_they_finish(store: Store) -> None:
 
 
 async def test_consumers_scores_policies_state(store: Store) -> None:
-    with pytest.raises(BadRequest, match="only reached 0"):
+    with pytest.raises(CursorError, match="only reached 0"):
         await store.ack("trainer", "trajectories", 1)  # a cursor past the end would skip what comes next
     await store.enqueue([("py-func", 1, 1, "reference", 6)])
     jobs = await store.lease("w", 6, 30, 0)
@@ -113,7 +118,7 @@ async def test_consumers_scores_policies_state(store: Store) -> None:
     assert await store.ack("trainer", "trajectories", 3) == 5  # never backwards
     assert [(c["name"], c["kind"], c["acked"]) for c in await store.consumers()] == [("trainer", "trajectories", 5)]
     assert await store.ack("trainer", "groups", 1) == 1
-    with pytest.raises(BadRequest):
+    with pytest.raises(CursorError):
         await store.ack("trainer", "groups", 2)
     assert await store.cursor("trainer", "groups") == 1 and await store.cursor("trainer", "trajectories") == 5
     assert await store.consumed("groups", 1) == 6, "the one finished group holds all six"

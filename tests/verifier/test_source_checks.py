@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from farmd.envs.kernel import static_problem
+from farmd.intake.exploits.source import SUFFIXES
 from farmd.verifier import judge
-from farmd.verifier.exploits.source import SUFFIXES
 from farmd.verifier.verdict import NO_ANSWER, unreadable_source
 
 WRONG = "def transform(x):\n    return x\n"

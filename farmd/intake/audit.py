@@ -12,9 +12,9 @@ import asyncio
 from typing import Any
 
 from farmd.envs.base import Attempt, Environment, Task, VerifyContext, verify_safely
+from farmd.intake.exploits import for_kind
 from farmd.sandbox import Sandbox
 from farmd.sandbox.config import SandboxConfig
-from farmd.verifier.exploits import for_kind
 from farmd.verifier.secret import VerifierKey
 from farmd.verifier.verdict import SUSPECTED_HACK, Verdict
 

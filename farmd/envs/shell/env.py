@@ -1,0 +1,132 @@
+"""The ``shell`` environment: tasks from puzzles, episodes over their trees, verdicts on what is left."""
+
+from __future__ import annotations
+
+import asyncio
+
+from farmd.envs.base import Attempt, EpisodeEnvironment, Task, VerifyContext
+from farmd.envs.shell.checks import check_answer, check_tree, read_regular
+from farmd.envs.shell.episode import ShellEpisode
+from farmd.envs.shell.puzzle import GeneratorBug, Puzzle
+from farmd.envs.shell.puzzles import build_puzzle
+from farmd.envs.shell.rules import COMMON, MAX_STEPS
+from farmd.errors import FarmError, TaskError
+from farmd.text import valid_text
+from farmd.verifier.verdict import (
+    NO_ANSWER,
+    SANDBOX_VIOLATION,
+    SUSPECTED_HACK,
+    TIMEOUT,
+    Verdict,
+    errored,
+    failed,
+)
+
+_LINK_REASONS = ("symbolic link", "not a regular file", "hard link")
+
+
+class Shell(EpisodeEnvironment[ShellEpisode]):
+    """Filesystem and text puzzles solved with shell commands, checked on the final answer or file state."""
+
+    name = "shell"
+    version = "1"
+    verifier_version = "1"
+    max_difficulty = 5
+    exploit_kind = "shell"
+
+    def puzzle(self, seed: int, difficulty: int) -> Puzzle:
+        """The whole truth of a task (its tree, goal and expected result); public data only."""
+        self.check_difficulty(difficulty)
+        return build_puzzle(self.name, self.version, seed, difficulty)
+
+    def generate(self, seed: int, difficulty: int) -> Task:
+        puzzle = self.puzzle(seed, difficulty)
+        # Single output files are named; where whole directories are checked, the directories are.
+        outputs = sorted(puzzle.expected) if puzzle.finish == "files" and not puzzle.scope else []
+        return self.task(
+            seed, difficulty, f"{puzzle.goal}\n\n{COMMON}", answer_format=puzzle.answer_format,
+            metadata={"family": puzzle.family, "finish": puzzle.finish, "outputs": outputs,
+                      "checked_dirs": list(puzzle.scope), "max_steps": MAX_STEPS, "files": len(puzzle.files)},
+        )
+
+    def reference(self, task: Task) -> Attempt:
+        puzzle = self.puzzle(task.seed, task.difficulty)
+        return Attempt(final=puzzle.answer, actions=list(puzzle.actions))
+
+    async def episode(self, task: Task, ctx: VerifyContext) -> ShellEpisode:
+        puzzle = self.puzzle(task.seed, task.difficulty)
+        return await ShellEpisode.start(ctx.sandbox, puzzle.files, ctx.scratch_dir)
+
+    async def verify(self, task: Task, attempt: Attempt, ctx: VerifyContext) -> Verdict:
+        """Replay the actions in a fresh episode, then check the final answer or the final tree.
+
+        Everything is computed from the task's public identity: the agent saw the whole tree, so there is
+        nothing to hide, and ``ctx.key`` is not used; guessing is defeated by exact, complete checks instead.
+        """
+        v = self.verifier_version
+        try:
+            puzzle = self.puzzle(task.seed, task.difficulty)
+        except (TaskError, GeneratorBug) as exc:
+            return errored(v, f"cannot rebuild the task: {exc}")
+        actions = list(attempt.actions)
+        if not actions and not attempt.final.strip():
+            return failed(v, "no actions and no answer", flags=(NO_ANSWER,))
+        if len(actions) > MAX_STEPS:
+            return failed(v, f"{len(actions)} actions: at most {MAX_STEPS} are allowed")
+        # Replayed as valid text (verify_safely repairs and flags it; this is for callers that come here
+        # directly): a command holding a lone surrogate could not even be written into the box.
+        repaired = [valid_text(str(action))[0] for action in actions]
+        try:
+            episode = await ShellEpisode.start(ctx.sandbox, puzzle.files, ctx.scratch_dir)
+        except (FarmError, OSError) as exc:
+            return errored(v, f"cannot start an episode: {exc}")
+        try:
+            for action in repaired:
+                await episode.act(action)
+            return await self.judge_episode(task, episode, attempt.final, ctx)
+        except (FarmError, OSError) as exc:
+            return errored(v, f"the replay failed: {type(exc).__name__}: {exc}")
+        finally:
+            await episode.close()
+
+    async def judge_episode(self, task: Task, episode: ShellEpisode, final: str, ctx: VerifyContext) -> Verdict:
+        """The verdict on an episode the agent has just played (a rollout's, not a replay)."""
+        v = self.verifier_version
+        final = valid_text(final)[0]
+        try:
+            puzzle = self.puzzle(task.seed, task.difficulty)
+            problems = (check_answer(puzzle, final) if puzzle.finish == "answer"
+                        else await asyncio.to_thread(check_tree, puzzle, episode.tree))
+            planted = await asyncio.to_thread(_planted, puzzle, episode)
+        except (TaskError, GeneratorBug, OSError) as exc:
+            return errored(v, f"cannot check the episode: {type(exc).__name__}: {exc}")
+        return _verdict(v, puzzle, episode, problems, planted)
+
+
+def _planted(puzzle: Puzzle, episode: ShellEpisode) -> dict[str, str]:
+    """Expected files that are absent because a step left a link or a special file there instead."""
+    return {p: why for p in puzzle.expected if (why := episode.dropped.get(p, "")) in _LINK_REASONS
+            and read_regular(episode.tree, p) is None}
+
+
+def _verdict(version: str, puzzle: Puzzle, episode: ShellEpisode, problems: list[str],
+             planted: dict[str, str]) -> Verdict:
+    verdict = failed(version)
+    verdict.details = {"family": puzzle.family, "steps": episode.steps}
+    if episode.violations:
+        verdict.flag(SANDBOX_VIOLATION)
+        verdict.details["violations"] = episode.violations[:10]
+    if episode.timed_out:
+        verdict.flag(TIMEOUT)
+    # A link or special file left where the check expects a regular file is an attempt at the checker.
+    if planted:
+        verdict.flag(SUSPECTED_HACK)
+        path, why = next(iter(planted.items()))
+        problems = [f"{path} was left as a {why}: only regular files count", *problems]
+    if problems:
+        verdict.reasons = problems[:5]
+        return verdict
+    verdict.passed = True
+    verdict.reward = 1.0
+    verdict.reasons = ["the final answer is right" if puzzle.finish == "answer" else "the final files are right"]
+    return verdict

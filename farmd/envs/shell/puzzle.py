@@ -1,0 +1,52 @@
+"""What a generated task is: the public tree and goal, and what the hidden check expects."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+from farmd.errors import FarmError
+
+Finish = Literal["answer", "files"]
+CheckKind = Literal["bytes", "lines", "number", "ini"]
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What one file must hold at the end, and how it is compared."""
+
+    kind: CheckKind
+    """``bytes``: exactly; ``lines``: line by line, runs of blanks collapsed, blank lines at either end
+    ignored; ``number``: the same decimal number; ``ini``: line by line, spaces around ``=`` ignored."""
+    content: bytes
+
+
+@dataclass(frozen=True)
+class Puzzle:
+    """A task's whole truth: the public tree and goal, and what the hidden check expects."""
+
+    family: str
+    goal: str
+    answer_format: str
+    finish: Finish
+    files: Mapping[str, bytes]
+    """The initial tree: relative path -> content."""
+    actions: tuple[str, ...]
+    """The reference's commands; for answer tasks the last one prints the answer."""
+    answer: str = ""
+    """The expected final answer (answer tasks)."""
+    expected: Mapping[str, Expect] = field(default_factory=lambda: MappingProxyType({}))
+    """Files the final tree must hold (file tasks)."""
+    scope: tuple[str, ...] = ()
+    """Directories whose regular files must be exactly the expected ones, nothing more."""
+
+
+class GeneratorBug(FarmError):
+    """A generated puzzle broke one of its own invariants (a bug in this module, never the attempt's fault)."""
+
+
+def ensure(ok: bool, message: str) -> None:
+    if not ok:
+        raise GeneratorBug(message)
