@@ -12,17 +12,19 @@ key, and never shipped.
 from __future__ import annotations
 
 import abc
+import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
 from farmd.errors import FarmError, TaskError
-from farmd.sandbox import Sandbox
+from farmd.sandbox import Sandbox, SandboxPolicy
 from farmd.text import valid_text
+from farmd.verifier.boxjudge import JudgeReport, run_judge
 from farmd.verifier.secret import VerifierKey, public_rng
-from farmd.verifier.verdict import INVALID_TEXT, VERIFIER_FAULT, Verdict, errored, failed
+from farmd.verifier.verdict import INVALID_TEXT, VERIFIER_FAULT, Verdict, errored, failed, unreadable_source
 
 TaskKind = Literal["submission", "actions"]
 
@@ -138,6 +140,47 @@ class Environment(abc.ABC):
 
 class SubmissionEnvironment(Environment):
     """An environment whose agent gives one final text (code or an answer), judged by ``verify``."""
+
+
+@dataclass(frozen=True)
+class JudgeRun:
+    """What a source environment's verifier hands its judge's box, and how the box's report becomes a
+    verdict (called off the event loop: a report holds up to megabytes of claimed values)."""
+
+    spec: dict[str, Any]
+    judge: Callable[[JudgeReport], Verdict]
+    blobs: dict[str, bytes] = field(default_factory=dict)
+
+
+class SourceEnvironment(SubmissionEnvironment):
+    """A submission environment whose submission is source code, run by the verifier kit's judge in a box
+    of its own. One ``verify`` for all of them: the size check (nothing is parsed on the host), the
+    task's hidden tests and expected outputs made off the event loop (``prepare``; its failure is the
+    verifier's, never the attempt's), the judge's box (its failure is infrastructure), the verdict."""
+
+    max_submission_bytes: int = 100_000
+    judge_policy: SandboxPolicy
+
+    @abc.abstractmethod
+    def prepare(self, task: Task, ctx: VerifyContext) -> JudgeRun:
+        """The judge's spec and input blobs for ``task``, and how to read the report (blocking: may take
+        seconds of the task's reference; run in a thread)."""
+
+    async def verify(self, task: Task, attempt: Attempt, ctx: VerifyContext) -> Verdict:
+        v = self.verifier_version
+        source = attempt.final
+        bad = unreadable_source(v, source, self.max_submission_bytes)
+        if bad is not None:
+            return bad
+        try:
+            run = await asyncio.to_thread(self.prepare, task, ctx)
+        except Exception as exc:  # our own reference failing is a verifier bug, never the attempt's fault
+            return errored(v, f"the reference failed: {type(exc).__name__}: {exc}")
+        try:
+            report = await run_judge(ctx.sandbox, source, run.spec, self.judge_policy, blobs=run.blobs)
+        except FarmError as exc:
+            return errored(v, f"the judge's box failed: {exc}")
+        return await asyncio.to_thread(run.judge, report)
 
 
 E = TypeVar("E", bound=Episode)

@@ -28,7 +28,6 @@ gets nothing.
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,17 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from farmd.envs.base import Attempt, SubmissionEnvironment, Task, VerifyContext
-from farmd.errors import FarmError
+from farmd.envs.base import Attempt, JudgeRun, SourceEnvironment, Task, VerifyContext
 from farmd.sandbox import SandboxPolicy
 from farmd.verifier import judge
-from farmd.verifier.boxjudge import run_judge
 from farmd.verifier.kernels import CHECKS, SPEED_AT_PARITY, WARMUP, Tolerance, judge_kernel
-from farmd.verifier.verdict import (
-    Verdict,
-    errored,
-    unreadable_source,
-)
 
 ENTRY_POINT = "kernel"
 ALLOWED_IMPORTS = frozenset({"numpy", "math"})
@@ -183,11 +175,13 @@ class Spec:
         return fn
 
 
-class Kernel(SubmissionEnvironment):
+class Kernel(SourceEnvironment):
     name = "kernel"
     version = "2"
     """2: arrays sized for timing (1: about 100 x 600, calls shorter than their overhead)."""
     verifier_version = "2"
+    max_submission_bytes = MAX_SUBMISSION_BYTES
+    judge_policy = POLICY
     """2: CPU time of paired rounds, credit only when significant (1: wall time of 5 calls each, alone)."""
     max_difficulty = 5
     exploit_kind = "kernel"
@@ -254,26 +248,14 @@ class Kernel(SubmissionEnvironment):
             cases.append(arrays)
         return cases
 
-    async def verify(self, task: Task, attempt: Attempt, ctx: VerifyContext) -> Verdict:
-        v = self.verifier_version
-        source = attempt.final
-        # Only what needs no parsing is checked here. The source is compiled, and held to the rules
-        # (static_problem's, then an audit hook while it runs), in the judge's box.
-        bad = unreadable_source(v, source, MAX_SUBMISSION_BYTES)
-        if bad is not None:
-            return bad
-        try:
-            # Megabytes of inputs and the reference's outputs: made off the event loop, which runs every
-            # box's timer and the API.
-            s, expected, spec, blobs = await asyncio.to_thread(self._prepare, task, ctx)
-        except Exception as exc:
-            return errored(v, f"the reference failed: {type(exc).__name__}: {exc}")
-        try:
-            report = await run_judge(ctx.sandbox, source, spec, POLICY, blobs=blobs)
-        except FarmError as exc:
-            return errored(v, f"the judge's box failed: {exc}")
+    def prepare(self, task: Task, ctx: VerifyContext) -> JudgeRun:
+        # Only what needs no parsing is checked on the host (SourceEnvironment.verify). The source is
+        # compiled, and held to the rules (static_problem's, then an audit hook while it runs), in the
+        # judge's box. Megabytes of inputs and the reference's outputs are made here, in a thread.
+        s, expected, spec, blobs = self._prepare(task, ctx)
         samples = {t["id"]: t["sample"] for t in spec["tests"] if "sample" in t}
-        return await asyncio.to_thread(judge_kernel, v, s.tolerance, report, expected, samples)
+        v = self.verifier_version
+        return JudgeRun(spec, lambda report: judge_kernel(v, s.tolerance, report, expected, samples), blobs)
 
     def _prepare(self, task: Task, ctx: VerifyContext) -> tuple[Spec, list[np.ndarray], dict[str, Any],
                                                                 dict[str, bytes]]:

@@ -10,24 +10,17 @@ they are compared on the host.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from farmd.envs.base import Attempt, SubmissionEnvironment, Task, VerifyContext, numbered
-from farmd.errors import FarmError, TaskError
+from farmd.envs.base import Attempt, JudgeRun, SourceEnvironment, Task, VerifyContext, numbered
+from farmd.errors import TaskError
 from farmd.sandbox import SandboxPolicy
 from farmd.verifier import canon as C
-from farmd.verifier.boxjudge import run_judge
 from farmd.verifier.calls import judge_calls
-from farmd.verifier.verdict import (
-    Verdict,
-    errored,
-    unreadable_source,
-)
 
 ENTRY_POINT = "transform"
 HIDDEN_RANDOM = 20
@@ -205,10 +198,12 @@ def edge_inputs(kind: Kind) -> list[Any]:
     return ["", "a", "A", " ", "Hello World", "a-b c! d?", "zzz ZZZ", "multiple   spaces here"]
 
 
-class PyFunc(SubmissionEnvironment):
+class PyFunc(SourceEnvironment):
     name = "py-func"
     version = "1"
     verifier_version = "1"
+    max_submission_bytes = MAX_SUBMISSION_BYTES
+    judge_policy = POLICY
     max_difficulty = 5
     exploit_kind = "function"
 
@@ -251,19 +246,11 @@ class PyFunc(SubmissionEnvironment):
         inputs = [random_input(chain.start, rng, task.difficulty + rng.randint(0, 3)) for _ in range(HIDDEN_RANDOM)]
         return [e["input"][0] for e in task.examples] + edge_inputs(chain.start) + inputs
 
-    async def verify(self, task: Task, attempt: Attempt, ctx: VerifyContext) -> Verdict:
-        v = self.verifier_version
-        source = attempt.final
-        bad = unreadable_source(v, source, MAX_SUBMISSION_BYTES)
-        if bad is not None:
-            return bad
-        try:
-            chain = self._chain(task.seed, task.difficulty)
-            fn = chain.function()
-            inputs = self.hidden_inputs(task, ctx)
-            expected = [C.canon(fn(copy.deepcopy(arg))) for arg in inputs]
-        except Exception as exc:  # our own reference failing is a verifier bug, never the attempt's fault
-            return errored(v, f"the reference failed: {type(exc).__name__}: {exc}")
+    def prepare(self, task: Task, ctx: VerifyContext) -> JudgeRun:
+        chain = self._chain(task.seed, task.difficulty)
+        fn = chain.function()
+        inputs = self.hidden_inputs(task, ctx)
+        expected = [C.canon(fn(copy.deepcopy(arg))) for arg in inputs]
         spec = {
             "nonce": ctx.key.nonce(),
             "mode": "call",
@@ -271,9 +258,5 @@ class PyFunc(SubmissionEnvironment):
             "per_call_s": PER_CALL_S,
             "tests": [{"id": i, "args": [arg]} for i, arg in enumerate(inputs)],
         }
-        try:
-            report = await run_judge(ctx.sandbox, source, spec, POLICY)
-        except FarmError as exc:
-            return errored(v, f"the judge's box failed: {exc}")
-        # Claimed values are parsed (up to megabytes of JSON): off the event loop.
-        return await asyncio.to_thread(judge_calls, v, report, expected)
+        v = self.verifier_version
+        return JudgeRun(spec, lambda report: judge_calls(v, report, expected))
