@@ -35,18 +35,19 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Generator, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import grpc
 import uvloop
-from farm_client import Batch, FarmClient
+from farm_client import FarmClient
+from farm_client.record import Trajectory as StreamedTrajectory
 from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
 
-from farmd.cli.local_farmd import LocalFarmd
+from bench.common import drain, farmd, verdicts
 from farmd.envs import VerifyContext, get
 from farmd.envs.pyfunc import PyFunc
 from farmd.records import Job, Step, Timings, Trajectory
@@ -92,56 +93,18 @@ def _pct(samples: list[float], q: float) -> float:
 # -- a real farmd ---------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _farmd(data: Path, workers: int, timeout_s: float = 60.0) -> Iterator[str]:
-    """``farmd serve`` on port 0 with ``data``; yields its address; SIGTERM and wait on the way out."""
-    env = {k: v for k, v in os.environ.items() if k != "FARM_TOKEN"}  # the client sends no token
-    with LocalFarmd(data, "--workers", str(workers), log_path=data.parent / f"{data.name}.log", env=env,
-                    start_timeout_s=timeout_s) as farmd:
-        yield farmd.addr
-
-
-def _drain(client: FarmClient, consumer: str, count: int, batch_size: int,
-           tick: Callable[[int], None] | None = None, deadline_s: float = 300.0) -> list[dict[str, Any]]:
-    """Take ``count`` trajectories from ``consumer``'s stream, acking each batch as a trainer does.
-
-    A stream waits for ever; after ``deadline_s`` (rollouts that failed for good never arrive) the
-    client's channel is closed under it, and that is an error.
-    """
-    got: list[dict[str, Any]] = []
-    # A generator, whatever its annotation says: closing it cancels the RPC now, not at collection.
-    stream = cast(Generator[Batch, None, None], client.batches(consumer, batch_size=batch_size))
-    watchdog = threading.Timer(deadline_s, client.close)
-    watchdog.start()
-    try:
-        for batch in stream:
-            got += batch.trajectories
-            client.ack(batch)
-            if tick:
-                tick(len(batch))
-            if len(got) >= count:
-                break
-    except grpc.RpcError as exc:
-        raise RuntimeError(f"{consumer}: {len(got)} of {count} trajectories arrived in {deadline_s:g}s "
-                           f"({exc.code().name})") from exc
-    finally:
-        watchdog.cancel()
-        stream.close()
-    return got
-
-
 # -- 1. rollouts/s: farmd against an inline loop ----------------------------------------------------
 
 
 def _farmd_rollouts(data: Path, rollouts: int, workers: int, tick: Callable[[int], None]
                     ) -> tuple[float, list[dict[str, Any]]]:
-    with _farmd(data, workers) as addr, FarmClient(addr) as client:
+    with farmd(data, workers) as addr, FarmClient(addr) as client:
         # One-off set-up (the box runtime, page cache, imports) is not what a rollout costs.
         warm = client.run("py-func", "reference", 2 * workers, GROUP)["jobs"]
-        _drain(client, "bench", warm, 64)
+        drain(client, "bench", warm, 64)
         t0 = time.perf_counter()
         client.run("py-func", "reference", rollouts, GROUP)
-        got = _drain(client, "bench", rollouts, 64, tick)
+        got = drain(client, "bench", rollouts, 64, tick=tick)
         elapsed = time.perf_counter() - t0
     return rollouts / elapsed, got
 
@@ -224,7 +187,7 @@ def _measure_rollouts(root: Path, rollouts: int, workers: int, progress: Progres
 
     progress.update(bar, description=f"farm: {rollouts} py-func rollouts through farmd")
     farm_rate, got = _farmd_rollouts(root / "rollouts", rollouts, workers, tick)
-    tasks = [(t["seed"], t["difficulty"]) for t in sorted(got, key=lambda t: t["id"])][:rollouts]
+    tasks = [(t.seed, t.difficulty) for t in sorted(got, key=lambda t: t.id)][:rollouts]
     progress.update(bar, description=f"farm: the same {len(tasks)} rollouts inline, unsandboxed")
     scratch = root / "inline"
     scratch.mkdir()
@@ -235,7 +198,7 @@ def _measure_rollouts(root: Path, rollouts: int, workers: int, progress: Progres
         "rollouts": len(tasks), "workers": workers, "tasks": len(set(tasks)),
         "farmd_per_s": farm_rate, "boxed_per_s": boxed_rate, "inline_per_s": inline_rate,
         "ratio": farm_rate / inline_rate, "ratio_boxed": farm_rate / boxed_rate,
-        "farmd_passed": sum(1 for t in got if t["passed"]), "boxed_passed": boxed_passed,
+        "farmd_passed": sum(1 for t in got if t.passed), "boxed_passed": boxed_passed,
         "inline_passed": inline_passed,
     }
 
@@ -352,9 +315,9 @@ def _raw_rates(db: Path, raw: Path, tick: Callable[[int], None]) -> dict[str, An
 
 
 def _grpc_stream(data: Path, n: int, tick: Callable[[int], None]) -> float:
-    with _farmd(data, 0) as addr, FarmClient(addr) as client:
+    with farmd(data, 0) as addr, FarmClient(addr) as client:
         t0 = time.perf_counter()
-        got = _drain(client, "drain", n, PAGE, tick)
+        got = drain(client, "drain", n, PAGE, tick=tick)
         elapsed = time.perf_counter() - t0
     return len(got) / elapsed
 
@@ -378,7 +341,7 @@ def _measure_store(root: Path, n: int, progress: Progress, bar: TaskID) -> dict[
 # -- 3. verdict to trainer: streamed against polled ------------------------------------------------
 
 
-Received = list[tuple[float, dict[str, Any]]]
+Received = list[tuple[float, StreamedTrajectory]]
 """(wall clock at receipt, trajectory) pairs."""
 
 
@@ -398,12 +361,12 @@ def _receive_polled(client: FarmClient, want: int, got: Received, stop: threadin
                     tick: Callable[[int], None], after: int) -> None:
     with contextlib.suppress(grpc.RpcError):
         while len(got) < want and not stop.is_set():
-            rows = client.trajectories(after_seq=after, limit=PAGE)
+            # A poller asks for the newest and keeps what it has not seen.
+            rows = [t for t in client.trajectories(limit=PAGE, newest_first=True) if t.seq > after]
             now = time.time()
             got.extend((now, t) for t in rows)
             tick(len(rows))
-            if rows:
-                after = rows[-1]["seq"]
+            after = max([after, *(t.seq for t in rows)])
             stop.wait(POLL_S)
 
 
@@ -449,9 +412,9 @@ async def _rollout_seconds(db: Path) -> dict[int, float]:
 def _latencies(got: Received, queued: dict[int, float], rollout_s: dict[int, float]
                ) -> dict[str, Any]:
     ms = 1000.0
-    stored = [(now - t["finished_at"]) * ms for now, t in got]
-    bound = [(now - queued[t["group_id"]] - rollout_s.get(t["id"], 0.0)) * ms for now, t in got
-             if t["group_id"] in queued]
+    stored = [(now - t.finished_at) * ms for now, t in got]
+    bound = [(now - queued[t.group_id] - rollout_s.get(t.id, 0.0)) * ms for now, t in got
+             if t.group_id in queued]
     return {
         "samples": len(stored),
         "stored_p50_ms": _pct(stored, 0.5), "stored_p99_ms": _pct(stored, 0.99),
@@ -465,14 +428,14 @@ def _measure_latency(root: Path, seconds: float, workers: int, progress: Progres
 
     groups = max(1, round(seconds / LATENCY_EVERY_S))
     data = root / "latency"
-    with _farmd(data, workers) as addr, FarmClient(addr) as client:
+    with farmd(data, workers) as addr, FarmClient(addr) as client:
         progress.update(bar, description=f"farm: warming up {LATENCY_ENV}")
         warm = client.run(LATENCY_ENV, "reference", 2 * workers, LATENCY_GROUP)["jobs"]
-        _drain(client, "lat", warm, 64)  # reasoning-gym's first import is a second, not latency
+        drain(client, "lat", warm, 64)  # reasoning-gym's first import is a second, not latency
         progress.update(bar, description="farm: verdict to trainer, streamed")
         streamed, queued = _phase(addr, groups, functools.partial(_receive_stream, tick=tick))
-        after = max((t["seq"] for _, t in streamed), default=0)
-        after = max([after, *(t["seq"] for t in client.trajectories(after_seq=after, limit=PAGE))])
+        after = max((t.seq for _, t in streamed), default=0)
+        after = max([after, *(t.seq for t in client.trajectories(limit=PAGE, newest_first=True))])
         progress.update(bar, description=f"farm: verdict to trainer, polled every {POLL_S * 1000:.0f} ms")
         polled, queued_polled = _phase(addr, groups, functools.partial(_receive_polled, tick=tick, after=after))
     rollout_s = uvloop.run(_rollout_seconds(data / "farm.db"))
@@ -564,11 +527,7 @@ def render(rep: dict[str, Any], console: Console) -> None:
                   "and the stream")
     console.print("  upper bound: receipt minus the Run reply minus the rollout's own time (its timings.total); "
                   "it adds the wait for a lease")
-    for name, ok in rep["met"].items():
-        console.print(f"  {'met' if ok else 'NOT met'}: {name}")
-    console.print("What limits each figure (found by measuring parts of it apart, on this code):")
-    for line in LIMITS:
-        console.print(f"  - {line}")
+    verdicts(console, rep["met"], LIMITS)
 
 
 LIMITS = [

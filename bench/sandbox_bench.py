@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from bench.common import verdicts
 from farmd.sandbox import Sandbox, SandboxConfig, SandboxPolicy
 
 PYTHON = "/usr/bin/python3"
@@ -211,8 +212,4 @@ def render(rep: dict[str, Any], console: Console) -> None:
         table.add_row(row["figure"], fmt.format(row["baseline"]), fmt.format(row["cold"]), fmt.format(row["warm"]),
                       row.get("goal", ""))
     console.print(table)
-    for name, ok in rep["met"].items():
-        console.print(f"  {'met' if ok else 'NOT met'}: {name}")
-    console.print("What limits each figure:")
-    for line in rep["limits"]:
-        console.print(f"  - {line}")
+    verdicts(console, rep["met"], rep["limits"], how="")

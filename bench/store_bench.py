@@ -23,31 +23,26 @@ These print figures; they assert nothing.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import random
 import sqlite3
 import statistics
 import struct
 import tempfile
-import threading
 import time
 import zlib
 from array import array
-from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import grpc
 import uvloop
-from farm_client import Batch, FarmClient
+from farm_client import FarmClient
 from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
 
-from farmd.cli.local_farmd import LocalFarmd
+from bench.common import drain, farmd, verdicts
 from farmd.envs import get
 from farmd.records import (
     ChatMessage,
@@ -297,35 +292,10 @@ def _raw_read(raw: Path, n: int) -> float:
     return n / elapsed
 
 
-@contextlib.contextmanager
-def _farmd(data: Path) -> Iterator[str]:
-    """``farmd serve --workers 0`` on port 0 over ``data``: a coordinator that only serves the stream."""
-    env = {k: v for k, v in os.environ.items() if k != "FARM_TOKEN"}  # the client sends no token
-    with LocalFarmd(data, "--workers", "0", log_path=data.parent / f"{data.name}.log", env=env,
-                    start_timeout_s=60.0) as farmd:
-        yield farmd.addr
-
-
-def _stream(client: FarmClient, consumer: str, n: int, deadline_s: float = 120.0) -> float:
+def _stream(client: FarmClient, consumer: str, n: int) -> float:
     """``n`` trajectories of whole groups as a trainer takes them, each batch acked: trajectories/s."""
-    got = 0
-    # A generator, whatever its annotation says: closing it cancels the RPC now, not at collection.
-    stream = cast(Generator[Batch, None, None], client.batches(consumer, batch_size=PAGE, whole_groups=True))
-    watchdog = threading.Timer(deadline_s, client.close)  # a stream waits for ever; a stuck one is an error
-    watchdog.start()
     t0 = time.perf_counter()
-    try:
-        for batch in stream:
-            got += len(batch)
-            client.ack(batch)
-            if got >= n:
-                break
-    except grpc.RpcError as exc:
-        raise RuntimeError(f"{consumer}: {got} of {n} trajectories arrived in {deadline_s:g}s "
-                           f"({exc.code().name})") from exc
-    finally:
-        watchdog.cancel()
-        stream.close()
+    got = len(drain(client, consumer, n, PAGE, whole_groups=True, deadline_s=120.0))
     return got / (time.perf_counter() - t0)
 
 
@@ -365,7 +335,7 @@ def measure(n: int, rounds: int, progress: Progress) -> dict[str, Any]:
                           "ratio_grouped": farm["grouped_per_s"] / base_read})
             progress.advance(bar)
         progress.update(bar, description="store: starting farmd --workers 0 on the last round's store")
-        with _farmd(data) as addr, FarmClient(addr) as client:
+        with farmd(data, 0) as addr, FarmClient(addr) as client:
             for r in range(rounds):
                 progress.update(bar, description=f"store: trainer stream over gRPC, round {r + 1} of {rounds}")
                 rate = _stream(client, f"trainer-{r}", n)  # a new consumer: its cursor starts at the beginning
@@ -416,11 +386,8 @@ def render(rep: dict[str, Any], console: Console) -> None:
     console.print("  reads: Store.trajectories, and finished_groups + group_trajectories, to records; "
                   "FarmClient.batches(whole_groups=True) from farmd --workers 0, each batch acked. Raw: a paged "
                   "SELECT and every body decoded to plain values (zlib, json, arrays), in the same round")
-    for name, ok in rep["met"].items():
-        console.print(f"  {'met' if ok else 'NOT met'}: {name} (farm / raw ingest >= {GOALS[name]:g})")
-    console.print("What limits each figure (found by measuring parts of it apart, on this code):")
-    for line in LIMITS:
-        console.print(f"  - {line}")
+    verdicts(console, rep["met"], LIMITS, goals={name: f"farm / raw ingest >= {goal:g}"
+                                                 for name, goal in GOALS.items()})
 
 
 LIMITS = [
