@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import threading
+import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import grpc
 from farm_client import Batch, FarmClient
@@ -68,3 +70,48 @@ def verdicts(console: Console, met: Mapping[str, bool], limits: Sequence[str], *
     console.print(f"What limits each figure{how}:")
     for line in limits:
         console.print(f"  - {line}")
+
+
+def stored_rows(db: Path) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
+    """The trajectories table's DDL (indexes too), its columns, and its rows as the farm stored them:
+    what a raw-SQLite baseline writes again."""
+    src = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        ddl = [sql for (sql,) in src.execute(
+            "SELECT sql FROM sqlite_master WHERE tbl_name='trajectories' AND sql IS NOT NULL ORDER BY type DESC")]
+        columns = [c[1] for c in src.execute("PRAGMA table_info(trajectories)")]
+        rows = src.execute(f"SELECT {','.join(columns)} FROM trajectories ORDER BY seq").fetchall()
+    finally:
+        src.close()
+    return ddl, columns, rows
+
+
+@contextlib.contextmanager
+def raw_table(raw: Path, ddl: Sequence[str]) -> Iterator[sqlite3.Connection]:
+    """A plain sqlite3 database with the farm's trajectories table, opened as the store opens its own."""
+    con = sqlite3.connect(raw, isolation_level=None)
+    try:
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute("PRAGMA synchronous=NORMAL")
+        for sql in ddl:
+            con.execute(sql)
+        yield con
+    finally:
+        con.close()
+
+
+def raw_insert(con: sqlite3.Connection, columns: Sequence[str], rows: Sequence[tuple[Any, ...]], per_txn: int,
+               tick: Callable[[int], None] | None = None) -> list[float]:
+    """``rows`` into ``raw_table``'s table, ``per_txn`` a transaction; the seconds each transaction took."""
+    insert = f"INSERT INTO trajectories({','.join(columns)}) VALUES ({','.join('?' * len(columns))})"
+    per_call = []
+    for start in range(0, len(rows), per_txn):
+        chunk = rows[start:start + per_txn]
+        t0 = time.perf_counter()
+        con.execute("BEGIN IMMEDIATE")
+        con.executemany(insert, chunk)
+        con.execute("COMMIT")
+        per_call.append(time.perf_counter() - t0)
+        if tick:
+            tick(len(chunk))
+    return per_call

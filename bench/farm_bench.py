@@ -30,7 +30,6 @@ import functools
 import json
 import math
 import os
-import sqlite3
 import statistics
 import tempfile
 import threading
@@ -47,7 +46,7 @@ from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
 
-from bench.common import drain, farmd, verdicts
+from bench.common import drain, farmd, raw_insert, raw_table, stored_rows, verdicts
 from farmd.envs import VerifyContext, get
 from farmd.envs.pyfunc import PyFunc
 from farmd.records import Job, Step, Timings, Trajectory
@@ -271,30 +270,9 @@ async def _store_rates(db: Path, n: int, tick: Callable[[int], None]) -> dict[st
 
 def _raw_rates(db: Path, raw: Path, tick: Callable[[int], None]) -> dict[str, Any]:
     """The same rows into an identical table with plain sqlite3 (64 a transaction), and read back."""
-    src = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        ddl = [sql for (sql,) in src.execute(
-            "SELECT sql FROM sqlite_master WHERE tbl_name='trajectories' AND sql IS NOT NULL ORDER BY type DESC")]
-        columns = [c[1] for c in src.execute("PRAGMA table_info(trajectories)")]
-        rows = src.execute(f"SELECT {','.join(columns)} FROM trajectories ORDER BY seq").fetchall()
-    finally:
-        src.close()
-    con = sqlite3.connect(raw, isolation_level=None)
-    try:
-        con.execute("PRAGMA journal_mode=WAL")  # as the store opens its database
-        con.execute("PRAGMA synchronous=NORMAL")
-        for sql in ddl:
-            con.execute(sql)
-        insert = f"INSERT INTO trajectories({','.join(columns)}) VALUES ({','.join('?' * len(columns))})"
-        per_call = []
-        for start in range(0, len(rows), COMPLETE_BATCH):
-            chunk = rows[start:start + COMPLETE_BATCH]
-            t0 = time.perf_counter()
-            con.execute("BEGIN IMMEDIATE")
-            con.executemany(insert, chunk)
-            con.execute("COMMIT")
-            per_call.append(time.perf_counter() - t0)
-            tick(len(chunk))
+    ddl, columns, rows = stored_rows(db)
+    with raw_table(raw, ddl) as con:
+        per_call = raw_insert(con, columns, rows, COMPLETE_BATCH, tick)
         read = 0
         after = 0
         seq_at = columns.index("seq")
@@ -308,8 +286,6 @@ def _raw_rates(db: Path, raw: Path, tick: Callable[[int], None]) -> dict[str, An
             after = page[-1][seq_at]
             tick(len(page))
         read_s = time.perf_counter() - t0
-    finally:
-        con.close()
     return {"ingest_per_s": len(rows) / sum(per_call), "complete_median_ms": statistics.median(per_call) * 1000,
             "read_per_s": read / read_s}
 

@@ -42,7 +42,7 @@ from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
 
-from bench.common import drain, farmd, verdicts
+from bench.common import drain, farmd, raw_insert, raw_table, stored_rows, verdicts
 from farmd.envs import get
 from farmd.records import (
     ChatMessage,
@@ -185,41 +185,15 @@ def _pack_rate(payloads: list[_Payload], n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def _stored_rows(db: Path) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
-    """The trajectories table's DDL (indexes too), its columns, and its rows as the farm stored them."""
-    src = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        ddl = [sql for (sql,) in src.execute(
-            "SELECT sql FROM sqlite_master WHERE tbl_name='trajectories' AND sql IS NOT NULL ORDER BY type DESC")]
-        columns = [c[1] for c in src.execute("PRAGMA table_info(trajectories)")]
-        rows = src.execute(f"SELECT {','.join(columns)} FROM trajectories ORDER BY seq").fetchall()
-    finally:
-        src.close()
-    return ddl, columns, rows
-
-
 def _raw_ingest(db: Path, raw: Path) -> dict[str, float]:
     """The farm's rows, bodies already packed, into an identical table: one transaction per ``FLUSH``.
 
     The table's REFERENCES to jobs is not enforced here (there are no jobs): the farm's check of it
     is part of what the farm pays.
     """
-    ddl, columns, rows = _stored_rows(db)
-    con = sqlite3.connect(raw, isolation_level=None)
-    try:
-        con.execute("PRAGMA journal_mode=WAL")  # as Store.open
-        con.execute("PRAGMA synchronous=NORMAL")
-        for sql in ddl:
-            con.execute(sql)
-        insert = f"INSERT INTO trajectories({','.join(columns)}) VALUES ({','.join('?' * len(columns))})"
-        t0 = time.perf_counter()
-        for start in range(0, len(rows), FLUSH):
-            con.execute("BEGIN IMMEDIATE")
-            con.executemany(insert, rows[start:start + FLUSH])
-            con.execute("COMMIT")
-        elapsed = time.perf_counter() - t0
-    finally:
-        con.close()
+    ddl, columns, rows = stored_rows(db)
+    with raw_table(raw, ddl) as con:
+        elapsed = sum(raw_insert(con, columns, rows, FLUSH))
     return {"per_s": len(rows) / elapsed, "body_bytes": statistics.mean(len(r[columns.index("body")]) for r in rows)}
 
 
