@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from farmd.envs import Attempt, VerifyContext, verify_safely
+from farmd.envs import Attempt, VerifyContext
 from farmd.envs.kernel import OPS, SPEED_AT_PARITY, Kernel, static_problem
 from farmd.sandbox import Sandbox
 from farmd.verifier import VerifierKey
@@ -91,48 +91,6 @@ async def test_reaching_for_the_reference_gets_nothing() -> None:
     async with Sandbox() as sandbox:
         verdict = await ENV.verify(task, attempt, VerifyContext(sandbox=sandbox, key=KEY))
     assert verdict.reward == 0.0 and SUSPECTED_HACK in verdict.flags
-
-
-# -- a wrong attempt never escapes its 0 through the reading of its source --------------------------
-
-HOSTILE_SUFFIXES = {
-    "a sum of 5000 terms (RecursionError)": "_ = " + "1+" * 5000 + "1\n",
-    "60000 unary minuses (MemoryError)": "_ = " + "-" * 60000 + "1\n",
-    "an attribute chain": "_ = x" + ".a" * 20000 + "\n",
-    "nesting past the parser's limit": "_ = " + "[" * 300 + "]" * 300 + "\n",
-}
-
-
-@pytest.mark.sandbox
-async def test_a_source_that_cannot_be_compiled_is_a_flagged_zero_never_an_error() -> None:
-    from farmd.verifier.verdict import UNPARSEABLE
-
-    task = ENV.generate(9, 2)
-    wrong = BAD["wrong answer"]
-    right = ENV.reference(task).final
-    async with Sandbox() as sandbox:
-        ctx = VerifyContext(sandbox=sandbox, key=KEY)
-        for name, suffix in HOSTILE_SUFFIXES.items():
-            for source in (wrong, right):  # CPython cannot compile these at all: nothing with them passes
-                verdict = await ENV.verify(task, Attempt(final=source + suffix), ctx)
-                assert verdict.status == "ok" and verdict.reward == 0.0 and not verdict.passed, (name, verdict)
-                assert UNPARSEABLE in verdict.flags and "does not compile" in verdict.reasons[0], (name, verdict)
-        valid = "_ = (" + "1, " * 20000 + ")\n_ = " + "(" * 150 + "1" + ")" * 150 + "\n"
-        verdict = await ENV.verify(task, Attempt(final=right + valid), ctx)
-        assert verdict.passed and verdict.flags == [], verdict
-
-
-@pytest.mark.sandbox
-async def test_a_lone_surrogate_is_judged_as_repaired_and_flagged() -> None:
-    from farmd.verifier.verdict import INVALID_TEXT
-
-    task = ENV.generate(9, 1)
-    async with Sandbox() as sandbox:
-        ctx = VerifyContext(sandbox=sandbox, key=KEY)
-        wrong = await verify_safely(ENV, task, Attempt(final=BAD["wrong answer"] + "_ = '\ud800'\n"), ctx)
-        right = await verify_safely(ENV, task, Attempt(final=ENV.reference(task).final + "# \udfff\n"), ctx)
-    assert wrong.status == "ok" and wrong.reward == 0.0 and INVALID_TEXT in wrong.flags
-    assert right.passed and right.flags == [INVALID_TEXT]
 
 
 RULE_BREAKERS = ("os-via-np-testing", "threading-via-np-testing", "ctypes-via-np-ctypeslib", "ctypeslib-load-library",
