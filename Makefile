@@ -11,7 +11,7 @@ PIP := $(BIN)/pip install --disable-pip-version-check -q
 # anything that pulls an unpinned torch first would download a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: setup test test-fast run lint bench protos clean doctor
+.PHONY: setup test test-fast run tour lint bench protos clean doctor
 
 setup: $(STAMP)
 
@@ -39,15 +39,22 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow and not sandbox"
 
+# The main job: a small LM learns through the farm. MINUTES (default 5) and DATA (default farm-data).
+MINUTES ?= 5
+DATA ?= farm-data
 run: setup
-	$(BIN)/python -m farmd.cli.main_job
+	$(BIN)/python -m farmd.cli.main_job --minutes $(MINUTES) --data $(DATA)
+
+# Every environment once over, with scripted agents: a smoke test of a whole farm.
+tour: setup
+	$(BIN)/python -m farmd.cli.tour_job --data $(DATA)
 
 doctor: setup
 	$(BIN)/farmctl doctor
 
 # buf comes from the dev extra (buf-bin, pinned in pyproject.toml): protos/buf.yaml says which rules.
 lint: setup
-	$(BIN)/ruff check farmd clients/farm_client tests bench
+	$(BIN)/ruff check farmd clients/farm_client clients/trainer tests bench
 	$(BIN)/mypy
 	$(BIN)/buf lint protos
 	$(BIN)/lint-imports

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from farmd.agents.registry import NamedEndpoint, make_agent
+from farmd.agents.registry import NamedEndpoint, check_spec
 from farmd.errors import AgentSpecError, ConfigError
 from farmd.sandbox.config import SandboxConfig
 from farmd.scheduler.config import SchedulerConfig
+from farmd.taskbank import BankConfig, TaskBankError
 
 DEFAULT_LISTEN = "127.0.0.1:7431"
 
@@ -36,6 +37,8 @@ class Config:
     """``text`` for people, ``json`` (one object per line) for log pipelines."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    taskbank: BankConfig = field(default_factory=BankConfig)
+    """How the task bank estimates pass rates, samples tasks (the band, or uniformly) and moves levels."""
     endpoints: tuple[NamedEndpoint, ...] = ()
     """The model servers jobs may name (``openai:MODEL@NAME``), from farm.toml's ``[endpoints.NAME]``."""
     metrics_listen: str | None = None
@@ -64,16 +67,28 @@ def _coerce_scheduler(table: dict[str, Any]) -> SchedulerConfig:
     unknown = set(table) - known
     if unknown:
         raise ConfigError(f"[scheduler] has no setting {sorted(unknown)[0]!r}; known: {', '.join(sorted(known))}")
-    if "demand_envs" in table:
-        table = {**table, "demand_envs": tuple(table["demand_envs"])}
+    for key in ("demand_envs", "demand_consumers", "bank_agents"):  # TOML gives lists; the config is frozen
+        if key in table:
+            table = {**table, key: tuple(table[key])}
     try:
         return SchedulerConfig(**table)
     except TypeError as exc:
         raise ConfigError(f"[scheduler]: {exc}") from exc
 
 
+def _coerce_taskbank(table: dict[str, Any]) -> BankConfig:
+    known = {f.name for f in fields(BankConfig)}
+    unknown = set(table) - known
+    if unknown:
+        raise ConfigError(f"[taskbank] has no setting {sorted(unknown)[0]!r}; known: {', '.join(sorted(known))}")
+    try:
+        return BankConfig(**table)
+    except (TypeError, TaskBankError) as exc:
+        raise ConfigError(f"[taskbank]: {exc}") from exc
+
+
 _ENDPOINT_KEYS = ("url", "key_env", "request_timeout_s", "max_attempts", "max_tokens", "max_turns", "temperature",
-                  "top_p", "seed", "stop", "logprobs", "token_ids", "n", "tools", "extra")
+                  "top_p", "seed", "stop", "logprobs", "token_ids", "n", "tools", "extra", "serves")
 
 
 def _coerce_endpoints(table: dict[str, Any]) -> tuple[NamedEndpoint, ...]:
@@ -108,6 +123,7 @@ def load(path: Path | None = None, **flags: Any) -> Config:
     values: dict[str, Any] = {}
     sandbox = SandboxConfig()
     scheduler = SchedulerConfig()
+    taskbank = BankConfig()
     endpoints: tuple[NamedEndpoint, ...] = ()
     if path is not None:
         try:
@@ -121,12 +137,14 @@ def load(path: Path | None = None, **flags: Any) -> Config:
             sandbox = _coerce_sandbox(raw.pop("sandbox"))
         if "scheduler" in raw:
             scheduler = _coerce_scheduler(raw.pop("scheduler"))
+        if "taskbank" in raw:
+            taskbank = _coerce_taskbank(raw.pop("taskbank"))
         if "endpoints" in raw:
             endpoints = _coerce_endpoints(raw.pop("endpoints"))
         if raw:
-            raise ConfigError(f"{path}: unknown tables {sorted(raw)}; expected [farm], [sandbox], [scheduler] "
-                              "and [endpoints.NAME]")
-        known = {f.name for f in fields(Config)} - {"sandbox", "scheduler", "endpoints"}
+            raise ConfigError(f"{path}: unknown tables {sorted(raw)}; expected [farm], [sandbox], [scheduler], "
+                              "[taskbank] and [endpoints.NAME]")
+        known = {f.name for f in fields(Config)} - {"sandbox", "scheduler", "taskbank", "endpoints"}
         for key, value in farm.items():
             if key not in known:
                 raise ConfigError(f"[farm] has no setting {key!r}; known: {', '.join(sorted(known))}")
@@ -143,7 +161,7 @@ def load(path: Path | None = None, **flags: Any) -> Config:
             values[key] = value
     if scheduler.demand_agent:
         try:  # refused now, not by every demand-driven job
-            make_agent(scheduler.demand_agent, endpoints=endpoints)
+            check_spec(scheduler.demand_agent, endpoints=endpoints)
         except AgentSpecError as exc:
             raise ConfigError(f"[scheduler] demand_agent: {exc}") from None
-    return Config(sandbox=sandbox, scheduler=scheduler, endpoints=endpoints, **values)
+    return Config(sandbox=sandbox, scheduler=scheduler, taskbank=taskbank, endpoints=endpoints, **values)

@@ -82,7 +82,9 @@ class Daemon:
         await loop.run_in_executor(None, self._make_data_dir_private)
         self.store = await Store.open(self.config.data_dir / "farm.db")
         levels = {name: get(name).max_difficulty for name in names()}
-        self.scheduler = await Scheduler.open(self.store, levels, self.config.scheduler, self.metrics)
+        self.scheduler = await Scheduler.open(
+            self.store, levels, self.config.scheduler, self.metrics, bank_config=self.config.taskbank,
+            endpoint_lines={e.name: e.serves for e in self.config.endpoints if e.serves})
         await self.scheduler.start()
         ctx = None
         if self.workers:
@@ -98,7 +100,7 @@ class Daemon:
             key = await loop.run_in_executor(None, VerifierKey.load_or_create, self.config.data_dir)
             ctx = VerifyContext(sandbox=self.sandbox, key=key, scratch_dir=None)
             self.worker = Worker(self.scheduler, ctx, slots=self.workers, lease_s=self.config.scheduler.lease_s,
-                                 metrics=self.metrics, endpoints=self.config.endpoints)
+                                 metrics=self.metrics, endpoints=self.config.endpoints, policies=self.scheduler.policies)
             await self.worker.start()
 
         node = NodeInfo(workers=self.workers, max_boxes=self.config.sandbox.boxes, isolation=checks)

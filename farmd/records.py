@@ -270,3 +270,5 @@ class Policy:
     size: int
     uri: str | None
     created_at: float
+    name: str = ""
+    """The policy line it was published to (``torch:NAME`` agents run the newest version of NAME)."""

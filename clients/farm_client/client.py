@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,10 +100,13 @@ class FarmClient:
         reply = self._stub.GetStatus(farm_pb2.GetStatusRequest(), metadata=self._metadata, timeout=self._timeout)
         return status_dict(reply)
 
-    def run(self, env: str, agent: str, rollouts: int, group_size: int = 0) -> dict[str, Any]:
-        """Queue a run; returns it (``id``, ``group_ids``, ``jobs``, ``state``, ...)."""
+    def run(self, env: str, agent: str, rollouts: int = 0, group_size: int = 0, *, difficulty: int = 0,
+            seeds: Sequence[int] = ()) -> dict[str, Any]:
+        """Queue a run; returns it (``id``, ``group_ids``, ``jobs``, ``state``, ...). The task bank picks its
+        tasks, unless ``seeds`` names them: one group per seed at ``difficulty`` (an evaluation set)."""
         reply = self._stub.CreateRun(farm_pb2.CreateRunRequest(env=env, agent=agent, rollouts=rollouts,
-                                                               group_size=group_size),
+                                                               group_size=group_size, seeds=list(seeds),
+                                                               difficulty=difficulty),
                                      metadata=self._metadata, timeout=self._timeout)
         return _run(reply.run)
 
@@ -180,16 +183,22 @@ class FarmClient:
     # -- the trainer's side -----------------------------------------------------------------------
 
     def batches(self, consumer: str, batch_size: int = 64, *, whole_groups: bool = False, max_staleness: int = 0,
-                summary_only: bool = False, tensors: bool = False, reconnect_s: float = 0.0) -> Iterator[Batch]:
+                summary_only: bool = False, tensors: bool = False, reconnect_s: float = 0.0, agent: str = "",
+                envs: Sequence[str] = ()) -> Iterator[Batch]:
         """Scored trajectories, batch by batch, from just after ``consumer``'s last ack; blocks for more.
 
         At least once: what was not acked comes again when the stream is reopened. With
         ``reconnect_s`` the stream survives a farmd restart, reopening for up to that many
         seconds; ack each batch before taking the next and none is received twice.
+
+        ``agent`` and ``envs`` subscribe: only trajectories of that agent spec (as queued, e.g.
+        ``torch:tiny``) and of those environments come, and ``max_staleness`` counts versions of that
+        agent's own policy line. A trainer subscribes to its own policy, so no other agent's
+        trajectories (scripted controls, evaluations, another lab's endpoint) reach its loss.
         """
         request = farm_pb2.StreamTrajectoriesRequest(consumer=consumer, batch_size=batch_size,
                                                      whole_groups=whole_groups, max_staleness=max_staleness,
-                                                     summary_only=summary_only)
+                                                     summary_only=summary_only, agent=agent, envs=list(envs))
         down_since: float | None = None
         while True:
             stream = self._stub.StreamTrajectories(request, metadata=self._metadata)
@@ -250,8 +259,9 @@ class FarmClient:
                     raise
                 time.sleep(_RETRY_S)
 
-    def publish_policy(self, policy: Any = None, *, uri: str | None = None) -> dict[str, Any]:
-        """Publish a policy: bytes, a torch state_dict (saved with torch.save), or a ``uri``."""
+    def publish_policy(self, policy: Any = None, *, uri: str | None = None, name: str = "") -> dict[str, Any]:
+        """Publish a policy to line ``name``: bytes, a torch state_dict (saved with torch.save), or a ``uri``.
+        ``torch:NAME`` jobs leased from now on run it."""
         if policy is None and uri is None:
             raise ValueError("publish bytes, a state_dict, or a uri")
         data = b""
@@ -267,19 +277,19 @@ class FarmClient:
         digest = hashlib.sha256(data if data else (uri or "").encode()).hexdigest()
 
         def chunks() -> Iterator[farm_pb2.PublishPolicyRequest]:
-            yield farm_pb2.PublishPolicyRequest(sha256=digest, uri=uri or "", data=data[:_CHUNK])
+            yield farm_pb2.PublishPolicyRequest(sha256=digest, uri=uri or "", data=data[:_CHUNK], name=name)
             for start in range(_CHUNK, len(data), _CHUNK):
                 yield farm_pb2.PublishPolicyRequest(data=data[start:start + _CHUNK])
 
         reply = self._stub.PublishPolicy(chunks(), metadata=self._metadata, timeout=self._timeout * 10)
-        return {"version": reply.version, "sha256": reply.sha256, "size": reply.size}
+        return {"version": reply.version, "sha256": reply.sha256, "size": reply.size, "name": reply.name}
 
-    def get_policy(self, sha256: str = "") -> tuple[int, bytes, str]:
-        """(version, content, uri) of a policy by hash, or of the latest one."""
+    def get_policy(self, sha256: str = "", *, name: str = "") -> tuple[int, bytes, str]:
+        """(version, content, uri) of a policy by hash, or of the latest one (of line ``name``, if given)."""
         data = bytearray()
         version, uri = 0, ""
-        for chunk in self._stub.GetPolicy(farm_pb2.GetPolicyRequest(sha256=sha256), metadata=self._metadata,
-                                          timeout=self._timeout * 10):
+        for chunk in self._stub.GetPolicy(farm_pb2.GetPolicyRequest(sha256=sha256, name=name),
+                                          metadata=self._metadata, timeout=self._timeout * 10):
             version = version or chunk.version
             uri = uri or chunk.uri
             data += chunk.data

@@ -13,7 +13,11 @@
   options within the endpoint's bounds: ``max_tokens`` (per reply, at most the endpoint's
   ``max_tokens``), ``temperature`` (0 to 2; default the endpoint's), ``max_turns`` (replies in an
   action episode, at most the endpoint's ``max_turns``).
-- ``torch:PATH-OR-NAME``: a local torch policy (arrives in a later issue).
+- ``torch:NAME``: farm's own policy (``farm_client.tinylm``), sampled on this node from the version of line
+  NAME the job was leased with (published with ``FarmClient.publish_policy``; a path or a URL is not a
+  name). It answers submission tasks whose prompts it can read. A query string may set ``temperature``
+  (0 to 2, default 1) and ``max_tokens`` (characters per completion, 1 to 1024, default 16), e.g.
+  ``torch:tiny?temperature=0&max_tokens=8``. The node needs a policy source (the worker's).
 
 Whoever may queue a job may write a spec, so a spec can never name a URL or a key, nor set a
 timeout or a retry count: those would let a caller make farmd call any address (with any of
@@ -35,18 +39,29 @@ from farmd.agents.base import Agent
 from farmd.agents.chat import ChatLimits
 from farmd.agents.endpoint import ClientPool, EndpointConfig, OpenAIAgent, check_sampling
 from farmd.agents.scripted import RandomAgent, ReferenceAgent, SkilledAgent
+from farmd.agents.torch_policy import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_TEMPERATURE,
+    PolicySource,
+    TorchAgent,
+    TorchRuntime,
+    check_options,
+)
 from farmd.errors import AgentSpecError
 from farmd.text import clip
 
 FORMS = ("reference", "random", "random:SEED", "skilled:S",
-         "openai:MODEL@ENDPOINT[?max_tokens=N&temperature=T&max_turns=N]", "torch:PATH-OR-NAME")
+         "openai:MODEL@ENDPOINT[?max_tokens=N&temperature=T&max_turns=N]", "torch:NAME[?temperature=T&max_tokens=N]")
 MAX_SPEC_CHARS = 500
 """A spec is stored with every job and trajectory; no honest one comes near this."""
 MAX_TEMPERATURE = 2.0
 """OpenAI's own bound; past it sampling is noise."""
 
 _ENDPOINT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_POLICY_NAME = _ENDPOINT_NAME
+"""A policy line's name, as ``torch:NAME`` says it (the scheduler's ``LINE_NAME``)."""
 _SPEC_OPTIONS = ("max_tokens", "temperature", "max_turns")
+_TORCH_OPTIONS = ("temperature", "max_tokens")
 _CONFIG_ONLY = {"key_env": "key_env", "timeout_s": "request_timeout_s", "attempts": "max_attempts"}
 
 
@@ -87,6 +102,10 @@ class NamedEndpoint:
     """Offer action episodes ``run``/``answer`` tools instead of the fenced-block text protocol."""
     extra: dict[str, Any] = field(default_factory=dict, hash=False)  # a dict: left out so the config still hashes
     """Fields merged into every request (vLLM's ``top_k``, ``chat_template_kwargs``, ...); not those farm sets."""
+    serves: str | None = None
+    """The farm policy line this endpoint serves, when the operator keeps it so (a vLLM a trainer reloads on
+    every publish): its trajectories then record that line's newest version as their ``policy_version``.
+    None: the endpoint serves a model farm never saw, and its trajectories record no version (0)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _ENDPOINT_NAME.fullmatch(self.name):
@@ -108,6 +127,9 @@ class NamedEndpoint:
         object.__setattr__(self, "stop", tuple(self.stop))  # TOML gives a list; the config is frozen
         if _number(self.temperature) and not 0 <= self.temperature <= MAX_TEMPERATURE:
             raise ValueError(f"temperature must be between 0 and {MAX_TEMPERATURE:g}, got {self.temperature!r}")
+        if self.serves is not None and (not isinstance(self.serves, str)
+                                        or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", self.serves)):
+            raise ValueError(f"serves names a policy line (letters, digits, '.', '_' or '-'), got {self.serves!r}")
         check_sampling(temperature=self.temperature, top_p=self.top_p, seed=self.seed, stop=self.stop, n=self.n,
                        extra=self.extra)
         self.config("model")  # the URL, the key and the retry settings, checked as a request will use them
@@ -126,12 +148,15 @@ def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def make_agent(spec: str, *, endpoints: Sequence[NamedEndpoint] = (), clients: ClientPool | None = None) -> Agent:
+def make_agent(spec: str, *, endpoints: Sequence[NamedEndpoint] = (), clients: ClientPool | None = None,
+               policies: PolicySource | None = None, torch: TorchRuntime | None = None) -> Agent:
     """The agent ``spec`` names; AgentSpecError (saying what would be accepted) for anything else.
 
     ``endpoints`` are the config's: the only servers an ``openai:`` spec may name. ``clients``: where an
     ``openai:`` agent takes its endpoint's client from (its owner closes them); without, the agent has its
-    own and must be closed (``Agent.aclose``) once it has been used.
+    own and must be closed (``Agent.aclose``) once it has been used. ``torch``: the runtime (torch thread,
+    loaded models) a ``torch:`` agent shares with the node's others (its owner closes it); without, a
+    ``torch:`` agent has a runtime of its own over ``policies`` and must be closed likewise.
     """
     if len(spec) > MAX_SPEC_CHARS:  # as given, blanks too: that is what a job stores with every trajectory
         raise AgentSpecError(f"{_shown(spec)}: an agent spec is at most {MAX_SPEC_CHARS} characters")
@@ -148,8 +173,18 @@ def make_agent(spec: str, *, endpoints: Sequence[NamedEndpoint] = (), clients: C
     if spec.startswith("openai:"):
         return _openai(spec, {e.name: e for e in endpoints}, clients)
     if spec.startswith("torch:"):
-        raise AgentSpecError(f"{_shown(spec)}: torch policies arrive in a later issue")
+        return _torch(spec, policies, torch)
     raise AgentSpecError(f"unknown agent {_shown(spec)}; known forms: {', '.join(FORMS)}")
+
+
+def check_spec(spec: str, *, endpoints: Sequence[NamedEndpoint] = ()) -> None:
+    """Refuse (AgentSpecError) a spec no worker could run, where no agent runs: a config's ``demand_agent``,
+    a run being queued. A ``torch:`` spec is checked by its form (the policy it names is the farm's
+    business, not the spec's)."""
+    if len(spec) <= MAX_SPEC_CHARS and spec.strip().startswith("torch:") and spec.strip().isprintable():
+        parse_torch_spec(spec)
+        return
+    make_agent(spec, endpoints=endpoints)
 
 
 def _shown(spec: str) -> str:
@@ -220,7 +255,51 @@ def _openai(spec: str, endpoints: Mapping[str, NamedEndpoint], clients: ClientPo
     return agent
 
 
-def _options(spec: str, query: str, endpoint: NamedEndpoint) -> dict[str, str]:
+@dataclass(frozen=True)
+class TorchSpec:
+    """What a ``torch:NAME[?temperature=T&max_tokens=N]`` spec says."""
+
+    name: str
+    temperature: float = DEFAULT_TEMPERATURE
+    max_tokens: int = DEFAULT_MAX_TOKENS
+
+
+def parse_torch_spec(spec: str) -> TorchSpec:
+    """A ``torch:`` spec's parts, checked (AgentSpecError), with no policy source needed: for checking a
+    spec where no worker runs (a config's ``demand_agent``)."""
+    spec = spec.strip()
+    name, _, query = spec.removeprefix("torch:").partition("?")
+    if not _POLICY_NAME.fullmatch(name):
+        raise AgentSpecError(f"{_shown(spec)}: expected torch:NAME, NAME the policy line a trainer publishes to "
+                             "(1-64 letters, digits, '.', '_' or '-', starting with a letter or digit), e.g. "
+                             "torch:tiny; a path or a URL is not accepted: publish the policy to the farm "
+                             "(FarmClient.publish_policy)")
+    options = _query(spec, query)
+    unknown = sorted(set(options) - set(_TORCH_OPTIONS))
+    if unknown:
+        raise AgentSpecError(f"{_shown(spec)}: unknown option(s) {', '.join(unknown)}; a torch spec may set "
+                             f"{', '.join(_TORCH_OPTIONS)}, e.g. torch:{name}?temperature=0&max_tokens=8")
+    temperature = _float(spec, options, "temperature", DEFAULT_TEMPERATURE)
+    max_tokens = _int(spec, options, "max_tokens", DEFAULT_MAX_TOKENS)
+    try:
+        check_options(temperature, max_tokens)
+    except ValueError as exc:
+        raise AgentSpecError(f"{_shown(spec)}: {exc}") from None
+    return TorchSpec(name, temperature, max_tokens)
+
+
+def _torch(spec: str, policies: PolicySource | None, runtime: TorchRuntime | None) -> Agent:
+    parsed = parse_torch_spec(spec)
+    if runtime is not None:  # the worker's, shared with its other torch agents
+        return TorchAgent(parsed.name, runtime, temperature=parsed.temperature, max_tokens=parsed.max_tokens)
+    if policies is None:
+        raise AgentSpecError(f"{_shown(spec)}: this node has no policy source to load torch policies from "
+                             "(only a farmd worker has one)")
+    return TorchAgent(parsed.name, TorchRuntime(policies), temperature=parsed.temperature,
+                      max_tokens=parsed.max_tokens, owns_runtime=True)
+
+
+def _query(spec: str, query: str) -> dict[str, str]:
     try:
         pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
     except ValueError as exc:
@@ -228,6 +307,11 @@ def _options(spec: str, query: str, endpoint: NamedEndpoint) -> dict[str, str]:
     options = dict(pairs)
     if len(options) < len(pairs):
         raise AgentSpecError(f"{_shown(spec)}: an option is given more than once")
+    return options
+
+
+def _options(spec: str, query: str, endpoint: NamedEndpoint) -> dict[str, str]:
+    options = _query(spec, query)
     config_only = sorted(set(options) & set(_CONFIG_ONLY))
     if config_only:
         settings = ", ".join(_CONFIG_ONLY[k] for k in config_only)

@@ -10,16 +10,18 @@ from typing import Any
 import grpc
 from farm.v1 import farm_pb2, farm_pb2_grpc
 
-from farmd.agents import NamedEndpoint, make_agent
+from farmd.agents import NamedEndpoint
+from farmd.agents.registry import MAX_SPEC_CHARS, check_spec
 from farmd.api.errors import Refused, guarded, guarded_stream
 from farmd.api.limits import POLICY_CHUNK_BYTES
 from farmd.api.paging import make_token, page_size, read_token
 from farmd.api.trajectories import batch_messages, fitting, trajectory_pb
 from farmd.envs import VerifyContext, get
-from farmd.errors import BadRequest, NotFound
+from farmd.errors import BadRequest, FailedPrecondition, NotFound
 from farmd.node import NodeInfo
 from farmd.rollout import rescore
 from farmd.scheduler import PolicyChunk, Scheduler
+from farmd.scheduler.delivery import Subscription
 from farmd.store import Store, StoreError
 
 MAX_ROLLOUTS = 1_000_000
@@ -64,14 +66,27 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
     async def CreateRun(self, request: farm_pb2.CreateRunRequest, context: grpc.aio.ServicerContext[Any, Any]
                         ) -> farm_pb2.CreateRunResponse:
         async def call() -> farm_pb2.CreateRunResponse:
-            if not 1 <= request.rollouts <= MAX_ROLLOUTS:
-                raise BadRequest(f"rollouts must be 1..{MAX_ROLLOUTS}, got {request.rollouts}")
             if request.group_size > MAX_GROUP:
                 raise BadRequest(f"group_size must be at most {MAX_GROUP}, got {request.group_size}")
-            get(request.env)  # an unknown environment is the caller's error, before anything is queued
-            make_agent(request.agent, endpoints=self._endpoints)  # a URL or an unknown endpoint: refused here
+            env = get(request.env)  # an unknown environment is the caller's error, before anything is queued
+            seeds = list(request.seeds)
+            if seeds:
+                _check_seeds(seeds, request.difficulty, env.max_difficulty, request.rollouts,
+                             request.group_size or self._scheduler.config.group_size)
+            elif request.difficulty:
+                raise BadRequest("difficulty goes with seeds; without them the task bank chooses the level")
+            elif not 1 <= request.rollouts <= MAX_ROLLOUTS:
+                raise BadRequest(f"rollouts must be 1..{MAX_ROLLOUTS}, got {request.rollouts}")
+            policies = self._scheduler.policies
+            # A URL, an unknown endpoint, a malformed torch spec: refused here, not by every job.
+            check_spec(request.agent, endpoints=self._endpoints)
+            line = policies.line_for(request.agent)
+            if request.agent.startswith("torch:") and line is not None and not policies.latest(line):
+                raise FailedPrecondition(f"no policy named {line!r} has been published: publish one first "
+                                         f"(farm_client: publish_policy(blob, name={line!r}))")
             run_id = await self._scheduler.create_run(request.env, request.agent, request.rollouts,
-                                                      request.group_size or None)
+                                                      request.group_size or None, seeds=seeds,
+                                                      difficulty=request.difficulty)
             return farm_pb2.CreateRunResponse(run=await self._run(run_id))
         return await guarded(context, call)
 
@@ -146,9 +161,10 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
         consumer = _consumer(request.consumer)
         if consumer is None:
             raise BadRequest(f"a stream needs a consumer name (1-{MAX_CONSUMER_CHARS} characters)")
+        subscription = _subscription(request)
         async for batch in self._scheduler.delivery.batches(
                 consumer, whole_groups=request.whole_groups, batch_size=min(request.batch_size or 64, MAX_BATCH),
-                max_staleness=request.max_staleness, body=not request.summary_only):
+                max_staleness=request.max_staleness, body=not request.summary_only, subscription=subscription):
             # Building a batch's protos takes tens of milliseconds for hundreds of whole records: off the
             # event loop, which every box's timer and every other call share.
             for message in await asyncio.to_thread(list, batch_messages(batch.trajectories, batch.up_to)):
@@ -168,7 +184,8 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
                             context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.PublishPolicyResponse:
         async def call() -> farm_pb2.PublishPolicyResponse:
             policy = await self._scheduler.policies.publish(self._policy_chunks_in(request_iterator))
-            return farm_pb2.PublishPolicyResponse(version=policy.version, sha256=policy.sha256, size=policy.size)
+            return farm_pb2.PublishPolicyResponse(version=policy.version, sha256=policy.sha256, size=policy.size,
+                                                  name=policy.name)
         return await guarded(context, call)
 
     async def _policy_chunks_in(self, requests: AsyncIterator[farm_pb2.PublishPolicyRequest]
@@ -181,7 +198,7 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
             if size > self._max_policy_bytes:
                 raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"a policy is at most "
                               f"{self._max_policy_bytes} bytes (max_policy_bytes)", "POLICY_TOO_LARGE")
-            yield PolicyChunk(sha256=chunk.sha256, uri=chunk.uri, data=chunk.data)
+            yield PolicyChunk(sha256=chunk.sha256, uri=chunk.uri, data=chunk.data, name=chunk.name)
 
     async def GetPolicy(self, request: farm_pb2.GetPolicyRequest,
                         context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[farm_pb2.GetPolicyResponse]:
@@ -192,11 +209,11 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
     async def _policy_chunks(self, request: farm_pb2.GetPolicyRequest
                              ) -> AsyncGenerator[farm_pb2.GetPolicyResponse, None]:
         policies = self._scheduler.policies
-        policy = await policies.find(request.sha256)
+        policy = await policies.find(request.sha256, request.name or None)
         header: farm_pb2.GetPolicyResponse | None = farm_pb2.GetPolicyResponse(
-            sha256=policy.sha256, uri=policy.uri or "", version=policy.version)
+            sha256=policy.sha256, uri=policy.uri or "", version=policy.version, name=policy.name)
         try:
-            async with contextlib.aclosing(policies.content(policy, POLICY_CHUNK_BYTES)) as content:
+            async with contextlib.aclosing(policies.chunks(policy, POLICY_CHUNK_BYTES)) as content:
                 async for data in content:
                     if header is not None:
                         header.data = data
@@ -243,6 +260,34 @@ def _consumer_pb(c: dict[str, Any]) -> farm_pb2.ConsumerStatus:
     if c.get("acked_at"):
         message.acked_at.FromNanoseconds(round(c["acked_at"] * 1e9))
     return message
+
+
+MAX_SEEDS = 100_000
+MAX_SUBSCRIBED_ENVS = 64
+
+
+def _check_seeds(seeds: list[int], difficulty: int, max_difficulty: int, rollouts: int, group_size: int) -> None:
+    if len(seeds) > MAX_SEEDS:
+        raise BadRequest(f"a run names at most {MAX_SEEDS} seeds, got {len(seeds)}")
+    if len(set(seeds)) != len(seeds):
+        raise BadRequest("a run's seeds must be distinct (ask for a larger group_size to repeat a task)")
+    if any(seed >= 1 << 63 for seed in seeds):
+        raise BadRequest("seeds must be below 2**63")
+    if not 1 <= difficulty <= max_difficulty:
+        raise BadRequest(f"with seeds, difficulty must be 1..{max_difficulty}, got {difficulty}")
+    if rollouts and rollouts != len(seeds) * group_size:
+        raise BadRequest(f"with seeds, a run is one group of {group_size} per seed ({len(seeds) * group_size} "
+                         f"rollouts); rollouts says {rollouts} (0: leave it to the seeds)")
+
+
+def _subscription(request: farm_pb2.StreamTrajectoriesRequest) -> Subscription:
+    if len(request.agent) > MAX_SPEC_CHARS:
+        raise BadRequest(f"a subscription's agent is an agent spec, at most {MAX_SPEC_CHARS} characters")
+    if len(request.envs) > MAX_SUBSCRIBED_ENVS:
+        raise BadRequest(f"a subscription names at most {MAX_SUBSCRIBED_ENVS} environments")
+    for env in request.envs:
+        get(env)  # an unknown environment is a typo that would stream nothing, for ever
+    return Subscription(agent=request.agent.strip(), envs=tuple(dict.fromkeys(request.envs)))
 
 
 def _consumer(name: str) -> str | None:

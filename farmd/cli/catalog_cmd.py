@@ -15,7 +15,7 @@ from rich import box
 from rich.table import Column, Table
 from rich.text import Text
 
-from farmd.agents.registry import NamedEndpoint, make_agent
+from farmd.agents.registry import NamedEndpoint, check_spec
 from farmd.cli.common import CliState, console, emit_json, json_option
 from farmd.cli.shown import text
 from farmd.envs import Environment, get, kind_of, names
@@ -27,7 +27,9 @@ _AGENT_FORMS = (
     ("random[:SEED]", "random:1", "a plausible wrong attempt, the same for a task and seed"),
     ("skilled:S", "skilled:2.5", "a stand-in policy of skill S (levels run 1..5): the reference with "
                                  "probability 1/(1+e^(difficulty-S)), else a random attempt"),
-    ("torch:PATH-OR-NAME", "torch:policy", "a local torch policy"),
+    ("torch:NAME[?temperature=T&max_tokens=N]", "torch:tiny",
+     "the newest version of the policy a trainer published as NAME (farm_client.tinylm), sampled on the "
+     "worker in batches"),
 )
 _OPENAI = "a model behind an OpenAI-compatible API, at the endpoint farm.toml names [endpoints.{name}]"
 
@@ -69,7 +71,7 @@ def describe_agents(endpoints: tuple[NamedEndpoint, ...]) -> list[dict[str, Any]
 
 def _form(spec: str, example: str, what: str, endpoints: tuple[NamedEndpoint, ...]) -> dict[str, Any]:
     try:
-        make_agent(example, endpoints=endpoints)
+        check_spec(example, endpoints=endpoints)
     except AgentSpecError as exc:
         return {"spec": spec, "runnable": False, "description": what, "why_not": str(exc)}
     return {"spec": spec, "runnable": True, "description": what, "why_not": ""}

@@ -14,7 +14,16 @@ import grpc
 from rich.table import Table
 from rich.text import Text
 
-from farmd.cli.common import EXIT_FAILED, CliState, console, emit_json, fail, json_option, wants_json
+from farmd.cli.common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    CliState,
+    console,
+    emit_json,
+    fail,
+    json_option,
+    wants_json,
+)
 from farmd.cli.shown import joined, text
 from farmd.cli.status_view import status_view
 from farmd.records import SUMMARY_FIELDS
@@ -53,18 +62,27 @@ def status(state: CliState, as_json: bool) -> None:
 @click.command()
 @click.option("--env", "env_name", required=True, help="Environment, e.g. py-func.")
 @click.option("--agent", required=True, help="reference, random, skilled:S, openai:MODEL@ENDPOINT, ...")
-@click.option("--rollouts", type=click.IntRange(min=1), required=True)
+@click.option("--rollouts", type=click.IntRange(min=0), default=0,
+              help="Rollouts in all (required unless --seeds names the tasks).")
 @click.option("--group-size", type=click.IntRange(min=0), default=0, help="Attempts per task (0: the farm's default).")
+@click.option("--seeds", default="", help="Run exactly these tasks, e.g. 0-299 or 3,7,11 (with --difficulty), "
+              "one group each, instead of the task bank's picks.")
+@click.option("--difficulty", type=click.IntRange(min=0), default=0, help="The level of the --seeds tasks.")
 @click.option("--wait", is_flag=True, help="Wait, with a progress bar, until every rollout has ended.")
 @json_option
 @click.pass_obj
-def run(state: CliState, env_name: str, agent: str, rollouts: int, group_size: int, wait: bool, as_json: bool) -> None:
+def run(state: CliState, env_name: str, agent: str, rollouts: int, group_size: int, seeds: str, difficulty: int,
+        wait: bool, as_json: bool) -> None:
     """Queue a run of rollouts (returns at once unless --wait; with --wait, exits 1 if any rollout failed)."""
+    seed_list = _seeds(seeds)
+    if not seed_list and not rollouts:
+        fail("say how many rollouts (--rollouts N), or which tasks (--seeds and --difficulty)", EXIT_USAGE,
+             kind="INVALID_ARGUMENT")
     with client(state) as c:
         if wait and not c.status()["workers"]:
             fail(f"{state.addr} runs no rollout workers (--workers 0), so nothing would take these jobs; "
                  "queue them without --wait, or start farmd with workers", EXIT_FAILED, kind="FAILED_PRECONDITION")
-        queued = c.run(env_name, agent, rollouts, group_size)
+        queued = c.run(env_name, agent, rollouts, group_size, difficulty=difficulty, seeds=seed_list)
         if not wait:
             emit_json(queued) if as_json else console().print(
                 f"run {queued['id']}: queued {queued['jobs']} rollouts in {len(queued['group_ids'])} groups")
@@ -94,6 +112,22 @@ def _wait(c: Any, run_id: int, quiet: bool) -> dict[str, Any]:
             if r["state"] != "running":
                 return r
             time.sleep(0.25)
+
+
+def _seeds(text: str) -> list[int]:
+    """``0-299`` or ``3,7,11`` (or both, comma-separated) as a list of seeds; a usage error otherwise."""
+    out: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        low, dash, high = part.partition("-")
+        try:
+            first, last = int(low), int(high) if dash else int(low)
+        except ValueError:
+            fail(f"--seeds: {part[:40]!r} is not a seed or a range like 0-299", EXIT_USAGE, kind="INVALID_ARGUMENT")
+        if last < first or last - first > 100_000 or first < 0:
+            fail(f"--seeds: {part[:40]!r} is not a range of at most 100000 non-negative seeds", EXIT_USAGE,
+                 kind="INVALID_ARGUMENT")
+        out.extend(range(first, last + 1))
+    return out
 
 
 @click.group("runs")

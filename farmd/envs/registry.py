@@ -12,7 +12,11 @@ _BUILTIN = {
     "py-func": "farmd.envs.pyfunc:PyFunc",
     "shell": "farmd.envs.shell:Shell",
     "kernel": "farmd.envs.kernel:Kernel",
+    "arith": "farmd.envs.arith:Arith",
+    "arith:heldout": "farmd.envs.arith:Arith",
 }
+_ARGS: dict[str, tuple[str, ...]] = {"arith": ("train",), "arith:heldout": ("heldout",)}
+"""Constructor arguments of the built-ins that take some: one class, two environments."""
 _RG_PREFIX = "rg:"
 
 
@@ -33,5 +37,5 @@ def get(name: str) -> Environment:
     if target is None:
         raise TaskError(f"no environment {name!r}; known: {', '.join(names())}")
     module, cls = target.split(":")
-    env: Environment = getattr(importlib.import_module(module), cls)()
+    env: Environment = getattr(importlib.import_module(module), cls)(*_ARGS.get(name, ()))
     return env

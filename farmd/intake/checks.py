@@ -21,7 +21,7 @@ from farmd.envs.base import Attempt, Environment, Task, VerifyContext, verify_sa
 SEEDS = (0, 1, 2)
 """Seeds per level: enough to catch a constant or a random generator, few enough to run on every submission."""
 
-_KNOWN_KINDS = ("function", "answer", "kernel", "shell")
+_KNOWN_KINDS = ("function", "answer", "bare-answer", "kernel", "shell")
 _MIN_LEAK_CHARS = 8
 """An answer shorter than this (``"3"``, ``"yes"``) appears in prompts by coincidence, not by a leak."""
 

@@ -16,7 +16,7 @@ import socket
 from collections import OrderedDict
 from typing import Protocol
 
-from farmd.agents import Agent, ClientPool, NamedEndpoint, make_agent
+from farmd.agents import Agent, ClientPool, NamedEndpoint, PolicySource, TorchRuntime, make_agent
 from farmd.envs import VerifyContext, get
 from farmd.errors import EndpointError, InfraFailure
 from farmd.metrics import Metrics
@@ -48,10 +48,15 @@ class Leases(Protocol):
 
 class Worker:
     def __init__(self, leases: Leases, ctx: VerifyContext, slots: int, lease_s: float, node: str | None = None,
-                 metrics: Metrics | None = None, endpoints: tuple[NamedEndpoint, ...] = ()) -> None:
+                 metrics: Metrics | None = None, endpoints: tuple[NamedEndpoint, ...] = (),
+                 policies: PolicySource | None = None) -> None:
         self.leases = leases
         self.endpoints = endpoints
         """This node's configured model endpoints, which jobs' ``openai:MODEL@NAME`` specs resolve against."""
+        self.policies = policies
+        """Where ``torch:NAME`` jobs' policies come from (None: this node refuses them)."""
+        self._torch = TorchRuntime(policies) if policies is not None else None
+        """The torch thread and loaded policies, shared by every torch agent of this worker; closed on stop."""
         self.ctx = ctx
         self.slots = slots
         self.node = node or socket.gethostname()
@@ -101,6 +106,8 @@ class Worker:
         await asyncio.gather(heartbeat, return_exceptions=True)
         await self._flush()
         await self._clients.aclose()
+        if self._torch is not None:
+            await self._torch.aclose()
         given_back = await self.leases.release(self.owner)
         self.counters["given_back"] = given_back
         if given_back:
@@ -109,7 +116,8 @@ class Worker:
     def _agent(self, spec: str) -> Agent:
         agent = self._agents.get(spec)
         if agent is None:
-            agent = self._agents[spec] = make_agent(spec, endpoints=self.endpoints, clients=self._clients)
+            agent = self._agents[spec] = make_agent(spec, endpoints=self.endpoints, clients=self._clients,
+                                                    policies=self.policies, torch=self._torch)
             if len(self._agents) > _AGENTS_KEPT:
                 self._agents.popitem(last=False)
         self._agents.move_to_end(spec)

@@ -24,6 +24,9 @@ class SchedulerConfig:
     demand_agent: str | None = None
     """The agent demand-driven rollouts use (the current policy's); None: only explicit requests run."""
     demand_envs: tuple[str, ...] = ()
+    bank_agents: tuple[str, ...] = ()
+    """The agents (specs, exactly as queued) whose finished groups teach the task bank pass rates. Empty:
+    the demand agent when there is one, else every agent but the ``reference`` and ``random`` controls."""
     demand_consumers: tuple[str, ...] = ()
     """The trainers demand follows, by consumer name; empty: every consumer that is consuming."""
     consumer_stall_s: float = 300.0

@@ -11,6 +11,11 @@ stream under a new name and never acks holds nobody back for longer than that. A
 who knows the trainers can name them (``consumers``): then only those are followed.
 Delivery is at least once: a batch is acknowledged by its ``up_to``, and a stream reopened
 after a restart resumes just after the consumer's last ack.
+
+A stream may subscribe (``Subscription``): to one agent spec and some environments. A trainer
+subscribes to its own policy (``torch:tiny`` on ``arith``), so trajectories of every other agent —
+scripted controls, another lab's endpoint, a red team, its own greedy evaluations — never reach it,
+and its staleness is counted in versions of its own policy line.
 """
 
 from __future__ import annotations
@@ -35,6 +40,18 @@ _POLL_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
+class Subscription:
+    """What one stream carries: ``agent``'s trajectories (the spec exactly as queued; "" any agent) of
+    ``envs`` (empty: any environment)."""
+
+    agent: str = ""
+    envs: tuple[str, ...] = ()
+
+
+EVERYTHING = Subscription()
+
+
+@dataclass(frozen=True, slots=True)
 class Delivered:
     """One batch for one stream: the trajectories to send (stale ones left out) and the position an ack of
     it moves the consumer's cursor to. ``trajectories`` may be empty when all were stale."""
@@ -51,16 +68,22 @@ class _Consumer:
     sent_up_to: int = 0
     waiting_since: float | None = None
     """Since when it has held a batch without acknowledging it; None when it has acked everything sent."""
+    subscription: Subscription | None = None
+    """What its latest stream subscribed to (None: everything)."""
 
 
 class Delivery:
     """``stall_s``: a consumer that leaves a batch unacknowledged this long stops counting for demand until
     it acks. ``consumers``: the consumers demand follows (empty: every consumer that is consuming)."""
 
-    def __init__(self, store: Store, policy_version: Callable[[], int], *, stall_s: float = 300.0,
-                 consumers: tuple[str, ...] = ()) -> None:
+    def __init__(self, store: Store, behind: Callable[[str | None, int], int], *, stall_s: float = 300.0,
+                 consumers: tuple[str, ...] = (), line_for: Callable[[str], str | None] = lambda _spec: None
+                 ) -> None:
         self.store = store
-        self._policy_version = policy_version
+        self._behind = behind
+        """(policy line or None for any, version) -> versions of that line published since."""
+        self._line_for = line_for
+        """An agent spec's policy line, or None."""
         self.stall_s = stall_s
         self.followed = consumers
         self._consumers: dict[tuple[str, str], _Consumer] = {}
@@ -89,15 +112,28 @@ class Delivery:
             await asyncio.wait_for(self._stored.wait(), timeout_s)
 
     async def backlog(self) -> int | None:
-        """Stored trajectories the slowest consuming trainer has not taken; None when no trainer is consuming
-        (then there is no one to produce ahead of)."""
+        """Stored trajectories the slowest consuming trainer has not been sent; None when no trainer is
+        consuming (then there is no one to produce ahead of).
+
+        Counted from what a stream has sent, not from the last ack: a trainer acks when it checkpoints,
+        every several seconds, and production must not wait for that. What it was sent and never acks
+        comes again after a restart; nothing needs producing for it.
+        """
         now = time.monotonic()
         keys = [key for key, c in self._consumers.items() if self._consuming(key, c, now)]
         if not keys:
             return None
         stored = await self.store.last_seq()
-        taken = [await self.store.consumed(kind, await self.store.cursor(name, kind)) for name, kind in keys]
-        return stored - min(taken)
+        behind = []
+        for name, kind in keys:
+            state = self._consumers[(name, kind)]
+            cursor = max(await self.store.cursor(name, kind), state.sent_up_to)
+            sub = state.subscription
+            if sub is None or sub == EVERYTHING:
+                behind.append(stored - await self.store.consumed(kind, cursor))
+            else:  # what others' trajectories fill the store with is nothing this trainer waits for
+                behind.append(await self.store.unconsumed(kind, cursor, sub.agent or None, sub.envs))
+        return max(behind)
 
     def _consuming(self, key: tuple[str, str], c: _Consumer, now: float) -> bool:
         if c.streams <= 0 or (self.followed and key[0] not in self.followed):
@@ -107,37 +143,44 @@ class Delivery:
     # -- the trainer's side -----------------------------------------------------------------------
 
     async def batches(self, consumer: str, *, whole_groups: bool, batch_size: int, max_staleness: int,
-                      body: bool) -> AsyncIterator[Delivered]:
+                      body: bool, subscription: Subscription = EVERYTHING) -> AsyncIterator[Delivered]:
         """Batches for one stream, from just after ``consumer``'s last ack, forever (the caller closes it).
 
         ``whole_groups``: only groups whose every job has ended, never split across batches (at least
         one group per batch, however big). ``max_staleness``: trajectories more than that many policy
         versions old are left out, a whole group with them (a group-relative advantage never sees half
-        a group), and a batch of only those still comes, empty, so the cursor moves past them.
+        a group), and a batch of only those still comes, empty, so the cursor moves past them. Versions
+        are counted in the subscribed agent's policy line (any line without one). ``subscription``: only
+        those trajectories; the others are passed over (an ack past them moves the cursor as usual).
         """
+        line = self._line_for(subscription.agent) if subscription.agent else None
+        agent, envs = subscription.agent or None, subscription.envs
         kind = GROUPS if whole_groups else TRAJECTORIES
         key = (consumer, kind)
         size = max(1, batch_size)
         sent = await self.store.cursor(consumer, kind)
         state = self._consumers.setdefault(key, _Consumer())
         state.streams += 1
+        state.subscription = subscription
         try:
             while True:
                 seen = self.generation  # before reading: a commit after it wakes the wait
                 if whole_groups:
-                    trajectories, up_to = await self._whole_groups(sent, size, body)
+                    trajectories, up_to = await self._whole_groups(sent, size, body, agent, envs)
                 else:
-                    trajectories = await self.store.trajectories(after_seq=sent, limit=size, body=body)
+                    trajectories = await self.store.trajectories(after_seq=sent, limit=size, body=body, agent=agent,
+                                                                 envs=envs)
                     up_to = trajectories[-1].seq if trajectories else sent
                 if up_to == sent:
                     await self.wait_for_more(seen, _POLL_S)
                     continue
-                floor = self._policy_version() - max_staleness if max_staleness else None
-                fresh = _fresh(trajectories, floor, whole_groups)
+                fresh = trajectories if not max_staleness else _fresh(
+                    trajectories, lambda v: self._behind(line, v) > max_staleness, whole_groups)
                 sent = up_to
                 if fresh or max_staleness:
+                    state.sent_up_to = max(state.sent_up_to, up_to)
                     if fresh:  # an empty batch asks nothing of the trainer: it starts no stall clock
-                        self._sent(state, up_to)
+                        self._start_clock(state)
                     yield Delivered(fresh, up_to)
         finally:
             state.streams -= 1
@@ -152,8 +195,9 @@ class Delivery:
         for key in closed[: max(0, len(closed) - keep)]:  # oldest first: dicts keep insertion order
             del self._consumers[key]
 
-    async def _whole_groups(self, after: int, size: int, body: bool) -> tuple[list[Trajectory], int]:
-        groups = await self.store.finished_groups(after, max(1, size // 2))
+    async def _whole_groups(self, after: int, size: int, body: bool, agent: str | None, envs: tuple[str, ...]
+                            ) -> tuple[list[Trajectory], int]:
+        groups = await self.store.finished_groups(after, max(1, size // 2), agent=agent, envs=envs)
         picked: list[dict[str, Any]] = []
         total = 0
         for g in groups:  # whole groups only: stop before one would overflow the batch (but take at least one)
@@ -167,8 +211,7 @@ class Delivery:
         return trajectories, picked[-1]["done_seq"]
 
     @staticmethod
-    def _sent(state: _Consumer, up_to: int) -> None:
-        state.sent_up_to = max(state.sent_up_to, up_to)
+    def _start_clock(state: _Consumer) -> None:
         if state.waiting_since is None:
             state.waiting_since = time.monotonic()
 
@@ -222,13 +265,11 @@ class Delivery:
         return sorted(out, key=lambda c: (c["name"], c["whole_groups"]))
 
 
-def _fresh(trajectories: list[Trajectory], floor: int | None, whole_groups: bool) -> list[Trajectory]:
-    """Trajectories at policy version ``floor`` or newer; with ``whole_groups``, whole groups whose
-    every attempt is (a group's jobs may be leased under different versions: it is kept or passed
-    over as one)."""
-    if floor is None:
-        return trajectories
+def _fresh(trajectories: list[Trajectory], stale: Callable[[int], bool], whole_groups: bool) -> list[Trajectory]:
+    """Trajectories whose policy version is not ``stale``; with ``whole_groups``, whole groups whose every
+    attempt is not (a group's jobs may be leased under different versions: it is kept or passed over as one)."""
+    stale_versions = {v for v in {t.policy_version for t in trajectories} if stale(v)}
     if not whole_groups:
-        return [t for t in trajectories if t.policy_version >= floor]
-    stale = {t.group_id for t in trajectories if t.policy_version < floor}
-    return [t for t in trajectories if t.group_id not in stale]
+        return [t for t in trajectories if t.policy_version not in stale_versions]
+    stale_groups = {t.group_id for t in trajectories if t.policy_version in stale_versions}
+    return [t for t in trajectories if t.group_id not in stale_groups]

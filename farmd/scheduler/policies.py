@@ -3,12 +3,23 @@
 Content goes to a file as it arrives, hashed on the way (``farmd.store.policy_files``): farmd holds a
 chunk, never a policy. Whatever ends a publish before the policy is stored (a wrong hash, a bound, a
 cancelled caller) removes the file before the caller hears of it.
+
+Policies are published to a named line. A job's ``policy_version`` is the version that produces its
+trajectory, chosen when it is leased from its agent spec (``version_for``): ``torch:NAME`` runs the version
+last published to line NAME; ``openai:MODEL@ENDPOINT`` that of the line the operator says that endpoint
+serves (``[endpoints.NAME] serves``), when it says so; anything else (scripted agents, an endpoint serving
+a model the farm never saw) 0, no farm policy. Publishing content the farm already holds (a trainer
+resumed from a checkpoint) makes that version its line's current one again. A trainer's staleness
+counts the publications to its own line since a trajectory's version was last published (``behind``).
+Publications only grow, so they are held here, not read per lease.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import AsyncGenerator, AsyncIterable, Callable
+import re
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Mapping
 from dataclasses import dataclass
 
 from farmd.errors import BadRequest, NotFound
@@ -17,7 +28,11 @@ from farmd.store import Store
 from farmd.store.policy_files import PolicyUpload
 
 MAX_URI_CHARS = 4096
+MAX_POLICY_READ_BYTES = 1 << 30
+"""The most a worker reads whole into memory to load (``content``); larger policies are a uri's business."""
 _HEX = frozenset("0123456789abcdef")
+LINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""A policy line's name: what ``torch:NAME`` says."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +42,8 @@ class PolicyChunk:
     sha256: str
     uri: str
     data: bytes
+    name: str = ""
+    """The line it is published to; the first non-empty one seen is the policy's."""
 
 
 def check_sha256(text: str) -> None:
@@ -34,27 +51,121 @@ def check_sha256(text: str) -> None:
         raise BadRequest("sha256 is 64 lowercase hex digits")
 
 
+class _Line:
+    """One line's publications: how many, which version is current, where each was last published."""
+
+    __slots__ = ("count", "current", "last_at")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.current = 0
+        self.last_at: dict[int, int] = {}
+
+    def add(self, version: int) -> None:
+        self.last_at[version] = self.count
+        self.count += 1
+        self.current = version
+
+    def behind(self, version: int) -> int:
+        at = self.last_at.get(version)
+        return self.count if at is None else self.count - 1 - at
+
+
+def line_of(spec: str, endpoint_lines: Mapping[str, str] | None = None) -> str | None:
+    """The policy line an agent spec runs, or None when it runs no farm policy.
+
+    ``endpoint_lines``: endpoint name -> the line that endpoint serves (from the operator's config).
+    """
+    kind, _, rest = spec.partition(":")
+    rest = rest.partition("?")[0]
+    if kind == "torch":
+        return rest if LINE_NAME.fullmatch(rest) else None
+    if kind == "openai" and endpoint_lines:
+        return endpoint_lines.get(rest.rpartition("@")[2])
+    return None
+
+
 class Policies:
-    def __init__(self, store: Store, on_published: Callable[[int], None]) -> None:
+    def __init__(self, store: Store, on_published: Callable[[int], None],
+                 endpoint_lines: Mapping[str, str] | None = None) -> None:
         self._store = store
         self._on_published = on_published
         """Told each stored policy's version (the scheduler's: new leases run it)."""
+        self._endpoint_lines = dict(endpoint_lines or {})
+        self._lines: dict[str | None, _Line] = {None: _Line()}
+        """Each line's publications (None: every line's together): ``load``, then each publish."""
+        self._by_version: dict[int, Policy] = {}
+
+    async def load(self) -> None:
+        """Read the publications from the store (once, at start; publishes keep them current)."""
+        self._lines = {None: _Line()}
+        for name, version in await self._store.publications():
+            self._published(name, version)
+
+    def _published(self, name: str, version: int) -> None:
+        self._lines.setdefault(name, _Line()).add(version)
+        self._lines[None].add(version)
+
+    def latest(self, line: str) -> int:
+        """The version last published to ``line``; 0 when none was."""
+        found = self._lines.get(line)
+        return found.current if found is not None else 0
+
+    def version_for(self, spec: str) -> int:
+        """The version a job of agent ``spec`` runs if leased now (0: no farm policy)."""
+        line = line_of(spec, self._endpoint_lines)
+        return 0 if line is None else self.latest(line)
+
+    def line_for(self, spec: str) -> str | None:
+        return line_of(spec, self._endpoint_lines)
+
+    def behind(self, line: str | None, version: int) -> int:
+        """Publications to ``line`` (None: to any line) since ``version`` was last published there: every
+        one of them when it never was."""
+        found = self._lines.get(line)
+        return found.behind(version) if found is not None else 0
+
+    async def sha256_of(self, version: int) -> str:
+        """The content hash of ``version`` (``NotFound`` when there is none): what a worker fetches it by."""
+        policy = self._by_version.get(version)
+        if policy is None:
+            policy = await self._store.policy_by_version(version) if version > 0 else None
+            if policy is None:
+                raise NotFound(f"no policy version {version}")
+            self._by_version[version] = policy
+        return policy.sha256
+
+    async def content(self, sha256: str) -> bytes:
+        """The whole content of the policy hashed ``sha256``, for a worker to load (bounded)."""
+        policy = await self.find(sha256)
+        if policy.size > MAX_POLICY_READ_BYTES:
+            raise BadRequest(f"policy {policy.version} is {policy.size} bytes; a worker loads at most "
+                             f"{MAX_POLICY_READ_BYTES}")
+        data = bytearray()
+        async with contextlib.aclosing(self._store.policy_content(sha256, 1 << 20)) as chunks:
+            async for chunk in chunks:
+                data += chunk
+        return bytes(data)
 
     async def publish(self, chunks: AsyncIterable[PolicyChunk]) -> Policy:
         """Store the policy ``chunks`` carry: content, a uri, or both. A declared sha256 must be the
         content's (or, for a uri alone, the uri's); the same content twice is the same version."""
-        declared = uri = ""
+        declared = uri = name = ""
         upload: PolicyUpload | None = None
         try:
             async for chunk in chunks:
                 declared = declared or chunk.sha256
                 uri = uri or chunk.uri
+                name = name or chunk.name
                 if not chunk.data:
                     continue
                 upload = upload or await self._store.policy_upload()
                 await upload.write(chunk.data)
             if declared:
                 check_sha256(declared)
+            if name and not LINE_NAME.fullmatch(name):
+                raise BadRequest("a policy's name is 1-64 letters, digits, '.', '_' or '-', starting with a letter "
+                                 "or digit")
             if len(uri) > MAX_URI_CHARS:
                 raise BadRequest(f"a policy uri is at most {MAX_URI_CHARS} characters")
             if upload is None and not uri:
@@ -63,23 +174,26 @@ class Policies:
             if declared and declared != actual:
                 raise BadRequest(f"content hashes to {actual}, not the declared {declared}",
                                  reason="POLICY_HASH_MISMATCH")
-            policy = await self._store.add_policy(actual, upload, uri or None)
+            policy = await self._store.add_policy(actual, upload, uri or None, name)
         finally:
             if upload is not None:
                 await upload.discard()  # safe after add_policy kept it, too
+        self._published(name, policy.version)
         self._on_published(policy.version)
         return policy
 
-    async def find(self, sha256: str) -> Policy:
-        """The policy with content hash ``sha256``; "": the latest published."""
+    async def find(self, sha256: str, name: str | None = None) -> Policy:
+        """The policy with content hash ``sha256``; "": the latest published (of line ``name``, if given)."""
         if sha256:
             check_sha256(sha256)
-        policy = await (self._store.policy_by_hash(sha256) if sha256 else self._store.latest_policy())
+        policy = await (self._store.policy_by_hash(sha256) if sha256 else self._store.latest_policy(name))
         if policy is None:
-            raise NotFound("no such policy" if sha256 else "no policy has been published")
+            if sha256:
+                raise NotFound("no such policy")
+            raise NotFound(f"no policy named {name!r} has been published" if name else "no policy has been published")
         return policy
 
-    def content(self, policy: Policy, chunk_bytes: int) -> AsyncGenerator[bytes, None]:
+    def chunks(self, policy: Policy, chunk_bytes: int) -> AsyncGenerator[bytes, None]:
         """``policy``'s content, ``chunk_bytes`` at a time; nothing for a uri alone. A file gone
         missing raises ``StoreError``."""
         return self._store.policy_content(policy.sha256, chunk_bytes)

@@ -6,7 +6,9 @@ local or remote, take leases through the same interface (``lease``, ``heartbeat`
 an infrastructure failure is retried up to ``max_attempts``, after a backoff, and then
 recorded as a failure, apart from every score. This is farm's one retry policy: the store
 only carries out what it decides. Each job carries the policy version current when
-it was leased. Finished groups feed the task bank, whose state is saved in the store.
+it was leased: the version of its own policy line that will produce its trajectory (``Policies``),
+0 when it runs no farm policy. Finished groups of the policy the bank follows feed the task bank,
+whose state is saved in the store.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from farmd.metrics import Metrics
@@ -25,17 +28,20 @@ from farmd.scheduler.config import SchedulerConfig
 from farmd.scheduler.delivery import Delivery
 from farmd.scheduler.policies import Policies
 from farmd.store import Store
-from farmd.taskbank import TaskBank, TaskKey
+from farmd.taskbank import BankConfig, TaskBank, TaskKey
 
 log = logging.getLogger("farmd.scheduler")
 
 _BANK_STATE = "taskbank"
 _LAG_SHOWN_S = 3600.0
+_BANK_SAVE_EVERY_S = 5.0
+"""The bank's state is a few hundred kB of JSON: saved this often while groups finish (and on stop), not at
+every upkeep round. A crash loses at most this much of its evidence, never a trajectory."""
 
 
 class Scheduler:
     def __init__(self, store: Store, bank: TaskBank, config: SchedulerConfig | None = None,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, endpoint_lines: Mapping[str, str] | None = None) -> None:
         self.store = store
         self.metrics = metrics
         self.bank = bank
@@ -44,19 +50,23 @@ class Scheduler:
         self._rng = random.Random(self.config.seed)
         self._jitter = random.Random()  # apart from ``_rng``, whose seeded draws choose the tasks
         self._bank_cursor = 0
+        self._bank_saved = 0.0
         self._task: asyncio.Task[None] | None = None
-        self.delivery = Delivery(store, lambda: self.policy_version, stall_s=self.config.consumer_stall_s,
-                                 consumers=self.config.demand_consumers)
-        self.policies = Policies(store, self.set_policy_version)
+        self.policies = Policies(store, self.set_policy_version, endpoint_lines)
+        self.delivery = Delivery(store, self.policies.behind, stall_s=self.config.consumer_stall_s,
+                                 consumers=self.config.demand_consumers, line_for=self.policies.line_for)
         self._submit_lock = asyncio.Lock()
         self.counters: dict[str, int] = {"completed": 0, "failed": 0, "retried": 0, "requeued": 0, "enqueued": 0}
 
     @classmethod
     async def open(cls, store: Store, max_difficulty: dict[str, int], config: SchedulerConfig | None = None,
-                   metrics: Metrics | None = None) -> Scheduler:
+                   metrics: Metrics | None = None, *, bank_config: BankConfig | None = None,
+                   endpoint_lines: Mapping[str, str] | None = None) -> Scheduler:
         saved = await store.get_state(_BANK_STATE)
-        bank = TaskBank.from_json(saved["bank"], max_difficulty) if saved else TaskBank(max_difficulty)
-        scheduler = cls(store, bank, config, metrics)
+        bank = (TaskBank.from_json(saved["bank"], max_difficulty, bank_config) if saved
+                else TaskBank(max_difficulty, bank_config))
+        scheduler = cls(store, bank, config, metrics, endpoint_lines)
+        await scheduler.policies.load()
         scheduler._bank_cursor = int(saved["cursor"]) if saved else 0
         latest = await store.latest_policy()
         scheduler.policy_version = latest.version if latest else 0
@@ -82,9 +92,20 @@ class Scheduler:
         _, ids, jobs = await self._queue(env, agent, rollouts, group_size, source, as_run=False)
         return ids, jobs
 
-    async def create_run(self, env: str, agent: str, rollouts: int, group_size: int | None = None) -> int:
-        """``submit``, kept as a run (``Store.run`` says how far it has come). Returns the run's id."""
-        run_id, _, _ = await self._queue(env, agent, rollouts, group_size, "request", as_run=True)
+    async def create_run(self, env: str, agent: str, rollouts: int, group_size: int | None = None, *,
+                         seeds: Sequence[int] = (), difficulty: int = 0) -> int:
+        """``submit``, kept as a run (``Store.run`` says how far it has come). Returns the run's id.
+
+        ``seeds``: these tasks at ``difficulty``, one group each, instead of the bank's picks (an evaluation
+        set, a warm-up's references); ``rollouts`` is then ``len(seeds)`` groups' worth.
+        """
+        if not seeds:
+            run_id, _, _ = await self._queue(env, agent, rollouts, group_size, "request", as_run=True)
+            return run_id
+        size = max(1, group_size or self.config.group_size)
+        planned = [(env, int(seed), difficulty, agent, size) for seed in seeds]
+        run_id, _ = await self.store.enqueue_run(env, agent, size * len(planned), size, planned)
+        self.counters["enqueued"] += size * len(planned)
         return run_id
 
     async def _queue(self, env: str, agent: str, rollouts: int, group_size: int | None, source: str, *,
@@ -110,6 +131,9 @@ class Scheduler:
         cfg = self.config
         if not cfg.demand_agent or not cfg.demand_envs:
             return
+        line = self.policies.line_for(cfg.demand_agent)
+        if line is not None and not self.policies.latest(line):
+            return  # the policy demand runs has not been published yet: its jobs could not run
         unconsumed = await self.delivery.backlog()
         if unconsumed is None:  # no trainer is consuming: nobody to produce ahead of
             return
@@ -124,7 +148,7 @@ class Scheduler:
     # -- leases (the interface local and remote workers share) ------------------------------------
 
     async def lease(self, owner: str, n: int) -> list[Job]:
-        return await self.store.lease(owner, n, self.config.lease_s, self.policy_version)
+        return await self.store.lease(owner, n, self.config.lease_s, self.policies.version_for)
 
     async def heartbeat(self, owner: str, job_ids: list[int]) -> int:
         return await self.store.extend(owner, job_ids, self.config.lease_s)
@@ -205,7 +229,7 @@ class Scheduler:
             await asyncio.sleep(self.config.maintenance_every_s)
             try:
                 await self._requeue_expired()
-                if await self._observe_finished():
+                if await self._observe_finished() and time.monotonic() - self._bank_saved >= _BANK_SAVE_EVERY_S:
                     await self._save_bank()
                 await self._top_up_demand()
                 await self._refresh_gauges()
@@ -238,13 +262,25 @@ class Scheduler:
                 return seen
             for g in groups:
                 self._bank_cursor = g["done_seq"]
-                if g["rewards"] and g["env"] in self.bank.envs:
+                if g["rewards"] and g["env"] in self.bank.envs and self.bank_follows(g["agent"]):
                     with contextlib.suppress(ValueError):
                         self.bank.observe(TaskKey(g["env"], g["seed"], g["difficulty"]),
                                           [min(1.0, max(0.0, r)) for r in g["rewards"]], g["policy_version"])
                     seen += 1
 
+    def bank_follows(self, agent: str) -> bool:
+        """Whether ``agent``'s groups teach the task bank pass rates: the agents the config names
+        (``bank_agents``), else the demand agent when there is one, else every agent but the controls
+        (``reference`` must pass and ``random`` fail: neither says how hard a task is for a policy)."""
+        cfg = self.config
+        if cfg.bank_agents:
+            return agent in cfg.bank_agents
+        if cfg.demand_agent:
+            return agent == cfg.demand_agent
+        return agent != "reference" and agent.partition(":")[0] != "random"
+
     async def _save_bank(self) -> None:
+        self._bank_saved = time.monotonic()
         await self.store.put_state(_BANK_STATE, {"cursor": self._bank_cursor, "bank": self.bank.to_json()})
 
     async def status(self) -> dict[str, Any]:

@@ -163,4 +163,19 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE jobs ADD COLUMN not_before REAL NOT NULL DEFAULT 0;
     """,
+    # 7: policies are published to a named line: ``torch:NAME`` jobs run the version last published to
+    # NAME, and a trainer's staleness counts publications to its own line since a trajectory's version.
+    # A publication is a row of its own: the same content published again (a trainer resumed from a
+    # checkpoint) is the same version, and becomes its line's current one again. Versions stay one
+    # sequence across names; policies published before names are the line "", in version order.
+    """
+    ALTER TABLE policies ADD COLUMN name TEXT NOT NULL DEFAULT '';
+    CREATE TABLE publications (
+        seq INTEGER PRIMARY KEY,
+        name TEXT NOT NULL,
+        version INTEGER NOT NULL REFERENCES policies(version),
+        at REAL NOT NULL
+    );
+    INSERT INTO publications(name, version, at) SELECT name, version, created_at FROM policies ORDER BY version;
+    """,
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -19,7 +20,7 @@ import sys
 import time
 import zlib
 from array import array
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ log = logging.getLogger("farmd.store")
 
 _JOB_COLUMNS = "id, group_id, env, seed, difficulty, agent, state, attempts, lease_owner, lease_expires, " \
                "policy_version, source"
+_POLICY_COLUMNS = "version, sha256, size, uri, created_at, name"
 _TRAJ_COLUMNS = "id, seq, group_id, env, env_version, seed, difficulty, agent, policy_version, reward, passed, " \
                 "status, reasons, flags, verifier_version, body, node, finished_at, run_id"
 _BODY_INDEX = [c.strip() for c in _TRAJ_COLUMNS.split(",")].index("body")
@@ -59,6 +61,18 @@ def _kind(kind: str) -> str:
 
 def _consumer_rows(rows: list[Any]) -> list[dict[str, Any]]:
     return [{"name": n, "kind": k, "acked": int(a), "updated_at": float(t)} for n, k, a, t in rows]
+
+
+def _subscribed(agent: str | None, envs: Sequence[str]) -> tuple[str, list[object]]:
+    """SQL (starting with AND, or empty) and its parameters keeping only ``agent``'s rows of ``envs``."""
+    where, args = "", list[object]()
+    if agent:
+        where += " AND agent = ?"
+        args.append(agent)
+    if envs:
+        where += f" AND env IN ({','.join('?' * len(envs))})"
+        args.extend(envs)
+    return where, args
 
 
 def _job(row: aiosqlite.Row) -> Job:
@@ -413,19 +427,33 @@ class Store:
             await self._finish_groups(db, groups)
         return True
 
-    async def lease(self, owner: str, n: int, lease_s: float, policy_version: int) -> list[Job]:
+    async def lease(self, owner: str, n: int, lease_s: float, policy_version: int | Callable[[str], int]
+                    ) -> list[Job]:
         """Lease up to ``n`` queued jobs (oldest first) whose backoff has passed to ``owner`` until now +
-        ``lease_s``."""
+        ``lease_s``, each tagged with the policy version it runs: ``policy_version(its agent spec)``, or
+        ``policy_version`` itself for every job (0: none)."""
+        version_for = policy_version if callable(policy_version) else (lambda _agent, v=policy_version: v)
         now = time.time()
-        async with self._write() as db, db.execute(
-            f"UPDATE jobs SET state='leased', lease_owner=?, lease_expires=?, policy_version=?, "
-            f"attempts=attempts+1, updated_at=? WHERE id IN "
-            f"(SELECT id FROM jobs WHERE state='queued' AND not_before <= ? ORDER BY id LIMIT ?) "
-            f"RETURNING {_JOB_COLUMNS}",
-            (owner, now + lease_s, policy_version, now, now, n),
-        ) as cur:
-            rows = await cur.fetchall()
-        return sorted((_job(r) for r in rows), key=lambda j: j.id)
+        async with self._write() as db:
+            async with db.execute(
+                f"UPDATE jobs SET state='leased', lease_owner=?, lease_expires=?, policy_version=0, "
+                f"attempts=attempts+1, updated_at=? WHERE id IN "
+                f"(SELECT id FROM jobs WHERE state='queued' AND not_before <= ? ORDER BY id LIMIT ?) "
+                f"RETURNING {_JOB_COLUMNS}",
+                (owner, now + lease_s, now, now, n),
+            ) as cur:
+                jobs = [_job(r) for r in await cur.fetchall()]
+            versions = {agent: version_for(agent) for agent in {j.agent for j in jobs}}
+            tagged: dict[int, list[int]] = {}
+            for j in jobs:
+                if versions[j.agent]:
+                    tagged.setdefault(versions[j.agent], []).append(j.id)
+            for version, ids in tagged.items():
+                for start in range(0, len(ids), _MAX_VARS):
+                    chunk = ids[start:start + _MAX_VARS]
+                    await db.execute(f"UPDATE jobs SET policy_version=? WHERE id IN ({','.join('?' * len(chunk))})",
+                                     (version, *chunk))
+        return sorted((dataclasses.replace(j, policy_version=versions[j.agent]) for j in jobs), key=lambda j: j.id)
 
     async def extend(self, owner: str, job_ids: list[int], lease_s: float) -> int:
         """Extend ``owner``'s leases (a heartbeat). Returns how many are still its own."""
@@ -629,11 +657,14 @@ class Store:
                 totals[i] += int(value or 0)
         return totals[0], totals[1], totals[2], totals[3]
 
-    async def finished_groups(self, after: int, limit: int) -> list[dict[str, Any]]:
-        """Groups that ended after done position ``after``, in the order they ended, with their rewards."""
+    async def finished_groups(self, after: int, limit: int, *, agent: str | None = None,
+                              envs: Sequence[str] = ()) -> list[dict[str, Any]]:
+        """Groups that ended after done position ``after``, in the order they ended, with their rewards;
+        only ``agent``'s and only those of ``envs`` when given (a subscription)."""
+        where, args = _subscribed(agent, envs)
         groups = await self._all(
-            "SELECT id, done_seq, env, seed, difficulty, agent, size FROM groups WHERE done_seq > ? "
-            "ORDER BY done_seq LIMIT ?", (after, limit))
+            f"SELECT id, done_seq, env, seed, difficulty, agent, size FROM groups WHERE done_seq > ? {where} "
+            "ORDER BY done_seq LIMIT ?", (after, *args, limit))
         if not groups:
             return []
         rewards: dict[int, list[tuple[float, int]]] = {}
@@ -658,12 +689,14 @@ class Store:
 
     async def trajectories(self, *, after_seq: int = 0, limit: int = 100, env: str | None = None,
                            min_policy: int | None = None, newest_first: bool = False, body: bool = True,
-                           before_seq: int | None = None, run_id: int = 0) -> list[Trajectory]:
+                           before_seq: int | None = None, run_id: int = 0, agent: str | None = None,
+                           envs: Sequence[str] = ()) -> list[Trajectory]:
         """Trajectories in stream order (or newest first), after ``after_seq`` and before ``before_seq``;
         ``body=False`` leaves out the bulk of the record (``BODY_FIELDS``: decompressing it is most of a
-        read's cost)."""
-        where: list[str] = ["seq > ?"]
-        args: list[object] = [after_seq]
+        read's cost). ``agent`` and ``envs``: only those (a subscription)."""
+        subscribed, sub_args = _subscribed(agent, envs)
+        where: list[str] = [f"seq > ? {subscribed}"]
+        args: list[object] = [after_seq, *sub_args]
         if before_seq is not None:
             where.append("seq < ?")
             args.append(before_seq)
@@ -804,50 +837,80 @@ class Store:
         row = await self._one("SELECT done_total FROM groups WHERE done_seq=?", (position,))
         return int(row[0] or 0) if row else 0
 
+    async def unconsumed(self, kind: str, position: int, agent: str | None, envs: Sequence[str]) -> int:
+        """Stored trajectories of ``agent`` in ``envs`` past a cursor of ``kind`` at ``position`` (for
+        ``groups``: the sizes of matching groups that finished after it). A scan of what lies past the
+        cursor: a subscribed consumer's backlog, which a trainer keeps short."""
+        where, args = _subscribed(agent, envs)
+        if _kind(kind) == "trajectories":
+            row = await self._one(f"SELECT COUNT(*) FROM trajectories WHERE seq > ? {where}", (position, *args))
+        else:
+            row = await self._one(f"SELECT COALESCE(SUM(size), 0) FROM groups WHERE done_seq > ? {where}",
+                                  (position, *args))
+        return int(row[0] or 0)
+
     # -- policies -------------------------------------------------------------------------------
 
     async def policy_upload(self) -> PolicyUpload:
         """Somewhere to write a policy's content as it arrives; ``add_policy`` keeps it, ``discard`` drops it."""
         return await self._policies.upload()
 
-    async def add_policy(self, sha256: str, content: PolicyUpload | bytes | None, uri: str | None) -> Policy:
-        """Store a policy: its content (an upload that hashed to ``sha256``, or bytes) and/or a uri.
-        The same content twice is the same version (and the same file)."""
+    async def add_policy(self, sha256: str, content: PolicyUpload | bytes | None, uri: str | None,
+                         name: str = "") -> Policy:
+        """Publish a policy to line ``name``: its content (an upload that hashed to ``sha256``, or bytes)
+        and/or a uri. The same content twice is the same version (and the same file), published again:
+        the line's current version once more."""
         if isinstance(content, bytes):
             upload = await self._policies.upload()
             try:
                 await upload.write(content)
-                return await self.add_policy(sha256, upload, uri)
+                return await self.add_policy(sha256, upload, uri, name)
             finally:
                 await upload.discard()
-        name = None
+        file = None
         if content is not None:
             if content.sha256 != sha256:
                 raise ValueError(f"the content hashes to {content.sha256}, not {sha256}")
-            known = await self._one("SELECT version, sha256, size, uri, created_at, file FROM policies "
-                                    "WHERE sha256=?", (sha256,))
-            if known is not None and known[5] is None:
-                return Policy(*known[:5])  # kept in a blob by an older farmd: no second copy
-            name = await content.keep()  # before the row: a row never names a file that is not there
+            known = await self._one(f"SELECT {_POLICY_COLUMNS}, file FROM policies WHERE sha256=?", (sha256,))
+            if known is not None and known[6] is None:  # kept in a blob by an older farmd: no second copy
+                return await self._republish(Policy(*known[:6]), name)
+            file = await content.keep()  # before the row: a row never names a file that is not there
         now = time.time()
         size = content.size if content is not None else 0
         async with self._write() as db:
-            async with db.execute("SELECT version, sha256, size, uri, created_at FROM policies WHERE sha256=?",
-                                  (sha256,)) as cur:
+            async with db.execute(f"SELECT {_POLICY_COLUMNS} FROM policies WHERE sha256=?", (sha256,)) as cur:
                 row = await cur.fetchone()
-            if row is not None:
-                return Policy(*row)
-            async with db.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM policies") as cur:
-                row = await cur.fetchone()
-            version = int(row[0]) if row else 1
-            await db.execute("INSERT INTO policies(version, sha256, size, blob, uri, created_at, file) "
-                             "VALUES (?,?,?,NULL,?,?,?)", (version, sha256, size, uri, now, name))
-        return Policy(version, sha256, size, uri, now)
+            if row is None:
+                async with db.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM policies") as cur:
+                    next_version = await cur.fetchone()
+                version = int(next_version[0]) if next_version else 1
+                await db.execute("INSERT INTO policies(version, sha256, size, blob, uri, created_at, file, name) "
+                                 "VALUES (?,?,?,NULL,?,?,?,?)", (version, sha256, size, uri, now, file, name))
+                policy = Policy(version, sha256, size, uri, now, name)
+            else:
+                policy = Policy(*row)
+            await db.execute("INSERT INTO publications(name, version, at) VALUES (?,?,?)", (name, policy.version, now))
+        return policy
+
+    async def _republish(self, policy: Policy, name: str) -> Policy:
+        async with self._write() as db:
+            await db.execute("INSERT INTO publications(name, version, at) VALUES (?,?,?)",
+                             (name, policy.version, time.time()))
+        return policy
 
     async def policy_by_hash(self, sha256: str) -> Policy | None:
-        row = await self._one(
-            "SELECT version, sha256, size, uri, created_at FROM policies WHERE sha256=?", (sha256,))
+        row = await self._one(f"SELECT {_POLICY_COLUMNS} FROM policies WHERE sha256=?", (sha256,))
         return Policy(*row) if row else None
+
+    async def policy_by_version(self, version: int) -> Policy | None:
+        row = await self._one(f"SELECT {_POLICY_COLUMNS} FROM policies WHERE version=?", (version,))
+        return Policy(*row) if row else None
+
+    async def publications(self) -> list[tuple[str, int]]:
+        """Every publication, (line, version), in the order they were made (one per trainer step: small
+        enough to hold)."""
+        return [(str(name), int(version)) for name, version in
+                await self._all("SELECT name, version FROM publications ORDER BY seq")]
 
     async def policy_content(self, sha256: str, chunk_bytes: int) -> AsyncGenerator[bytes, None]:
         """A policy's content, ``chunk_bytes`` at a time, never read whole: from its file, or from the
@@ -872,9 +935,12 @@ class Store:
             offset += len(chunk)
             yield chunk
 
-    async def latest_policy(self) -> Policy | None:
+    async def latest_policy(self, name: str | None = None) -> Policy | None:
+        """The policy published last (to line ``name``, when given)."""
+        where, args = ("", ()) if name is None else ("WHERE p.name = ?", (name,))
         row = await self._one(
-            "SELECT version, sha256, size, uri, created_at FROM policies ORDER BY version DESC LIMIT 1")
+            f"SELECT {', '.join('v.' + c.strip() for c in _POLICY_COLUMNS.split(','))} FROM publications p "
+            f"JOIN policies v ON v.version = p.version {where} ORDER BY p.seq DESC LIMIT 1", args)
         return Policy(*row) if row else None
 
     # -- small state (the task bank's) ----------------------------------------------------------

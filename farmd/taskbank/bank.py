@@ -83,6 +83,14 @@ class BankConfig:
     """
     recheck_share: float = 0.05
     """Share of a sample spent re-checking retired tasks (those whose posterior mean is outside the band)."""
+    review_share: float = 0.0
+    """Share of a sample spent on fresh tasks at the levels below the current one (each equally likely),
+    once the level has moved up: a policy trained only on the new level can lose the old one."""
+    max_groups_per_task: int = 0
+    """Groups one task is handed out for at most (0: no limit). Where distinct tasks are cheap and a policy
+    can learn a task by heart, a band task coming back over and over teaches that task, not the skill:
+    held-out pass rates stay flat while training ones climb. A small cap keeps the band's picks (a
+    task known to split its group) without the memorising."""
     max_tasks_per_env: int = 2000
     """Most tasks remembered per environment; the least informative are forgotten beyond it."""
     start_level: int = 1
@@ -97,11 +105,16 @@ class BankConfig:
     """Groups the level pass rate averages over (an exponential window of about this many)."""
     recent_window: int = 500
     """Samples and finished groups per environment that status fractions are computed over."""
+    sampling: str = "band"
+    """``band``: as above. ``uniform``: every task a fresh seed at a level drawn uniformly from 1 to the
+    environment's maximum, with no band, no re-checks and no curriculum: the baseline the band is
+    measured against (``make bench``). Pass rates are still observed, so status reads the same."""
 
     def __post_init__(self) -> None:
         fractions = {
             "pass_threshold": self.pass_threshold, "band_low": self.band_low, "band_high": self.band_high,
             "explore_share": self.explore_share, "recheck_share": self.recheck_share,
+            "review_share": self.review_share,
             "mastery_pass_rate": self.mastery_pass_rate, "floor_pass_rate": self.floor_pass_rate,
         }
         for name, value in fractions.items():
@@ -109,10 +122,14 @@ class BankConfig:
                 raise TaskBankError(f"BankConfig.{name} must be in [0, 1], got {value}")
         if self.band_low > self.band_high:
             raise TaskBankError(f"BankConfig.band_low ({self.band_low}) is above band_high ({self.band_high})")
-        if self.explore_share + self.recheck_share > 1.0:
-            raise TaskBankError("BankConfig.explore_share + recheck_share must not exceed 1")
+        if self.explore_share + self.recheck_share + self.review_share > 1.0:
+            raise TaskBankError("BankConfig.explore_share + recheck_share + review_share must not exceed 1")
+        if self.sampling not in ("band", "uniform"):
+            raise TaskBankError(f"BankConfig.sampling must be 'band' or 'uniform', got {self.sampling!r}")
         if self.floor_pass_rate >= self.mastery_pass_rate:
             raise TaskBankError("BankConfig.floor_pass_rate must be below mastery_pass_rate")
+        if self.max_groups_per_task < 0:
+            raise TaskBankError(f"BankConfig.max_groups_per_task must be >= 0, got {self.max_groups_per_task}")
         for name, count in {"max_tasks_per_env": self.max_tasks_per_env, "start_level": self.start_level,
                             "level_min_groups": self.level_min_groups,
                             "level_window_groups": self.level_window_groups,
@@ -212,14 +229,19 @@ class TaskBank:
         if n <= 0:
             return []
         cfg = self.config
+        if cfg.sampling == "uniform":
+            return self._uniform(st, env, n, rng)
         n_recheck = min(_round(n * cfg.recheck_share, rng), n)
         n_explore = min(_round(n * cfg.explore_share, rng), n - n_recheck)
+        n_review = min(_round(n * cfg.review_share, rng), n - n_recheck - n_explore) if st.level > 1 else 0
 
         cooling_since = st.sampled_total - cfg.resample_after
         band: list[tuple[float, _Record, tuple[int, int], float]] = []
         retired: list[tuple[Posterior, _Record, tuple[int, int]]] = []
         for ident, rec in st.tasks.items():
             if rec.last_sampled is not None and rec.last_sampled >= cooling_since:
+                continue
+            if cfg.max_groups_per_task and rec.groups >= cfg.max_groups_per_task:
                 continue
             post = self._model.at(rec.post, self._version)
             if self._standing(post) == _BAND:
@@ -232,7 +254,7 @@ class TaskBank:
         stalest = heapq.nsmallest(n_recheck, retired, key=lambda item: (item[1].post.version, rng.random()))
         rechecks = [(rec, ident, post.mean) for post, rec, ident in stalest]
 
-        n_band = min(n - len(rechecks) - n_explore, len(band))
+        n_band = min(n - len(rechecks) - n_explore - n_review, len(band))
         # Greedy on the expected variance, not Thompson draws: with dozens of picks from
         # hundreds of weakly known tasks, draws of p(1 - p) (flat near 1/2) pick almost at
         # random. Ties (every task with 4 passes of 8) are broken at random, not by pool order.
@@ -244,12 +266,14 @@ class TaskBank:
             rec.last_sampled = st.sampled_total
             out.append(TaskKey(env, seed, difficulty))
             st.recent_samples.append(cfg.band_low <= mean <= cfg.band_high)
-        level = st.level
-        for _ in range(n - len(out)):
-            seed = st.next_seed.get(level, 0)
-            st.next_seed[level] = seed + 1
-            out.append(TaskKey(env, seed, level))
-            st.recent_samples.append(None)
+        out += [_fresh(st, env, rng.randint(1, st.level - 1) if i < n_review else st.level)
+                for i in range(n - len(out))]
+        st.sampled_total += n
+        return out
+
+    @staticmethod
+    def _uniform(st: _EnvState, env: str, n: int, rng: random.Random) -> list[TaskKey]:
+        out = [_fresh(st, env, rng.randint(1, st.max_difficulty)) for _ in range(n)]
         st.sampled_total += n
         return out
 
@@ -284,7 +308,7 @@ class TaskBank:
 
         # Only first groups of tasks read the level's difficulty: known tasks come back
         # because they sit in the band, which would pin the level's pass rate near 1/2.
-        if first and key.difficulty == st.level:
+        if first and key.difficulty == st.level and cfg.sampling == "band":
             self._level_step(st, passes / len(rewards))
         if first and len(st.tasks) > cfg.max_tasks_per_env:
             self._prune(st)
@@ -445,6 +469,14 @@ class TaskBank:
 
         for ident, _ in heapq.nsmallest(excess, st.tasks.items(), key=worth):
             del st.tasks[ident]
+
+
+def _fresh(st: _EnvState, env: str, level: int) -> TaskKey:
+    """The next seed never handed out at ``level``."""
+    seed = st.next_seed.get(level, 0)
+    st.next_seed[level] = seed + 1
+    st.recent_samples.append(None)
+    return TaskKey(env, seed, level)
 
 
 def _round(x: float, rng: random.Random) -> int:

@@ -1,10 +1,7 @@
-"""The conversation loop (parsing, turns, budgets) and the torch policy hook, with in-process fake models."""
+"""The conversation loop (parsing, turns, budgets), with in-process fake models."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
 from collections.abc import Hashable, Iterable
 
 import pytest
@@ -14,12 +11,8 @@ from farmd.agents import (
     ChatAgent,
     ChatLimits,
     Completion,
-    EndpointError,
-    TorchPolicy,
-    TorchPolicyAgent,
 )
 from farmd.agents.chat import ANSWER_NOW, NO_COMMAND, Message, extract_code, parse_action, turn_limit
-from farmd.agents.torch_policy import chatml
 from farmd.envs.base import Attempt, Observation, Task
 from tests.agents.fakes import ListEpisode, action_task
 
@@ -163,80 +156,3 @@ def test_limits_must_be_positive() -> None:
     for bad in ({"max_tokens": 0}, {"max_turns": 0}, {"max_chars": -1}, {"max_total_tokens": 0}):
         with pytest.raises(ValueError):
             ChatLimits(**bad)
-
-
-# -- torch policies -----------------------------------------------------------------------------------------
-
-class FakePolicy:
-    """The smallest thing a torch policy must be: generate(prompts, max_tokens) -> texts."""
-
-    def __init__(self, replies: list[str], delay_s: float = 0.0) -> None:
-        self.replies = replies
-        self.delay_s = delay_s
-        self.prompts: list[str] = []
-        self.threads: set[int] = set()
-        self.inside = 0
-        self.most_inside = 0
-
-    def generate(self, prompts: list[str], max_tokens: int) -> list[str]:
-        self.inside += 1
-        self.most_inside = max(self.most_inside, self.inside)
-        self.threads.add(threading.get_ident())
-        time.sleep(self.delay_s)
-        self.prompts.extend(prompts)
-        self.inside -= 1
-        return [self.replies[(len(self.prompts) - 1) % len(self.replies)] for _ in prompts]
-
-
-async def test_the_torch_adapter_drives_a_policy_through_an_episode() -> None:
-    policy = FakePolicy(["```sh\nls\n```", "ANSWER: 3"])
-    assert isinstance(policy, TorchPolicy)
-    agent = TorchPolicyAgent(policy, name="torch:fake")
-    result = await agent.attempt(action_task(), ListEpisode(), 4)
-    assert result.attempt == Attempt(final="3", actions=["ls"])
-    assert policy.prompts[0].startswith("<|im_start|>system\n") and policy.prompts[0].endswith(
-        "<|im_start|>assistant\n")
-    assert "Count the files." in policy.prompts[0] and "output of 'ls'" in policy.prompts[1]
-    assert threading.get_ident() not in policy.threads  # generate never runs on the event loop's thread
-    assert result.usage["requests"] == 2
-
-
-async def test_the_torch_adapter_runs_one_generate_at_a_time_and_keeps_the_loop_free() -> None:
-    policy = FakePolicy(["```python\ndef f(x):\n    return 1\n```"], delay_s=0.05)
-    agent = TorchPolicyAgent(policy, render=lambda messages: messages[-1]["content"])
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.005)
-            ticks += 1
-
-    ticker = asyncio.create_task(tick())
-    try:
-        results = await asyncio.gather(*[agent.attempt(CODE_TASK, None, 0) for _ in range(4)])
-    finally:
-        ticker.cancel()
-    assert [r.attempt.final for r in results] == ["def f(x):\n    return 1\n"] * 4
-    assert policy.most_inside == 1
-    assert ticks >= 10
-    assert policy.prompts[0].startswith("Write f.")
-
-
-async def test_a_failing_policy_is_an_endpoint_error() -> None:
-    class Broken:
-        def generate(self, prompts: list[str], max_tokens: int) -> list[str]:
-            raise RuntimeError("CUDA out of memory")
-
-    class Wrong:
-        def generate(self, prompts: list[str], max_tokens: int) -> list[str]:
-            return []
-
-    with pytest.raises(EndpointError, match="CUDA out of memory"):
-        await TorchPolicyAgent(Broken()).attempt(CODE_TASK, None, 0)
-    with pytest.raises(EndpointError, match="not a list of one text"):
-        await TorchPolicyAgent(Wrong()).attempt(CODE_TASK, None, 0)
-
-
-def test_chatml() -> None:
-    assert chatml([{"role": "user", "content": "hi"}]) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

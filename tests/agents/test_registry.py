@@ -119,9 +119,12 @@ def test_a_named_endpoint_checks_itself() -> None:
             NamedEndpoint(**{"name": "x", "url": "http://h/v1", **bad})
 
 
-def test_torch_policies_come_later() -> None:
-    with pytest.raises(AgentSpecError, match="torch policies arrive in a later issue"):
+def test_a_torch_spec_names_a_published_policy_not_a_path() -> None:
+    # The forms in full are tested with the agent (tests/agents/test_torch_policy.py).
+    with pytest.raises(AgentSpecError, match="a path or a URL is not accepted"):
         make_agent("torch:/models/policy.pt")
+    with pytest.raises(AgentSpecError, match="this node has no policy source"):
+        make_agent("torch:tiny")
 
 
 def test_an_unknown_spec_lists_the_known_forms() -> None:

@@ -83,7 +83,7 @@ def test_whole_groups_with_tensors(farm) -> None:  # type: ignore[no-untyped-def
     assert [(c["whole_groups"], c["cursor"], c["lag"]) for c in grpo] == [(True, 6, 0)]
 
 
-def test_policies_are_versioned_by_content_and_staleness_filters(farm) -> None:  # type: ignore[no-untyped-def]
+def test_policies_are_versioned_by_content_and_scripted_agents_run_none(farm) -> None:  # type: ignore[no-untyped-def]
     _, client = farm
     early = client.run(ENV, "reference", 4, group_size=4)
     wait_done(client, [early["id"]])
@@ -104,9 +104,9 @@ def test_policies_are_versioned_by_content_and_staleness_filters(farm) -> None: 
 
     late = client.run(ENV, "reference", 4, group_size=4)
     wait_done(client, [late["id"]])
-    fresh = next(client.batches("fresh-only", batch_size=64, max_staleness=1))
-    assert {t.policy_version for t in fresh.trajectories} == {3}
-    assert len(fresh) == 4 and fresh.up_to == 8, "the stale four are passed over, and the cursor moves past them"
+    every = next(client.batches("everything", batch_size=64))
+    assert len(every) == 8 and {t.policy_version for t in every.trajectories} == {0}, \
+        "a scripted agent runs no farm policy: its trajectories carry no version, not the farm's newest"
 
     with grpc.insecure_channel(client.addr) as channel:
         stub = farm_pb2_grpc.FarmServiceStub(channel)

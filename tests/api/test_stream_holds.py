@@ -42,7 +42,7 @@ async def prefill(data: Path, groups: list[list[str]]) -> list[int]:
     try:
         for finals in groups:
             await store.enqueue([(ENV, 1, 1, "reference", len(finals))])
-            jobs = await store.lease("w", len(finals), 60, 0)
+            jobs = await store.lease("w", len(finals), 60, lambda _agent: 0)
             ids += await store.complete([("w", traj(j, f)) for j, f in zip(jobs, finals, strict=True)])
     finally:
         await store.close()
@@ -189,7 +189,12 @@ def test_a_consumer_that_never_acks_does_not_halt_production(running_farm, tmp_p
     farm = demand_farm(running_farm, tmp_path, consumer_stall_s=1.0)
     with rogue(farm.addr):
         assert consume(farm.addr, "trainer", 24, 60) >= 24, "a silent consumer pinned demand"
-        states = {c["name"]: c["state"] for c in FarmClient(farm.addr).status()["consumers"]}
+        deadline = time.monotonic() + 10
+        while True:  # its clock runs from the batch it was sent and never acked: stalled after consumer_stall_s
+            states = {c["name"]: c["state"] for c in FarmClient(farm.addr).status()["consumers"]}
+            if states["rogue"] == "stalled" or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert states["rogue"] == "stalled" and states["trainer"] in ("consuming", "closed"), states
 
 

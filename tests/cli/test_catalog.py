@@ -35,7 +35,8 @@ def test_agents_lists_each_form_and_the_endpoints_a_config_names(tmp_path: Path)
     assert bare["reference"]["runnable"] and bare["random[:SEED]"]["runnable"] and bare["skilled:S"]["runnable"]
     openai = bare["openai:MODEL@NAME"]
     assert not openai["runnable"] and "[endpoints.NAME]" in openai["why_not"], "says how to configure one"
-    assert not bare["torch:PATH-OR-NAME"]["runnable"] and bare["torch:PATH-OR-NAME"]["why_not"]
+    torch = bare["torch:NAME[?temperature=T&max_tokens=N]"]
+    assert torch["runnable"] and "published" in torch["description"], "a spec of a published policy line"
 
     cfg = tmp_path / "farm.toml"
     cfg.write_text('[endpoints.vllm]\nurl = "http://127.0.0.1:9/v1"\nmax_tokens = 512\n\n'

@@ -80,7 +80,7 @@ def seed_store(data: Path, hostile: str = "") -> list[int]:
         store = await Store.open(data / "farm.db")
         try:
             await store.enqueue([("rg:chain_sum", 4, 2, "openai:m@fake", 2), ("py-func", 9, 1, "random", 2)])
-            jobs = sorted(await store.lease("seed", 10, 60, policy_version=2), key=lambda j: j.id)
+            jobs = sorted(await store.lease("seed", 10, 60, lambda _agent: 2), key=lambda j: j.id)
             records = [chat(jobs[0], hostile), chat(jobs[1]), scripted(jobs[2]), scripted(jobs[3], "error")]
             assert await store.complete([("seed", r) for r in records]) == [j.id for j in jobs]
             await store.add_scores([(jobs[0].id, "2", 0.5, False, "ok", [f"stricter{hostile}"], ["truncated"])])
@@ -272,7 +272,7 @@ def test_an_export_is_written_page_by_page(tmp_path: Path, view: str) -> None:
         store = await Store.open(data / "farm.db")
         try:
             await store.enqueue([("py-func", 1, 1, "random", n)])
-            jobs = await store.lease("seed", n, 60, policy_version=0)
+            jobs = await store.lease("seed", n, 60, lambda _agent: 0)
             await store.complete([("seed", scripted(j)) for j in jobs])
         finally:
             await store.close()

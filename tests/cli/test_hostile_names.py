@@ -25,7 +25,7 @@ async def _store_a_hostile_trajectory(data_dir: Path) -> None:
     store = await Store.open(data_dir / "farm.db")
     try:
         (group,) = await store.enqueue([("py-func", 1, 1, HOSTILE, 1)])
-        (job,) = await store.lease("seed", 1, 30, policy_version=0)
+        (job,) = await store.lease("seed", 1, 30, lambda _agent: 0)
         await store.complete([("seed", Trajectory(
             id=job.id, group_id=group, env="py-func", env_version="1", seed=1, difficulty=1, agent=HOSTILE,
             policy_version=0, reward=0.0, passed=False, status="ok", reasons=[HOSTILE], flags=[HOSTILE],

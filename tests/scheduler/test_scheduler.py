@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from farmd.records import JobState, Trajectory
-from farmd.scheduler import Scheduler, SchedulerConfig
+from farmd.scheduler import PolicyChunk, Scheduler, SchedulerConfig
 from farmd.store import Store
 
 LEVELS = {"rg:chain_sum": 5, "py-func": 5}
@@ -52,16 +52,36 @@ async def test_submit_splits_rollouts_into_groups_at_bank_chosen_tasks(farm) -> 
     assert len(set(by_group.values())) == 3, "each group gets its own task"
 
 
-async def test_jobs_carry_the_policy_current_at_lease_time(farm) -> None:  # type: ignore[no-untyped-def]
+async def test_jobs_carry_the_version_of_their_own_policy_line_at_lease_time(farm) -> None:  # type: ignore[no-untyped-def]
     _store, open_ = farm
     s = await open_(group_size=1)
-    await s.submit("rg:chain_sum", "reference", 2)
+    tiny = await s.policies.publish(_chunks(b"tiny-1", "tiny"))
+    await s.policies.publish(_chunks(b"other-1", "other"))
+    await s.submit("rg:chain_sum", "torch:tiny", 2)
+    await s.submit("rg:chain_sum", "reference", 1)
     first = await s.lease("w", 1)
-    s.set_policy_version(7)
-    second = await s.lease("w", 1)
-    assert (first[0].policy_version, second[0].policy_version) == (0, 7)
+    tiny2 = await s.policies.publish(_chunks(b"tiny-2", "tiny"))
+    await s.policies.publish(_chunks(b"other-2", "other"))
+    second, control = await s.lease("w", 2)
+    assert (first[0].policy_version, second.policy_version) == (tiny.version, tiny2.version)
+    assert control.agent == "reference" and control.policy_version == 0, "a scripted agent runs no farm policy"
+    assert s.policy_version == 4, "the farm's newest version, of any line"
+    assert (s.policies.behind("tiny", tiny.version), s.policies.behind("tiny", tiny2.version)) == (1, 0)
+    assert s.policies.behind(None, tiny.version) == 3, "no line: every version since counts"
+    assert await s.policies.sha256_of(tiny.version) == tiny.sha256
+    assert await s.policies.content(tiny.sha256) == b"tiny-1"
+    again = await s.policies.publish(_chunks(b"tiny-1", "tiny"))  # a trainer resumed from its checkpoint
+    assert again.version == tiny.version and s.policies.latest("tiny") == tiny.version
+    assert (s.policies.behind("tiny", tiny.version), s.policies.behind("tiny", tiny2.version)) == (0, 1)
+    reopened = await open_(group_size=1)
+    assert reopened.policies.latest("tiny") == tiny.version, "lines are read back from the store"
+    assert reopened.policies.behind("tiny", tiny2.version) == 1
     s.set_policy_version(3)  # versions never go backwards
-    assert s.policy_version == 7
+    assert s.policy_version == 4
+
+
+async def _chunks(data: bytes, name: str):  # type: ignore[no-untyped-def]
+    yield PolicyChunk(sha256="", uri="", data=data, name=name)
 
 
 async def test_completion_is_once_even_when_reported_twice(farm) -> None:  # type: ignore[no-untyped-def]
@@ -172,7 +192,7 @@ async def test_demand_follows_open_streams_and_stays_bounded(farm) -> None:  # t
 async def test_the_task_bank_survives_a_restart(farm) -> None:  # type: ignore[no-untyped-def]
     _store, open_ = farm
     s = await open_(group_size=4)
-    await s.submit("rg:chain_sum", "reference", 8)
+    await s.submit("rg:chain_sum", "skilled:3", 8)  # a policy: the reference control teaches the bank nothing
     jobs = await s.lease("w", 8)
     await s.complete("w", [scored(j, reward=float(i % 2)) for i, j in enumerate(jobs)])
     await s.stop()

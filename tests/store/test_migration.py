@@ -41,6 +41,8 @@ def make_old_data_dir(data: Path) -> None:
                        "'[\"truncated\"]', '1', ?, 'old-node', 100.5)",
                        (job, job, 1.0 if job == 1 else 0.0, int(job == 1), zlib.compress(json.dumps(body).encode())))
         db.execute("INSERT INTO consumers(name, kind, acked_seq, updated_at) VALUES ('trainer', 'groups', 1, 3.0)")
+        db.execute("INSERT INTO policies(version, sha256, size, blob, uri, created_at) "
+                   "VALUES (3, ?, 0, NULL, 'http://inference/v1', 1.0)", ("c" * 64,))
 
 
 async def test_an_old_data_dir_migrates_and_its_trajectories_upgrade_on_read(tmp_path: Path) -> None:
@@ -58,6 +60,14 @@ async def test_an_old_data_dir_migrates_and_its_trajectories_upgrade_on_read(tmp
         assert (old.usage.prompt_tokens, old.usage.completion_tokens, old.usage.requests) == (40, 9, 1)
         assert old.run_id == 0 and old.messages == [] and old.turns == [] and old.task.prompt == ""
         assert await store.cursor("trainer", "groups") == 1 and await store.consumed("groups", 1) == 2
+        # Policies from before lines are the line "": still found, and the next one numbers on from them.
+        assert await store.publications() == [("", 3)]
+        named = await store.add_policy("d" * 64, None, "http://inference/v2", "tiny")
+        assert (named.version, named.name) == (4, "tiny") and (await store.latest_policy("")).version == 3
+        again = await store.add_policy("c" * 64, None, "http://inference/v1", "tiny")
+        assert again.version == 3 and (await store.latest_policy("tiny")).version == 3, \
+            "the same content published again is the same version, and its line's current one"
+        assert await store.publications() == [("", 3), ("tiny", 4), ("tiny", 3)]
         listed = await store.trajectories(after_seq=0, limit=10)
         assert [t.id for t in listed] == [1, 2] and listed[1].verdict_details == {"tests": 10, "failed": 1}
 
@@ -128,4 +138,4 @@ async def test_a_schema_5_queue_migrates_and_its_jobs_lease_at_once(tmp_path: Pa
     finally:
         await store.close()
     with sqlite3.connect(data / "farm.db") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 7

@@ -393,3 +393,44 @@ def test_band_sampling_beats_uniform_on_a_simulated_population() -> None:
     assert banked[0] >= uniform[0] + 0.15
     assert banked[1] >= uniform[1] + 0.15
     assert status["level"] > 1  # the curriculum moved off the too-easy start
+
+
+def test_uniform_sampling_draws_fresh_tasks_over_every_level_and_never_moves_the_curriculum() -> None:
+    bank = TaskBank({"e": 5}, BankConfig(sampling="uniform", level_min_groups=1))
+    rng = random.Random(3)
+    keys = bank.sample("e", 2000, rng)
+    assert len(set(keys)) == 2000, "every task is fresh"
+    per_level = {d: sum(k.difficulty == d for k in keys) for d in range(1, 6)}
+    assert all(330 <= n <= 470 for n in per_level.values()), per_level
+    for key in keys[:50]:
+        bank.observe(key, [1.0] * 8, 0)
+    assert bank.level("e") == 1, "no curriculum: a mastered level does not move"
+    with pytest.raises(TaskBankError, match="sampling"):
+        BankConfig(sampling="thompson")
+
+
+def test_a_task_is_handed_out_for_at_most_max_groups_per_task_groups() -> None:
+    bank = TaskBank({"e": 5}, BankConfig(explore_share=0.0, recheck_share=0.0, resample_after=0,
+                                         max_groups_per_task=2))
+    rng = random.Random(0)
+    seen: dict[TaskKey, int] = {}
+    for _ in range(20):
+        for key in bank.sample("e", 4, rng):
+            seen[key] = seen.get(key, 0) + 1
+            bank.observe(key, [1.0, 0.0] * 4, 0)  # always in the band
+    assert max(seen.values()) == 2 and len(seen) == 40
+
+
+def test_review_share_keeps_levels_below_in_the_mix_once_the_level_moved() -> None:
+    bank = TaskBank({"e": 5}, BankConfig(explore_share=0.5, recheck_share=0.0, review_share=0.25,
+                                         level_min_groups=1, mastery_pass_rate=0.5))
+    rng = random.Random(1)
+    assert {k.difficulty for k in bank.sample("e", 40, rng)} == {1}, "nothing below level 1 to review"
+    for key in bank.sample("e", 8, rng):
+        bank.observe(key, [1.0] * 8, 0)
+    assert bank.level("e") == 2
+    keys = bank.sample("e", 400, rng)
+    reviewed = sum(k.difficulty == 1 for k in keys)
+    assert 70 <= reviewed <= 130 and all(k.difficulty in (1, 2) for k in keys)
+    with pytest.raises(TaskBankError, match="review_share"):
+        BankConfig(explore_share=0.5, recheck_share=0.3, review_share=0.3)

@@ -1,4 +1,4 @@
-"""``make run``'s main job, small: a farmd starts, a mixed workload runs, the data dir stays for export."""
+"""``make tour``, small: a farmd starts, a mixed workload over every environment runs, the data dir stays."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from tests.conftest import farmctl
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
 
-def test_main_job_runs_every_environment_and_leaves_its_data(tmp_path: Path) -> None:
+def test_the_tour_runs_every_environment_and_leaves_its_data(tmp_path: Path) -> None:
     data = tmp_path / "farm-data"
-    proc = subprocess.run([sys.executable, "-m", "farmd.cli.main_job", "--data", str(data), "--scale", "0.1",
+    proc = subprocess.run([sys.executable, "-m", "farmd.cli.tour_job", "--data", str(data), "--scale", "0.1",
                            "--waves", "2"], capture_output=True, timeout=300)
     out = proc.stdout.decode()
     assert proc.returncode == 0, out[-3000:] + proc.stderr.decode()[-3000:]

@@ -1,0 +1,139 @@
+"""The learning loop with no farm: the same policy, warm-up, learner and recipe in one process.
+
+No daemon, no store, no stream, no boxes: tasks are made and judged by the ``arith`` environment's own
+code, completions sampled by ``farm_client.tinylm.sample``, and rows built as the trainer builds them
+(``farm_client.tensors.collate`` over records shaped like the farm's). What the loop through farmd
+costs beyond this is the farm's overhead: ``make bench`` puts the two side by side (wall time to the
+same held-out gain).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from farm_client.record import Trajectory, Turn
+from farm_client.tensors import collate
+from farm_client.tinylm import PAD, LMConfig, TinyLM, sample
+from farm_trainer.grpo import GRPOConfig, GRPOLearner
+from farm_trainer.warmup import warm_up
+
+from farmd.envs import get
+
+TRAIN, HELD_OUT = "arith", "arith:heldout"
+
+
+@dataclass
+class Curve:
+    """Held-out greedy pass rate at level 1 against wall time and completions sampled."""
+
+    points: list[tuple[float, int, float]] = field(default_factory=list)
+    """(seconds since RL began, completions sampled, held-out pass rate at level 1)."""
+
+    def time_to(self, gain: float) -> float | None:
+        """Seconds until the held-out pass rate first rose ``gain`` above its start; None if it never did."""
+        if not self.points:
+            return None
+        start = self.points[0][2]
+        return next((t for t, _, rate in self.points if rate - start >= gain - 1e-9), None)
+
+
+def _pairs(levels: tuple[int, ...], per_level: int) -> list[tuple[str, str]]:
+    env = get(TRAIN)
+    out = []
+    for level in levels:
+        for seed in range(per_level):
+            task = env.generate(seed, level)
+            out.append((task.prompt, env.reference(task).final))
+    return out
+
+
+def held_out_rate(model: TinyLM, level: int = 1, seeds: int = 200) -> float:
+    env = get(HELD_OUT)
+    tasks = [env.generate(seed, level) for seed in range(seeds)]
+    tok = model.tokenizer
+    with torch.no_grad():
+        out = sample(model, [tok.prompt(t.prompt) for t in tasks], max_new_tokens=16, temperature=0.0,
+                     seeds=[0] * len(tasks))
+    judge: Callable[[Any, str], Any] = env.judge  # type: ignore[attr-defined]
+    return sum(judge(t, tok.decode(s.token_ids)).passed for t, s in zip(tasks, out, strict=True)) / len(tasks)
+
+
+def run(seconds: float, *, seed: int = 0, groups: int = 64, group_size: int = 8, eval_every_s: float = 10.0,
+        grpo: GRPOConfig | None = None, level: int = 1, lag: int = 0) -> Curve:
+    """Warm up, then GRPO on fresh training tasks at ``level`` for ``seconds``; the held-out curve.
+
+    ``lag``: sample each batch with the policy as it was ``lag`` batches earlier (what a pipeline ``lag``
+    batches deep does), to measure what staleness costs.
+    """
+    torch.manual_seed(seed)
+    model = TinyLM(LMConfig())
+    warm_up(model, _pairs((1, 2), 1000), target_accuracy=0.15, seed=seed)
+    learner = GRPOLearner(model, grpo or GRPOConfig())
+    env = get(TRAIN)
+    judge: Callable[[Any, str], Any] = env.judge  # type: ignore[attr-defined]
+    tok = model.tokenizer
+    rng = random.Random(seed)
+    curve = Curve()
+    started = time.monotonic()
+    sampled = 0
+    next_eval = 0.0
+    next_id = 1
+    sampler = TinyLM(model.config)
+    history = [copy.deepcopy(model.state_dict())]
+    while True:
+        now = time.monotonic() - started
+        if now >= next_eval:
+            model.eval()
+            curve.points.append((now, sampled, held_out_rate(model)))
+            next_eval = now + eval_every_s
+            model.train()
+        if now >= seconds:
+            return curve
+        tasks = [env.generate(rng.randrange(1 << 40), level) for _ in range(groups)]
+        prompts = [tok.prompt(t.prompt) for t in tasks for _ in range(group_size)]
+        sampler.load_state_dict(history[0])
+        with torch.no_grad():
+            outs = sample(sampler, prompts, max_new_tokens=16, temperature=learner.config.temperature,
+                          seeds=[rng.randrange(1 << 62) for _ in prompts])
+        sampled += len(outs)
+        rows = []
+        for i, out in enumerate(outs):
+            task = tasks[i // group_size]
+            verdict = judge(task, tok.decode(out.token_ids))
+            rows.append(Trajectory(
+                id=next_id, group_id=i // group_size, env=TRAIN, env_version="1", seed=task.seed,
+                difficulty=level, agent="torch:inprocess", policy_version=0, reward=verdict.reward,
+                passed=verdict.passed, status="ok", reasons=[], flags=[], verifier_version="1",
+                turns=[Turn(prompt_token_ids=prompts[i], token_ids=out.token_ids, logprobs=out.logprobs,
+                            has_logprobs=True)]))
+            next_id += 1
+        batch = collate(rows, pad_id=PAD, max_length=model.config.max_len, skip_equal_rewards=True,
+                        eps=learner.config.adv_eps)
+        if len(batch):
+            for _ in range(learner.config.updates_per_batch):
+                learner.step(batch.input_ids, batch.loss_mask, batch.logprobs, batch.advantages)
+        history = [*history, copy.deepcopy(model.state_dict())][-(lag + 1):]
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=90)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--groups", type=int, default=64)
+    parser.add_argument("--lag", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    for t, n, rate in run(args.seconds, seed=args.seed, groups=args.groups, lag=args.lag,
+                           grpo=GRPOConfig(lr=args.lr, temperature=args.temperature)).points:
+        print(f"{t:6.1f}s {n:8d} completions  held-out L1 {rate:.3f}")
