@@ -54,6 +54,10 @@ def test_endpoints_are_named_in_the_config(tmp_path: Path, monkeypatch: pytest.M
     ('[endpoints.vllm]\nurl = "http://h/v1"\nkey_env = "FARM_TEST_UNSET_KEY"\n', "FARM_TEST_UNSET_KEY"),
     ('[scheduler]\ndemand_agent = "openai:m@nowhere"\n', r"demand_agent.*no model endpoints are configured"),
     ('[scheduler]\ndemand_agent = "openai:m@http://h/v1"\n', r"demand_agent.*URL"),
+    ('[scheduler]\ndemand_agent = "torch:/models/tiny.pt"\n', r"demand_agent.*torch:NAME"),
+    ('[endpoints.vllm]\nurl = "http://h/v1"\nserves = "no spaces"\n', r"serves names a policy line"),
+    ('[taskbank]\nsampling = "thompson"\n', r"\[taskbank\].*sampling"),
+    ('[taskbank]\nbandwidth = 3\n', r"\[taskbank\] has no setting 'bandwidth'"),
 ])
 def test_a_bad_endpoint_table_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str,
                                                why: str) -> None:
@@ -75,3 +79,11 @@ def test_the_demand_agent_may_name_a_configured_endpoint(tmp_path: Path, monkeyp
     monkeypatch.setenv("FARM_TEST_VLLM_KEY", "sk-x")
     config = load(write(tmp_path, TOML + '\n[scheduler]\ndemand_agent = "openai:policy-v{version}@vllm"\n'))
     assert config.scheduler.demand_agent == "openai:policy-v{version}@vllm"
+
+
+def test_the_learning_loop_config_loads(tmp_path: Path) -> None:
+    from farmd.cli.main_job import loop_toml
+
+    config = load(write(tmp_path, loop_toml("uniform")))
+    assert (config.scheduler.demand_agent, config.scheduler.demand_envs) == ("torch:tiny", ("arith",))
+    assert (config.taskbank.sampling, config.taskbank.max_groups_per_task) == ("uniform", 2)

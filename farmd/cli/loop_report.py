@@ -128,11 +128,11 @@ class Summary:
 
 
 def _window_rate(steps: Sequence[dict[str, Any]], level: str) -> float | None:
-    """Pass rate at ``level`` over ``steps``, weighted by how many of each batch were at that level."""
+    """Pass rate at ``level`` over ``steps``, each batch weighted by its size."""
     passed = total = 0.0
     for s in steps:
         rate = (s.get("pass_rate_by_level") or {}).get(level)
-        n = (s.get("count_by_level") or {}).get(level, s.get("batch_trajectories", 0))
+        n = s.get("batch_trajectories", 0)
         if rate is not None and n:
             passed += rate * n
             total += n
