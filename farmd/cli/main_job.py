@@ -69,12 +69,12 @@ maintenance_every_s = 0.2
 
 [taskbank]
 sampling = "{sampling}"
-# Of every sample: 40% fresh tasks at the current level; once the level has moved up, 25% fresh tasks
-# at the levels below (measured here: trained on the new level alone, the policy lost the old one);
-# the rest known tasks whose groups split (the band), each handed out twice at most (arith has
-# thousands of problems a tiny model can learn by heart: a band task coming back over and over raises
-# the training pass rate while the held-out one stays flat). No re-checks: a retired arith task is one
-# the policy nearly always fails or passes.
+# Of every sample: 30% fresh tasks at the current level; once the level has moved up, 40% fresh tasks
+# at the levels below (measured here: trained on the new level alone, the policy lost the old one); the
+# rest known tasks whose groups split (the band), each handed out twice at most (arith has thousands of
+# problems a tiny model can learn by heart: a band task coming back over and over raises the training
+# pass rate while the held-out one stays flat). No re-checks: a retired arith task is one the policy
+# nearly always fails or passes. Tried and worse here: 40/25 and 60/30 (fresh/review).
 explore_share = 0.3
 review_share = 0.4
 recheck_share = 0.0
