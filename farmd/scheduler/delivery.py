@@ -66,6 +66,9 @@ class _Consumer:
 
     streams: int = 0
     sent_up_to: int = 0
+    """How far its streams have sent, empty batches of stale trajectories included (demand counts from it)."""
+    asked_up_to: int = 0
+    """The end of the last batch that held trajectories: what it must ack to wait on nobody."""
     waiting_since: float | None = None
     """Since when it has held a batch without acknowledging it; None when it has acked everything sent."""
     subscription: Subscription | None = None
@@ -180,6 +183,7 @@ class Delivery:
                 if fresh or max_staleness:
                     state.sent_up_to = max(state.sent_up_to, up_to)
                     if fresh:  # an empty batch asks nothing of the trainer: it starts no stall clock
+                        state.asked_up_to = max(state.asked_up_to, up_to)
                         self._start_clock(state)
                     yield Delivered(fresh, up_to)
         finally:
@@ -222,7 +226,7 @@ class Delivery:
         state = self._consumers.get((consumer, kind))
         if state is not None:
             # Acked all it was sent: it waits on nobody. Acked part of it: it is moving, so its clock restarts.
-            state.waiting_since = None if cursor >= state.sent_up_to else time.monotonic()
+            state.waiting_since = None if cursor >= state.asked_up_to else time.monotonic()
             if state.streams <= 0 and state.waiting_since is None:
                 del self._consumers[(consumer, kind)]
         return cursor

@@ -106,6 +106,10 @@ class Policies:
         self._lines.setdefault(name, _Line()).add(version)
         self._lines[None].add(version)
 
+    def newest(self) -> int:
+        """The highest version ever published, of any line (0: none): versions only move forward."""
+        return max(self._lines[None].last_at, default=0)
+
     def latest(self, line: str) -> int:
         """The version last published to ``line``; 0 when none was."""
         found = self._lines.get(line)

@@ -68,8 +68,7 @@ class Scheduler:
         scheduler = cls(store, bank, config, metrics, endpoint_lines)
         await scheduler.policies.load()
         scheduler._bank_cursor = int(saved["cursor"]) if saved else 0
-        latest = await store.latest_policy()
-        scheduler.policy_version = latest.version if latest else 0
+        scheduler.policy_version = scheduler.policies.newest()
         bank.set_policy_version(scheduler.policy_version)
         return scheduler
 
