@@ -10,7 +10,7 @@ last published to line NAME; ``openai:MODEL@ENDPOINT`` that of the line the oper
 serves (``[endpoints.NAME] serves``), when it says so; anything else (scripted agents, an endpoint serving
 a model the farm never saw) 0, no farm policy. Publishing content the farm already holds (a trainer
 resumed from a checkpoint) makes that version its line's current one again. A trainer's staleness
-counts the publications to its own line since a trajectory's version was last published (``behind``).
+counts the versions between a trajectory's and the current one along its own line's lineage (``behind``).
 Publications only grow, so they are held here, not read per lease.
 """
 
@@ -52,23 +52,31 @@ def check_sha256(text: str) -> None:
 
 
 class _Line:
-    """One line's publications: how many, which version is current, where each was last published."""
+    """One line's lineage: which version is current, and each version's depth in it.
 
-    __slots__ = ("count", "current", "last_at")
+    A version first published is one deeper than the version current then. Publishing one the line already
+    holds (a trainer resumed from its checkpoint) makes it current again at its own depth: what was published
+    after it is a branch the trainer no longer has, not progress, so the trajectories it learned from before
+    the crash are no staler after it than they were then.
+    """
+
+    __slots__ = ("current", "depth")
 
     def __init__(self) -> None:
-        self.count = 0
         self.current = 0
-        self.last_at: dict[int, int] = {}
+        self.depth: dict[int, int] = {}
 
     def add(self, version: int) -> None:
-        self.last_at[version] = self.count
-        self.count += 1
+        if version not in self.depth:
+            self.depth[version] = self.depth.get(self.current, -1) + 1
         self.current = version
 
     def behind(self, version: int) -> int:
-        at = self.last_at.get(version)
-        return self.count if at is None else self.count - 1 - at
+        """How many versions lie between ``version`` and the current one along the lineage (a version on a
+        dropped branch counts its distance too); every version the line has when it never was on it."""
+        here = self.depth.get(self.current, -1)
+        at = self.depth.get(version)
+        return here + 1 if at is None else abs(here - at)
 
 
 def line_of(spec: str, endpoint_lines: Mapping[str, str] | None = None) -> str | None:
@@ -108,7 +116,7 @@ class Policies:
 
     def newest(self) -> int:
         """The highest version ever published, of any line (0: none): versions only move forward."""
-        return max(self._lines[None].last_at, default=0)
+        return max(self._lines[None].depth, default=0)
 
     def latest(self, line: str) -> int:
         """The version last published to ``line``; 0 when none was."""
@@ -124,8 +132,8 @@ class Policies:
         return line_of(spec, self._endpoint_lines)
 
     def behind(self, line: str | None, version: int) -> int:
-        """Publications to ``line`` (None: to any line) since ``version`` was last published there: every
-        one of them when it never was."""
+        """Versions between ``version`` and the current one of ``line`` (None: of every line together), along
+        the lineage: every one of them when it never was published there."""
         found = self._lines.get(line)
         return found.behind(version) if found is not None else 0
 

@@ -22,7 +22,10 @@ class Crash(Exception):
 
 
 def config(tmp_path: Path) -> TrainerConfig:
-    return TrainerConfig(consumer=CONSUMER, checkpoint_dir=str(tmp_path / "trainer"), batch_size=64,
+    # Every version is kept: with a staleness bound, what the crashed run learned from may fairly be left out
+    # after the resume (a farm running behind sends groups at the bound's edge, and a batch is judged when
+    # it is sent). How staleness counts across a resume is tested with the scheduler's policy lines.
+    return TrainerConfig(consumer=CONSUMER, checkpoint_dir=str(tmp_path / "trainer"), batch_size=64, max_staleness=0,
                          checkpoint_every_s=3600.0, time_budget_s=120.0, warmup_seeds=300, eval_at_start=False,
                          final_eval=False, eval_every_s=0.0)
 

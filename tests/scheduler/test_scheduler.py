@@ -219,3 +219,16 @@ async def test_a_stream_never_misses_a_wake_up(farm) -> None:  # type: ignore[no
     await s.complete("w", [scored(jobs[1])])
     done, _ = await asyncio.wait(waiters, timeout=0.5)
     assert len(done) == 3, "one commit wakes every waiting stream"
+
+
+async def test_a_trainer_resumed_from_a_checkpoint_finds_its_older_trajectories_no_staler(farm) -> None:  # type: ignore[no-untyped-def]
+    _store, open_ = farm
+    s = await open_(group_size=1)
+    v = [(await s.policies.publish(_chunks(f"tiny-{i}".encode(), "tiny"))).version for i in range(5)]
+    assert [s.policies.behind("tiny", x) for x in v] == [4, 3, 2, 1, 0]
+    await s.policies.publish(_chunks(b"tiny-2", "tiny"))  # the checkpoint held the third version
+    assert [s.policies.behind("tiny", x) for x in v] == [2, 1, 0, 1, 2], "the crashed run's last two are a branch"
+    after = (await s.policies.publish(_chunks(b"tiny-5", "tiny"))).version
+    assert [s.policies.behind("tiny", x) for x in (*v, after)] == [3, 2, 1, 0, 1, 0]
+    reopened = await open_(group_size=1)
+    assert [reopened.policies.behind("tiny", x) for x in (*v, after)] == [3, 2, 1, 0, 1, 0]

@@ -447,10 +447,10 @@ class Trainer:
     def publish(self, reason: str) -> dict[str, Any]:
         """Publish the policy as ``name``; records and returns the farm's answer.
 
-        On start (``warmup``, ``resume``) it also asks which version the line now runs: the farm gives content
-        it already holds its old version number without making it the newest again, so a policy published
-        before (a restored checkpoint's, or a warm-up identical to an earlier run's) leaves the farm
-        sampling a newer one. That is said loudly and recorded (``farm_newest``); it is not silently wrong.
+        On start (``warmup``, ``resume``) it also asks which version the line now runs: content the farm
+        already holds keeps its old version number and becomes the line's current version again (what was
+        published after it becomes a dropped branch). Should the farm answer otherwise (another trainer
+        publishing to the same line), that is said loudly and recorded (``farm_newest``), not silently wrong.
         """
         assert self.model is not None
         info = self.client.publish_policy(save(self.model), name=self.config.name)
@@ -461,10 +461,9 @@ class Trainer:
             newest = self.client.get_policy(name=self.config.name)[0]
             extra["farm_newest"] = newest
             if newest != self.version:
-                log.warning("published %s as version %d of %r, but the farm runs version %d: it held this "
-                            "content already and keeps the newer version as the line's newest; rollouts sample "
-                            "version %d until the next publish", reason, self.version, self.config.name, newest,
-                            newest)
+                log.warning("published %s as version %d of %r, but the farm runs version %d (is another "
+                            "trainer publishing to this line?); rollouts sample version %d until the next publish",
+                            reason, self.version, self.config.name, newest, newest)
         self._record("publish", version=self.version, sha256=info.get("sha256", ""), size=info.get("size", 0),
                      reason=reason, **extra)
         return info
