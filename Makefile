@@ -11,7 +11,7 @@ PIP := $(BIN)/pip install --disable-pip-version-check -q
 # anything that pulls an unpinned torch first would download a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: setup test test-fast run tour lint bench protos clean doctor
+.PHONY: setup test test-sweeps test-fast run tour lint bench protos clean doctor
 
 setup: $(STAMP)
 
@@ -35,6 +35,10 @@ protos:
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# Reference sweeps over every seed they name (make test takes a quarter of them).
+test-sweeps: setup
+	FARM_FULL_SWEEP=1 $(BIN)/python -m pytest -q -k "references_pass"
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow and not sandbox"

@@ -2,12 +2,19 @@
 
 Nothing else in farmd reads the environment or a config file: entry points build a
 ``Config`` once (``load``) and hand it down. That includes the API keys of model endpoints
-(``[endpoints.NAME] key_env``), read here when the config loads and nowhere else.
+(``[endpoints.NAME] key_env``), read here when the config loads and nowhere else, and the tokens of
+``[[credentials]] token_file``.
+
+Credentials keep a token's sha256, never the token, and no repr, log line or error shows either.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
+import re
+import stat
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -21,6 +28,52 @@ from farmd.taskbank import BankConfig, TaskBankError
 
 DEFAULT_LISTEN = "127.0.0.1:7431"
 
+ROLES = frozenset({"operator", "trainer", "node"})
+"""What a credential may hold; which calls each role may make is ``farmd.api.auth``'s table."""
+SHARED = "shared"
+"""The name the legacy single ``token`` takes as a credential: it holds every role."""
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_CREDENTIAL_KEYS = ("name", "roles", "token_sha256", "token_file")
+_TLS_KEYS = ("cert", "key", "ca")
+
+log = logging.getLogger("farmd.config")
+
+
+def token_sha256(token: str) -> str:
+    """The hex sha256 of ``token``: what a credential keeps, and what a call's token is compared as."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """A named bearer token and the roles it holds. Only the token's sha256 is kept, and even that
+    stays out of the repr: a weak legacy token could be found from its hash."""
+
+    name: str
+    """What logs and refusals show (letters, digits, '.', '_', '-'): never the token."""
+    roles: frozenset[str]
+    token_sha256: str = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+            raise ConfigError(f"a credential's name is 1 to 64 letters, digits, '.', '_' or '-', not {self.name!r}")
+        unknown = sorted(set(self.roles) - ROLES)
+        if not self.roles or unknown:
+            why = f"no role {unknown[0]!r}" if unknown else "no roles"
+            raise ConfigError(f"credential {self.name!r} has {why}: give roles from {', '.join(sorted(ROLES))}")
+        digest = self.token_sha256.lower() if isinstance(self.token_sha256, str) else ""
+        if not _SHA256.fullmatch(digest):  # the value is not quoted: it may be a token pasted by mistake
+            raise ConfigError(f"credential {self.name!r}: token_sha256 must be 64 hex digits, the sha256 of the "
+                              "token (`farmctl token new` prints one)")
+        object.__setattr__(self, "roles", frozenset(self.roles))
+        object.__setattr__(self, "token_sha256", digest)
+
+    @classmethod
+    def from_token(cls, name: str, roles: frozenset[str], token: str) -> Credential:
+        return cls(name, roles, token_sha256(token))
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
@@ -28,8 +81,16 @@ class Config:
     """Where the store and everything a farm keeps lives."""
     listen: str = DEFAULT_LISTEN
     """HOST:PORT of the gRPC API (port 0: any free port)."""
-    token: str | None = None
-    """Shared secret every call must carry; None means no authentication (loopback use)."""
+    token: str | None = field(default=None, repr=False)
+    """The legacy shared secret: a credential named ``shared`` holding every role (see ``credentials``)."""
+    credentials: tuple[Credential, ...] = ()
+    """Who may call, with which roles (``[[credentials]]``, and ``token`` as ``shared``). None at all:
+    no authentication (loopback use)."""
+    tls_cert: Path | None = None
+    """PEM certificate (chain) the API serves TLS with; with ``tls_key``, or neither (plain TCP)."""
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
+    """PEM of the CA whose client certificates the API requires (mutual TLS): every caller needs one."""
     workers: int | None = None
     """Rollout workers on this node (None: one per core; 0: coordinator only)."""
     log_level: str = "info"
@@ -48,6 +109,54 @@ class Config:
     long as it is open. One more is refused (RESOURCE_EXHAUSTED) before its request is read."""
     max_policy_bytes: int = 4 << 30
     """The largest policy a trainer may publish (it is kept in a file under the data directory)."""
+    join: str | None = None
+    """HOST:PORT of a coordinator: this node runs the worker role only, for it (``farmd serve --join``).
+    Then ``token`` is the node's credential, ``tls_ca`` the CA its coordinator's certificate is checked
+    against, and ``tls_cert``/``tls_key`` the certificate it shows."""
+    node_name: str | None = None
+    """This node's name in the fleet (default: the host name); unique among the coordinator's nodes."""
+    policy_cache_bytes: int = 8 << 30
+    """Policies a joined node keeps on disk (least recently used removed past this)."""
+
+    def __post_init__(self) -> None:
+        if self.token:
+            object.__setattr__(self, "credentials", _with_shared(self.credentials, self.token))
+        _check_unique(self.credentials)
+        if self.join is not None:
+            if (self.tls_cert is None) != (self.tls_key is None):
+                raise ConfigError("a node's client certificate needs its key: --tls-cert and --tls-key together")
+            return  # a node's TLS settings are a client's: a CA alone just checks the coordinator
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("TLS needs a certificate and its key together: --tls-cert and --tls-key "
+                              "([tls] cert and key), or neither")
+        if self.tls_ca is not None and self.tls_cert is None:
+            raise ConfigError("--tls-ca ([tls] ca) checks client certificates, so it needs TLS: give --tls-cert "
+                              "and --tls-key too")
+
+
+def _with_shared(credentials: tuple[Credential, ...], token: str) -> tuple[Credential, ...]:
+    """``credentials`` and the legacy token's, once (a config copied with ``replace`` has it already)."""
+    shared = Credential.from_token(SHARED, ROLES, token)
+    if shared in credentials:
+        return credentials
+    if any(c.name == SHARED for c in credentials):
+        raise ConfigError(f"a credential is named {SHARED!r}, the name the token (--token, FARM_TOKEN) takes: "
+                          "rename it, or drop the token")
+    return (*credentials, shared)
+
+
+def _check_unique(credentials: tuple[Credential, ...]) -> None:
+    """Names are unique, and so are tokens: a call's token must name one credential."""
+    by_name: set[str] = set()
+    by_token: dict[str, str] = {}
+    for c in credentials:
+        if c.name in by_name:
+            raise ConfigError(f"two credentials are named {c.name!r}: names are unique")
+        by_name.add(c.name)
+        if c.token_sha256 in by_token:
+            raise ConfigError(f"credentials {by_token[c.token_sha256]!r} and {c.name!r} hold the same token: "
+                              "give each its own")
+        by_token[c.token_sha256] = c.name
 
 
 def _coerce_sandbox(table: dict[str, Any]) -> SandboxConfig:
@@ -118,13 +227,81 @@ def _coerce_endpoints(table: dict[str, Any]) -> tuple[NamedEndpoint, ...]:
     return tuple(endpoints)
 
 
-def load(path: Path | None = None, **flags: Any) -> Config:
-    """Build the config: defaults, then ``path`` (TOML), then FARM_TOKEN, then non-None ``flags``."""
+def _read_token_file(path: Path, where: str) -> str:
+    """The token in ``path`` (surrounding whitespace dropped); a warning if others may read the file."""
+    try:
+        mode = path.stat().st_mode
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read token_file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: token_file {path} is not text") from None
+    if not token:
+        raise ConfigError(f"{where}: token_file {path} is empty")
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("%s: token_file %s is open to others (mode %o): chmod 600 it", where, path,
+                    stat.S_IMODE(mode))
+    return token
+
+
+def _credential(entry: Any, index: int) -> Credential:
+    """One ``[[credentials]]`` table: a name, roles, and a token_sha256 or a token_file."""
+    where = f"[[credentials]] #{index + 1}"
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where} must be a table with name, roles and token_sha256 (or token_file)")
+    name = entry.get("name")
+    if isinstance(name, str) and _NAME.fullmatch(name):
+        where = f"credential {name!r}"
+    unknown = sorted(set(entry) - set(_CREDENTIAL_KEYS))
+    if unknown:
+        raise ConfigError(f"{where} has no setting {unknown[0]!r}; known: {', '.join(_CREDENTIAL_KEYS)}")
+    if name is None:
+        raise ConfigError(f'{where} needs a name, e.g. name = "trainers"')
+    roles = entry.get("roles")
+    if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
+        raise ConfigError(f'{where}: roles is a list, e.g. roles = ["trainer"]; from {", ".join(sorted(ROLES))}')
+    if ("token_sha256" in entry) == ("token_file" in entry):
+        raise ConfigError(f"{where} needs its token: token_sha256 (the sha256 of the token, as `farmctl token new` "
+                          "prints) or token_file (a file holding the token), one of them")
+    if "token_file" in entry:
+        if not isinstance(entry["token_file"], str):
+            raise ConfigError(f"{where}: token_file is a path")
+        return Credential.from_token(name, frozenset(roles), _read_token_file(Path(entry["token_file"]), where))
+    return Credential(name, frozenset(roles), entry["token_sha256"])
+
+
+def _coerce_credentials(entries: Any) -> tuple[Credential, ...]:
+    if not isinstance(entries, list):
+        raise ConfigError("credentials are [[credentials]] tables, one per credential")
+    return tuple(_credential(entry, i) for i, entry in enumerate(entries))
+
+
+def _coerce_tls(table: Any) -> dict[str, Path]:
+    """``[tls]`` cert, key and ca as the config's ``tls_*`` paths."""
+    if not isinstance(table, dict):
+        raise ConfigError('[tls] is a table: cert = "server.pem", key = "server.key", ca = "ca.pem"')
+    unknown = sorted(set(table) - set(_TLS_KEYS))
+    if unknown:
+        raise ConfigError(f"[tls] has no setting {unknown[0]!r}; known: {', '.join(_TLS_KEYS)}")
+    for key, value in table.items():
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"[tls] {key} is the path of a PEM file")
+    return {f"tls_{key}": Path(value) for key, value in table.items()}
+
+
+def load(path: Path | None = None, *, read_credentials: bool = True, **flags: Any) -> Config:
+    """Build the config: defaults, then ``path`` (TOML), then FARM_TOKEN, then non-None ``flags``.
+
+    ``read_credentials`` False is for a client (farmctl) that reads farm.toml for its other settings:
+    ``[[credentials]]`` are passed over (their token files may be farmd's alone) and so is FARM_TOKEN,
+    which is the client's own token there, not one farmd accepts.
+    """
     values: dict[str, Any] = {}
     sandbox = SandboxConfig()
     scheduler = SchedulerConfig()
     taskbank = BankConfig()
     endpoints: tuple[NamedEndpoint, ...] = ()
+    credentials: tuple[Credential, ...] = ()
     if path is not None:
         try:
             raw = tomllib.loads(path.read_text())
@@ -141,15 +318,21 @@ def load(path: Path | None = None, **flags: Any) -> Config:
             taskbank = _coerce_taskbank(raw.pop("taskbank"))
         if "endpoints" in raw:
             endpoints = _coerce_endpoints(raw.pop("endpoints"))
+        if "credentials" in raw:
+            entries = raw.pop("credentials")
+            credentials = _coerce_credentials(entries) if read_credentials else ()
+        if "tls" in raw:
+            values.update(_coerce_tls(raw.pop("tls")))
         if raw:
             raise ConfigError(f"{path}: unknown tables {sorted(raw)}; expected [farm], [sandbox], [scheduler], "
-                              "[taskbank] and [endpoints.NAME]")
-        known = {f.name for f in fields(Config)} - {"sandbox", "scheduler", "taskbank", "endpoints"}
+                              "[taskbank], [endpoints.NAME], [tls] and [[credentials]]")
+        known = {f.name for f in fields(Config)} - {"sandbox", "scheduler", "taskbank", "endpoints", "credentials",
+                                                    "tls_cert", "tls_key", "tls_ca"}
         for key, value in farm.items():
             if key not in known:
                 raise ConfigError(f"[farm] has no setting {key!r}; known: {', '.join(sorted(known))}")
             values[key] = Path(value) if key == "data_dir" else value
-    env_token = os.environ.get("FARM_TOKEN")
+    env_token = os.environ.get("FARM_TOKEN") if read_credentials else None
     if env_token:
         values["token"] = env_token
     sched_flags = {k: flags.pop(k) for k in list(flags) if k in {f.name for f in fields(SchedulerConfig)}}
@@ -164,4 +347,10 @@ def load(path: Path | None = None, **flags: Any) -> Config:
             check_spec(scheduler.demand_agent, endpoints=endpoints)
         except AgentSpecError as exc:
             raise ConfigError(f"[scheduler] demand_agent: {exc}") from None
-    return Config(sandbox=sandbox, scheduler=scheduler, taskbank=taskbank, endpoints=endpoints, **values)
+    return Config(sandbox=sandbox, scheduler=scheduler, taskbank=taskbank, endpoints=endpoints,
+                  credentials=credentials, **values)
+
+
+def read_token_file(path: Path) -> str:
+    """A token from a file (``--token-file``): what a command line would show every user of the host."""
+    return _read_token_file(path, "--token-file")

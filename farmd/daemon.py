@@ -14,24 +14,29 @@ import json
 import logging
 import os
 import signal
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import grpc
-from farm.v1 import farm_pb2, farm_pb2_grpc
+from farm.v1 import farm_pb2, farm_pb2_grpc, node_pb2, node_pb2_grpc
 from grpc_health.v1 import _async as health_aio  # what grpc_health.v1.health.aio re-exports
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from farmd.api.auth import TokenInterceptor
+from farmd import __version__
+from farmd.api.auth import RoleInterceptor
 from farmd.api.farm_service import FarmService
 from farmd.api.limits import CallLimits, server_bound, server_options
 from farmd.api.malformed import MalformedInterceptor
+from farmd.api.node_service import NodeService
 from farmd.api.reflection import enable_reflection
 from farmd.api.refuse import UnknownMethods
+from farmd.api.tls import add_port, peer_certificate_ok
 from farmd.config import Config
 from farmd.envs import VerifyContext, get, names
 from farmd.errors import ConfigError, ForcedStop, IsolationUnavailable
+from farmd.fleet.joined import JoinedNode
 from farmd.metrics import GrpcMetrics, Metrics, MetricsServer
 from farmd.node import NodeInfo
 from farmd.private import make_dir, tighten, write_file
@@ -39,6 +44,7 @@ from farmd.rollout import Worker
 from farmd.sandbox import Sandbox, check_host
 from farmd.sandbox.host import missing
 from farmd.scheduler import Scheduler
+from farmd.scheduler.nodes import Nodes
 from farmd.store import Store
 from farmd.verifier import VerifierKey
 
@@ -55,6 +61,9 @@ class Daemon:
         self.store: Store | None = None
         self.scheduler: Scheduler | None = None
         self.worker: Worker | None = None
+        self.nodes: Nodes | None = None
+        self.joined: JoinedNode | None = None
+        """This node's worker role for a coordinator elsewhere (``--join``); then nothing else runs here."""
         self._server: grpc.aio.Server | None = None
         self._health: health_aio.HealthServicer | None = None
         self._stopping = asyncio.Event()
@@ -69,6 +78,11 @@ class Daemon:
         return os.cpu_count() or 1
 
     async def start(self) -> None:
+        if self.config.join:
+            self.joined = JoinedNode(self.config, self.workers or (os.cpu_count() or 1), self.metrics)
+            await self.joined.start()
+            await self._start_metrics()
+            return
         max_calls = self.config.max_concurrent_calls
         if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1:
             raise ConfigError(f"max_concurrent_calls must be a whole number of at least 1, not {max_calls!r}")
@@ -87,6 +101,7 @@ class Daemon:
             endpoint_lines={e.name: e.serves for e in self.config.endpoints if e.serves})
         await self.scheduler.start()
         ctx = None
+        key = await loop.run_in_executor(None, VerifierKey.load_or_create, self.config.data_dir)
         if self.workers:
             sandbox_config = self.config.sandbox
             if not sandbox_config.max_boxes:
@@ -97,18 +112,21 @@ class Daemon:
             if self.metrics is not None:
                 sandbox = self.sandbox
                 self.metrics.watch_boxes(lambda: sandbox.outcomes)
-            key = await loop.run_in_executor(None, VerifierKey.load_or_create, self.config.data_dir)
             ctx = VerifyContext(sandbox=self.sandbox, key=key, scratch_dir=None)
             self.worker = Worker(self.scheduler, ctx, slots=self.workers, lease_s=self.config.scheduler.lease_s,
                                  metrics=self.metrics, endpoints=self.config.endpoints, policies=self.scheduler.policies)
             await self.worker.start()
+        self.nodes = Nodes(self.scheduler, lost_after_s=self.config.scheduler.node_lost_s,
+                           local=self.worker.node if self.worker is not None else None,
+                           local_status=self._local_node if self.worker is not None else None)
+        await self.nodes.start()
 
         node = NodeInfo(workers=self.workers, max_boxes=self.config.sandbox.boxes, isolation=checks)
         # In this order: every call is counted, refusals too; no token, nothing read; then the call counts
         # against its room; then it is parsed.
         max_calls = self.config.max_concurrent_calls
         interceptors: list[Any] = [GrpcMetrics(self.metrics)] if self.metrics is not None else []
-        interceptors += [TokenInterceptor(self.config.token)] if self.config.token else []
+        interceptors += [RoleInterceptor(self.config.credentials)] if self.config.credentials else []
         interceptors += [CallLimits(max_calls), MalformedInterceptor()]
         server = grpc.aio.server(
             interceptors=interceptors,
@@ -120,15 +138,19 @@ class Daemon:
             maximum_concurrent_rpcs=server_bound(max_calls),
         )
         service = FarmService(node, self.store, self.scheduler, ctx, endpoints=self.config.endpoints,
-                              max_policy_bytes=self.config.max_policy_bytes)
+                              max_policy_bytes=self.config.max_policy_bytes, nodes=self.nodes)
         farm_pb2_grpc.add_FarmServiceServicer_to_server(service, server)
+        node_pb2_grpc.add_NodeServiceServicer_to_server(NodeService(
+            self.nodes, verifier_key=key.material(), version=__version__, lease_s=self.config.scheduler.lease_s,
+            peer_ok=peer_certificate_ok if self.config.tls_ca else None), server)
         self._health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        enable_reflection((farm_pb2.DESCRIPTOR.services_by_name["FarmService"].full_name, health.SERVICE_NAME),
-                          server)
+        enable_reflection((farm_pb2.DESCRIPTOR.services_by_name["FarmService"].full_name,
+                           node_pb2.DESCRIPTOR.services_by_name["NodeService"].full_name, health.SERVICE_NAME), server)
         server.add_generic_rpc_handlers((UnknownMethods(),))
         try:
-            self.port = server.add_insecure_port(self.config.listen)
+            self.port = add_port(server, self.config.listen, self.config.tls_cert, self.config.tls_key,
+                                 self.config.tls_ca)
         except RuntimeError as exc:
             raise ConfigError(f"cannot listen on {self.config.listen}: {exc}") from exc
         if self.port == 0:
@@ -138,16 +160,31 @@ class Daemon:
         for name in ("", "farm.v1.FarmService"):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         host = self.config.listen.rsplit(":", 1)[0]
-        metrics_addr = None
-        if self.metrics is not None and self.config.metrics_listen:
-            self._metrics_server = MetricsServer(self.metrics, self.config.metrics_listen)
-            await self._metrics_server.start()
-            metrics_host = self.config.metrics_listen.rsplit(":", 1)[0] or "127.0.0.1"
-            metrics_addr = f"{metrics_host}:{self._metrics_server.port}"
+        metrics_addr = await self._start_metrics()
         self._write_runfile(f"{host}:{self.port}", metrics_addr)
         log.info("farmd listening on %s:%d (workers=%d, data=%s)", host, self.port, self.workers,
                  self.config.data_dir, extra={"event": "listening", "addr": f"{host}:{self.port}",
                                               "metrics": metrics_addr, "workers": self.workers})
+
+    def _local_node(self) -> dict[str, Any]:
+        """This node's own worker, as ``farmctl status`` lists nodes."""
+        worker = self.worker
+        assert worker is not None
+        now = time.time()
+        return {"name": worker.node, "address": "local", "state": "connected", "capacity": worker.slots,
+                "in_flight": worker.in_flight, "done": worker.counters["ran"],
+                "failed": worker.counters["infra_failures"], "last_heartbeat": now, "last_seen": now,
+                "joined_at": now, "policy_versions": worker.policy_versions(), "isolation_ok": True,
+                "version": __version__, "facts": {}}
+
+    async def _start_metrics(self) -> str | None:
+        """Serve Prometheus metrics when asked to; returns where."""
+        if self.metrics is None or not self.config.metrics_listen:
+            return None
+        self._metrics_server = MetricsServer(self.metrics, self.config.metrics_listen)
+        await self._metrics_server.start()
+        metrics_host = self.config.metrics_listen.rsplit(":", 1)[0] or "127.0.0.1"
+        return f"{metrics_host}:{self._metrics_server.port}"
 
     def _make_data_dir_private(self) -> None:
         """The data directory 0700 and all in it 0600, whoever made it looser (an older farmd, a copy)."""
@@ -173,7 +210,19 @@ class Daemon:
         return self._stopping.is_set()
 
     async def wait(self) -> None:
-        await self._stopping.wait()
+        """Until a stop is asked for, or, on a joined node, until its coordinator refuses it for good
+        (``JoinRefused`` is raised then)."""
+        ended = self.joined.ended if self.joined is not None else None
+        if ended is None:
+            await self._stopping.wait()
+            return
+        stopping = asyncio.get_running_loop().create_task(self._stopping.wait())
+        try:
+            await asyncio.wait((stopping, ended), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if ended.done() and not ended.cancelled():
+            ended.result()
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop intake, let rollouts in flight finish (or give their leases back), then close the store."""
@@ -184,6 +233,10 @@ class Daemon:
             await self._server.stop(grace_s)
         if self._metrics_server is not None:
             await self._metrics_server.stop()
+        if self.joined is not None:
+            await self.joined.stop(grace_s)
+        if self.nodes is not None:
+            await self.nodes.stop()
         if self.worker is not None:
             await self.worker.stop(grace_s)
             log.info("worker: %(ran)d rollouts run, %(infra_failures)d infrastructure failures", self.worker.counters)

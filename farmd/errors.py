@@ -11,7 +11,7 @@ these say: each kind's docstring says which way it goes. None is ever a score.
 from __future__ import annotations
 
 __all__ = [
-    "AgentError", "AgentSpecError", "BadRequest", "ConfigError", "CursorError", "EndpointError", "FailedPrecondition", "FarmError",
+    "AgentError", "AgentSpecError", "BadRequest", "ConfigError", "Conflict", "CursorError", "EndpointError", "FailedPrecondition", "FarmError",
     "ForcedStop", "InfraFailure", "IsolationUnavailable", "NotFound", "PolicyError", "SandboxError", "StoreError",
     "TaskBankError", "TaskError",
 ]
@@ -48,6 +48,11 @@ class BadRequest(FarmError):
 
 class NotFound(FarmError):
     """A caller named something (a trajectory, a policy) that does not exist."""
+
+
+class Conflict(FarmError):
+    """What the caller asked to create exists already and is someone else's (a node name a connected
+    node holds)."""
 
 
 class FailedPrecondition(FarmError):

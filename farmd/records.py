@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any, TypeVar, get_args, get_origin, get_type_hints
@@ -58,6 +59,9 @@ MAX_TOKEN_ENTRIES = 384 * 1024
 """Token ids and logprobs of all turns together (about 2 MB on the wire): earlier turns' prompt token ids
 go first (the last turn's prompt holds them), then whole turns' tokens."""
 
+
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""A node's name in a fleet: lease owners are ``<name>:<pid>:<nonce>``, so never a colon."""
 
 class JobState(enum.StrEnum):
     QUEUED = "queued"

@@ -32,6 +32,16 @@ def _require_isolation(request: pytest.FixtureRequest) -> None:
         pytest.fail("this host cannot isolate a box, so the sandbox tests cannot run:\n" + "\n".join(isolation_gaps()))
 
 
+FULL_SWEEP = bool(os.environ.get("FARM_FULL_SWEEP"))
+"""``make test-sweeps``: reference sweeps over every seed they name; ``make test`` takes a quarter of them, to
+keep the suite inside its ten minutes on two cores (a sweep is a recall check, not a behaviour)."""
+
+
+def sweep_seeds(full: int) -> range:
+    """Seeds 0..``full``-1 under ``FARM_FULL_SWEEP``; the first quarter otherwise."""
+    return range(full if FULL_SWEEP else max(1, full // 4))
+
+
 def farmctl(*args: str, timeout: float = 120, check: bool = True, env: dict[str, str] | None = None,
             input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     """Run the installed farmctl with ``args``; fail the test on a non-zero exit when ``check``."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from farmd.config import load
+from farmd.config import Config, load
 from farmd.errors import ConfigError
 
 TOML = """
@@ -87,3 +89,99 @@ def test_the_learning_loop_config_loads(tmp_path: Path) -> None:
     config = load(write(tmp_path, loop_toml("uniform")))
     assert (config.scheduler.demand_agent, config.scheduler.demand_envs) == ("torch:tiny", ("arith",))
     assert (config.taskbank.sampling, config.taskbank.max_groups_per_task) == ("uniform", 2)
+
+
+# -- credentials and TLS ---------------------------------------------------------------------------
+
+SHA_A = hashlib.sha256(b"token-a").hexdigest()
+SHA_B = hashlib.sha256(b"token-b").hexdigest()
+
+
+def credential_toml(*tables: str) -> str:
+    return "\n".join(f"[[credentials]]\n{t}\n" for t in tables)
+
+
+def test_credentials_keep_a_hash_and_show_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delenv("FARM_TOKEN", raising=False)
+    token_file = tmp_path / "nodes.token"
+    token_file.write_text("token-b\n")
+    token_file.chmod(0o644)
+    config = load(write(tmp_path, credential_toml(
+        f'name = "ops"\nroles = ["operator", "trainer"]\ntoken_sha256 = "{SHA_A.upper()}"',
+        f'name = "nodes"\nroles = ["node"]\ntoken_file = "{token_file}"')))
+    assert [(c.name, c.roles, c.token_sha256) for c in config.credentials] == [
+        ("ops", {"operator", "trainer"}, SHA_A), ("nodes", {"node"}, SHA_B)]
+    assert "nodes.token" in caplog.text and "chmod 600" in caplog.text, "a token file others may read is named"
+    assert "token-b" not in caplog.text
+    for secret in ("token-a", "token-b", SHA_A, SHA_B, SHA_A.upper()):
+        assert secret not in repr(config)
+
+    legacy = load(write(tmp_path, '[farm]\ntoken = "token-a"\n'))
+    assert [(c.name, c.roles, c.token_sha256) for c in legacy.credentials] == [
+        ("shared", {"operator", "trainer", "node"}, SHA_A)]
+    assert "token-a" not in repr(legacy) and SHA_A not in repr(legacy)
+    monkeypatch.setenv("FARM_TOKEN", "token-b")
+    assert [c.token_sha256 for c in load().credentials] == [SHA_B]
+    assert load(read_credentials=False).credentials == (), "FARM_TOKEN is a client's own token there"
+    assert load().credentials == replace(load()).credentials, "a copied config holds the token's credential once"
+    monkeypatch.delenv("FARM_TOKEN")
+    assert load().credentials == (), "no credentials: no authentication"
+    assert Config(token="token-a").credentials == legacy.credentials
+
+
+@pytest.mark.parametrize(("tables", "why"), [
+    (['name = "a"\nroles = ["admin"]\ntoken_sha256 = "SHA_A"'], r"credential 'a' has no role 'admin'"),
+    (['name = "a"\nroles = []\ntoken_sha256 = "SHA_A"'], r"credential 'a' has no roles"),
+    (['name = "a"\nroles = "node"\ntoken_sha256 = "SHA_A"'], r"credential 'a': roles is a list"),
+    (['name = "a"\nroles = ["node"]\ntoken_sha256 = "SHA_A"', 'name = "a"\nroles = ["node"]\ntoken_sha256 = "SHA_B"'],
+     r"two credentials are named 'a'"),
+    (['name = "a"\nroles = ["node"]\ntoken_sha256 = "SHA_A"', 'name = "b"\nroles = ["trainer"]\ntoken_sha256 = "SHA_A"'],
+     r"credentials 'a' and 'b' hold the same token"),
+    (['name = "a"\nroles = ["node"]\ntoken_sha256 = "token-a"'], r"credential 'a': token_sha256 must be 64 hex digits"),
+    (['name = "a"\nroles = ["node"]\ntoken_sha256 = "SHA_A0"'], r"token_sha256 must be 64 hex digits"),
+    (['name = "a"\nroles = ["node"]'], r"credential 'a' needs its token: token_sha256 .* or token_file"),
+    (['name = "a"\nroles = ["node"]\ntoken_sha256 = "SHA_A"\ntoken_file = "/x"'], r"needs its token"),
+    (['name = "a"\nroles = ["node"]\ntoken = "token-a"'], r"credential 'a' has no setting 'token'"),
+    (['roles = ["node"]\ntoken_sha256 = "SHA_A"'], r"#1 needs a name"),
+    (['name = "a b"\nroles = ["node"]\ntoken_sha256 = "SHA_A"'], r"name is 1 to 64 letters"),
+    (['name = "a"\nroles = ["node"]\ntoken_file = "/nonexistent/farm.token"'], r"cannot read token_file"),
+    (['name = "shared"\nroles = ["node"]\ntoken_sha256 = "SHA_B"\n[farm]\ntoken = "token-a"'],
+     r"a credential is named 'shared', the name the token"),
+    (['name = "a"\nroles = ["node"]\ntoken_sha256 = "SHA_A"\n[farm]\ntoken = "token-a"'],
+     r"credentials 'a' and 'shared' hold the same token"),
+])
+def test_a_bad_credential_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tables: list[str],
+                                           why: str) -> None:
+    monkeypatch.delenv("FARM_TOKEN", raising=False)
+    text = credential_toml(*tables).replace("SHA_A", SHA_A).replace("SHA_B", SHA_B)
+    with pytest.raises(ConfigError, match=why) as raised:
+        load(write(tmp_path, text))
+    for secret in ("token-a", SHA_A, SHA_B):
+        assert secret not in str(raised.value), "an error never quotes a token or its hash"
+
+
+def test_an_empty_token_file_and_a_list_that_is_no_list_are_refused(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.token"
+    empty.write_text("\n")
+    with pytest.raises(ConfigError, match=r"credential 'a': token_file .*empty.token is empty"):
+        load(write(tmp_path, credential_toml(f'name = "a"\nroles = ["node"]\ntoken_file = "{empty}"')))
+    with pytest.raises(ConfigError, match=r"\[\[credentials\]\] tables"):
+        load(write(tmp_path, "[credentials]\nname = 'a'\n"))
+
+
+def test_tls_comes_as_a_certificate_and_its_key(tmp_path: Path) -> None:
+    config = load(write(tmp_path, '[tls]\ncert = "s.pem"\nkey = "s.key"\nca = "ca.pem"\n'))
+    assert (config.tls_cert, config.tls_key, config.tls_ca) == (Path("s.pem"), Path("s.key"), Path("ca.pem"))
+    assert load(write(tmp_path, '[tls]\ncert = "s.pem"\nkey = "s.key"\n'), tls_cert=Path("f.pem")).tls_cert == \
+        Path("f.pem"), "a flag over the file"
+    assert load().tls_cert is None
+    for text, why in [('[tls]\ncert = "s.pem"\n', r"a certificate and its key together"),
+                      ('[tls]\nkey = "s.key"\n', r"a certificate and its key together"),
+                      ('[tls]\nca = "ca.pem"\n', r"--tls-ca .* needs TLS"),
+                      ('[tls]\ncert = "s.pem"\nkey = "s.key"\nclient_ca = "ca.pem"\n', r"\[tls\] has no setting 'client_ca'"),
+                      ('[farm]\ntls_cert = "s.pem"\n', r"\[farm\] has no setting 'tls_cert'")]:
+        with pytest.raises(ConfigError, match=why):
+            load(write(tmp_path, text))
+    with pytest.raises(ConfigError, match=r"a certificate and its key together"):
+        load(tls_key=Path("s.key"))

@@ -4,15 +4,22 @@
         for batch in farm.batches("grpo-trainer", batch_size=64, whole_groups=True, tensors=True):
             loss = ... batch.advantages ...            # torch tensors, one row per trajectory
             farm.ack(batch)                            # at least once: un-acked batches come again
+
+Credentials come from the arguments or, for those not given, the environment: ``FARM_TOKEN`` (or
+``FARM_TOKEN_FILE``, a file holding it), and for TLS ``FARM_TLS_CA`` (the CA that signed farmd's
+certificate) and ``FARM_TLS_CERT`` / ``FARM_TLS_KEY`` (a client certificate, for a farmd that requires
+one). Nothing set: a plain channel and no token.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -25,6 +32,19 @@ from farm_client.sequences import group_advantages
 
 _CHUNK = 1 << 20
 _RETRY_S = 0.2
+_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    # A farmd that restarts is back in seconds; grpc's default backoff (up to two minutes)
+    # would keep a trainer waiting long after, and a subchannel shared with other clients
+    # in the process would fail this one's first call with their stale error.
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.use_local_subchannel_pool", 1),
+]
+
+Pem = bytes | str | Path
+"""PEM: the bytes themselves, a str holding them, or the path of a file (a str without a PEM header)."""
 
 
 @dataclass
@@ -65,23 +85,59 @@ def advantages(rewards: list[float], groups: list[int]) -> list[float]:
     return group_advantages(rewards, groups)
 
 
-class FarmClient:
-    """``FarmClient("host:port", token=None)``; use as a context manager or call ``close()``."""
+def _pem(source: Pem | None, env: str) -> bytes | None:
+    """PEM bytes from ``source``, or from the file the environment variable ``env`` names."""
+    if source is None:
+        path = os.environ.get(env)
+        return Path(path).read_bytes() if path else None
+    if isinstance(source, bytes):
+        return source
+    if isinstance(source, str) and "-----BEGIN" in source:
+        return source.encode()
+    return Path(source).read_bytes()
 
-    def __init__(self, addr: str, token: str | None = None, timeout_s: float = 30.0) -> None:
+
+def _token(token: str | None) -> str | None:
+    """``token``; when not given, FARM_TOKEN's, or the one in the file FARM_TOKEN_FILE names."""
+    if token is not None:
+        return token or None
+    if os.environ.get("FARM_TOKEN"):
+        return os.environ["FARM_TOKEN"]
+    path = os.environ.get("FARM_TOKEN_FILE")
+    return (Path(path).read_text().strip() or None) if path else None
+
+
+def _channel(addr: str, ca: bytes | None, cert: bytes | None, key: bytes | None,
+             server_name: str | None) -> grpc.Channel:
+    """A plain channel, or TLS when there is a CA to trust or a certificate to present."""
+    if ca is None and cert is None and key is None:
+        return grpc.insecure_channel(addr, options=_OPTIONS)
+    if (cert is None) != (key is None):
+        raise ValueError("a client certificate goes with its key: give tls_cert and tls_key (FARM_TLS_CERT and "
+                         "FARM_TLS_KEY) together")
+    options = [*_OPTIONS, ("grpc.ssl_target_name_override", server_name)] if server_name else _OPTIONS
+    credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+    return grpc.secure_channel(addr, credentials, options=options)
+
+
+class FarmClient:
+    """``FarmClient("host:port", token=None)``; use as a context manager or call ``close()``.
+
+    ``token``: the bearer token calls carry. ``tls_ca``: the CA to trust for farmd's certificate (TLS;
+    without it and without a client certificate, a plain channel). ``tls_cert`` and ``tls_key``: a
+    client certificate, for a farmd started with ``--tls-ca``. ``tls_server_name``: the name to check
+    farmd's certificate against, where it is not the address's host. Any not given is read from the
+    environment (see the module's docstring).
+    """
+
+    def __init__(self, addr: str, token: str | None = None, timeout_s: float = 30.0, *, tls_ca: Pem | None = None,
+                 tls_cert: Pem | None = None, tls_key: Pem | None = None, tls_server_name: str | None = None) -> None:
         self.addr = addr
+        token = _token(token)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._timeout = timeout_s
-        self._channel = grpc.insecure_channel(addr, options=[
-            ("grpc.max_receive_message_length", 64 << 20),
-            # A farmd that restarts is back in seconds; grpc's default backoff (up to two minutes)
-            # would keep a trainer waiting long after, and a subchannel shared with other clients
-            # in the process would fail this one's first call with their stale error.
-            ("grpc.initial_reconnect_backoff_ms", 200),
-            ("grpc.min_reconnect_backoff_ms", 200),
-            ("grpc.max_reconnect_backoff_ms", 2000),
-            ("grpc.use_local_subchannel_pool", 1),
-        ])
+        self._channel = _channel(addr, _pem(tls_ca, "FARM_TLS_CA"), _pem(tls_cert, "FARM_TLS_CERT"),
+                                 _pem(tls_key, "FARM_TLS_KEY"), tls_server_name)
         self._stub = farm_pb2_grpc.FarmServiceStub(self._channel)
 
     def close(self) -> None:
@@ -323,4 +379,11 @@ def status_dict(reply: farm_pb2.GetStatusResponse) -> dict[str, Any]:
                            "state": farm_pb2.ConsumerState.Name(c.state).removeprefix("CONSUMER_STATE_").lower(),
                            "acked_at": c.acked_at.ToNanoseconds() / 1e9 if c.HasField("acked_at") else None}
                           for c in reply.consumers]
+    plain["nodes"] = [{"name": n.name, "address": n.address,
+                       "state": farm_pb2.NodeState.Name(n.state).removeprefix("NODE_STATE_").lower(),
+                       "capacity": n.capacity, "in_flight": n.in_flight, "done": n.done, "failed": n.failed,
+                       "last_heartbeat": n.last_heartbeat.ToNanoseconds() / 1e9 if n.HasField("last_heartbeat") else None,
+                       "last_seen": n.last_seen.ToNanoseconds() / 1e9 if n.HasField("last_seen") else None,
+                       "policy_versions": list(n.policy_versions), "isolation_ok": n.isolation_ok,
+                       "version": n.version, "facts": dict(n.facts)} for n in reply.nodes]
     return plain

@@ -287,6 +287,10 @@ class TorchRuntime:
             self._models.popitem(last=False)  # rollouts holding it finish with it; new ones load it again
         return loaded
 
+    def loaded_versions(self) -> list[int]:
+        """The policy versions loaded now (what a node reports it holds)."""
+        return sorted(v for v, sha in self._versions.items() if sha in self._models)
+
     def loaded(self, sha256: str) -> LoadedPolicy | None:
         return self._models.get(sha256)
 

@@ -22,6 +22,7 @@ from farmd.node import NodeInfo
 from farmd.rollout import rescore
 from farmd.scheduler import PolicyChunk, Scheduler
 from farmd.scheduler.delivery import Subscription
+from farmd.scheduler.nodes import Nodes
 from farmd.store import Store, StoreError
 
 MAX_ROLLOUTS = 1_000_000
@@ -34,7 +35,10 @@ MAX_POLICY_BYTES = 4 << 30
 
 class FarmService(farm_pb2_grpc.FarmServiceServicer):
     def __init__(self, node: NodeInfo, store: Store, scheduler: Scheduler, verify_ctx: VerifyContext | None,
-                 *, max_policy_bytes: int = MAX_POLICY_BYTES, endpoints: tuple[NamedEndpoint, ...] = ()) -> None:
+                 *, max_policy_bytes: int = MAX_POLICY_BYTES, endpoints: tuple[NamedEndpoint, ...] = (),
+                 nodes: Nodes | None = None) -> None:
+        self._nodes = nodes
+        """The fleet (``farmctl status`` lists its nodes)."""
         self._endpoints = endpoints
         """The config's model endpoints: the only ones a job's agent spec may name."""
         self._max_policy_bytes = max_policy_bytes
@@ -58,7 +62,8 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
                 bank=[farm_pb2.BankStatus(env=name, **_bank_fields(entry))
                       for name, entry in [*farm["bank"]["envs"].items(), ("", farm["bank"]["totals"])]],
                 consumers=[_consumer_pb(c) for c in farm["consumers"]], streams=farm["streams"],
-                last_seq=farm["last_seq"], counters=farm["counters"])
+                last_seq=farm["last_seq"], counters=farm["counters"],
+                nodes=[_node_pb(n) for n in await self._nodes.status()] if self._nodes is not None else [])
             reply.uptime.FromNanoseconds(round(node.uptime_s() * 1e9))
             return reply
         return await guarded(context, call)
@@ -294,3 +299,18 @@ def _consumer(name: str) -> str | None:
     name = name.strip()
     return name if 0 < len(name) <= MAX_CONSUMER_CHARS else None
 
+
+_NODE_STATES = {"connected": farm_pb2.NODE_STATE_CONNECTED, "disconnected": farm_pb2.NODE_STATE_DISCONNECTED,
+                "lost": farm_pb2.NODE_STATE_LOST}
+
+
+def _node_pb(row: dict[str, Any]) -> farm_pb2.NodeStatus:
+    node = farm_pb2.NodeStatus(
+        name=row["name"], address=row["address"], state=_NODE_STATES.get(row["state"], farm_pb2.NODE_STATE_UNSPECIFIED),
+        capacity=row["capacity"], in_flight=row["in_flight"], done=row["done"], failed=row["failed"],
+        policy_versions=row["policy_versions"], isolation_ok=row["isolation_ok"], version=row["version"],
+        facts=row["facts"])
+    if row["last_heartbeat"] is not None:
+        node.last_heartbeat.FromNanoseconds(round(row["last_heartbeat"] * 1e9))
+    node.last_seen.FromNanoseconds(round(row["last_seen"] * 1e9))
+    return node

@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -37,6 +38,11 @@ class CliState:
     config: Config
     addr: str
     token: str | None
+    tls_ca: Path | None = None
+    """The CA farmd's certificate is checked against: TLS (None: a plain channel, or FARM_TLS_CA's)."""
+    tls_cert: Path | None = None
+    """A client certificate (and its key) for a farmd that requires one (None: FARM_TLS_CERT's)."""
+    tls_key: Path | None = None
 
 
 def console() -> Console:

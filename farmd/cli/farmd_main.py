@@ -9,7 +9,7 @@ import click
 
 from farmd import __version__
 from farmd.cli.common import EXIT_USAGE, fail, run_async
-from farmd.config import Config, load
+from farmd.config import Config, load, read_token_file
 from farmd.errors import ConfigError, ForcedStop
 from farmd.logs import setup_logging
 
@@ -28,7 +28,18 @@ def cli() -> None:
               help="Data directory (default ./farm-data).")
 @click.option("--listen", metavar="HOST:PORT", help="gRPC address (default 127.0.0.1:7431; port 0: any).")
 @click.option("--workers", type=click.IntRange(min=0), help="Rollout workers (default: one per core; 0: none).")
-@click.option("--token", envvar="FARM_TOKEN", help="Shared secret every call must carry (or FARM_TOKEN).")
+@click.option("--token", envvar="FARM_TOKEN", help="Shared secret every call must carry (or FARM_TOKEN); with --join, "
+              "the node's credential. Prefer --token-file: a command line is visible to every user.")
+@click.option("--token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), envvar="FARM_TOKEN_FILE",
+              help="Read --token from this file (or FARM_TOKEN_FILE).")
+@click.option("--join", metavar="HOST:PORT", help="Run the worker role only, for the coordinator at HOST:PORT.")
+@click.option("--node-name", metavar="NAME", help="This node's name in the fleet (default: the host name).")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Serve TLS with this PEM certificate (chain); with --tls-key.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The PEM private key of --tls-cert.")
+@click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Require every caller's client certificate to be signed by this PEM CA (mutual TLS).")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="farm.toml: [farm], [sandbox], [scheduler] and [endpoints.NAME] settings.")
 @click.option("--metrics", "metrics_listen", metavar="HOST:PORT",
@@ -37,11 +48,18 @@ def cli() -> None:
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
               help="json: one object per line, for log pipelines.")
 def serve(data_dir: Path | None, listen: str | None, workers: int | None, token: str | None,
+          token_file: Path | None, join: str | None, node_name: str | None,
+          tls_cert: Path | None, tls_key: Path | None, tls_ca: Path | None,
           config_path: Path | None, metrics_listen: str | None, log_level: str | None,
           log_format: str | None) -> None:
-    """Run this node: the gRPC API and, unless --workers 0, boxes for untrusted code."""
+    """Run this node: the gRPC API and, unless --workers 0, boxes for untrusted code. With --join, the
+    worker role only: rollouts for the coordinator at HOST:PORT."""
     try:
-        config = load(config_path, data_dir=data_dir, listen=listen, workers=workers, token=token,
+        if token_file is not None:
+            token = read_token_file(token_file)
+        config = load(config_path, data_dir=data_dir, listen=listen, workers=workers, token=token, join=join,
+                      node_name=node_name,
+                      tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
                       metrics_listen=metrics_listen, log_level=log_level, log_format=log_format)
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)

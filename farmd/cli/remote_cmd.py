@@ -34,7 +34,8 @@ def client(state: CliState) -> Iterator[Any]:
     from farm_client import FarmClient
 
     try:
-        with FarmClient(state.addr, token=state.token) as c:
+        with FarmClient(state.addr, token=state.token, tls_ca=state.tls_ca, tls_cert=state.tls_cert,
+                        tls_key=state.tls_key) as c:
             yield c
     except grpc.RpcError as exc:
         code = exc.code().name

@@ -7,6 +7,7 @@ as ``shown.text``, so it is shown, never obeyed.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.console import RenderableType
@@ -71,10 +72,30 @@ def consumers_table(info: dict[str, Any]) -> Table:
     return table
 
 
+def _ago(at: object) -> str:
+    return f"{max(0.0, time.time() - at):.0f}s ago" if isinstance(at, int | float) else "-"
+
+
+def nodes_table(info: dict[str, Any]) -> Table:
+    """The fleet: each node's slots, what it runs and ran, when it last spoke, which policies it holds."""
+    table = Table("node", "address", "state", "capacity", "in flight", "done", "failed", "last heartbeat",
+                  "policies cached", "isolation", title="nodes", title_justify="left")
+    for n in info.get("nodes", []):
+        state = Text(n["state"], {"connected": "green", "lost": "red"}.get(n["state"], "yellow"))
+        iso = Text("yes", "green") if n["isolation_ok"] else Text("NO", "red")
+        versions = ", ".join(str(v) for v in n["policy_versions"][-5:]) or "-"
+        table.add_row(text(n["name"]), text(n["address"]), state, str(n["capacity"]), str(n["in_flight"]),
+                      str(n["done"]), str(n["failed"]), _ago(n.get("last_heartbeat")), versions, iso)
+    return table
+
+
 def status_view(info: dict[str, Any], addr: str) -> list[RenderableType]:
     parts: list[RenderableType] = list(headline(info, addr))
     if "queue" in info:
-        parts += [queue_line(info), pass_table(info), band_table(info)]
+        parts += [queue_line(info)]
+        if info.get("nodes"):
+            parts.append(nodes_table(info))
+        parts += [pass_table(info), band_table(info)]
         if info.get("consumers"):
             parts.append(consumers_table(info))
     return parts

@@ -49,7 +49,7 @@ class Leases(Protocol):
 class Worker:
     def __init__(self, leases: Leases, ctx: VerifyContext, slots: int, lease_s: float, node: str | None = None,
                  metrics: Metrics | None = None, endpoints: tuple[NamedEndpoint, ...] = (),
-                 policies: PolicySource | None = None) -> None:
+                 policies: PolicySource | None = None, owner: str | None = None) -> None:
         self.leases = leases
         self.endpoints = endpoints
         """This node's configured model endpoints, which jobs' ``openai:MODEL@NAME`` specs resolve against."""
@@ -60,7 +60,8 @@ class Worker:
         self.ctx = ctx
         self.slots = slots
         self.node = node or socket.gethostname()
-        self.owner = f"{self.node}:{os.getpid()}:{id(self):x}"
+        self.owner = owner or f"{self.node}:{os.getpid()}:{id(self):x}"
+        """The lease owner: ``<node>:...``, so everything a node's incarnations held is found by its name."""
         self._lease_s = lease_s
         self._agents: OrderedDict[str, Agent] = OrderedDict()
         self._clients = ClientPool()
@@ -76,6 +77,14 @@ class Worker:
         self.counters = {"ran": 0, "infra_failures": 0, "in_flight": 0, "given_back": 0}
         """``in_flight``: rollouts running when ``stop`` began; ``given_back``: those of them that did not finish."""
         self.metrics = metrics
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    def policy_versions(self) -> list[int]:
+        """The policy versions this worker's torch agents have loaded."""
+        return self._torch.loaded_versions() if self._torch is not None else []
 
     async def start(self) -> None:
         await self.leases.recover(self.node, self.owner)

@@ -17,6 +17,9 @@ class SchedulerConfig:
     after each further one, up to ``retry_backoff_max_s``, and jittered so that jobs failed together
     by one outage do not return together."""
     retry_backoff_max_s: float = 60.0
+    node_lost_s: float = 30.0
+    """A joined node silent this long is lost: its leases go back to the queue at once. It heartbeats at a
+    third of this (or of ``lease_s``, if shorter)."""
     maintenance_every_s: float = 1.0
     """How often expired leases are requeued and finished groups fed to the task bank."""
     demand_buffer: int = 256

@@ -70,6 +70,9 @@ class Scheduler:
         scheduler._bank_cursor = int(saved["cursor"]) if saved else 0
         scheduler.policy_version = scheduler.policies.newest()
         bank.set_policy_version(scheduler.policy_version)
+        # Nodes kept running while this coordinator was down and buffered what they finished: their leases
+        # get one lease period from now to reconnect and report, not an expiry they could not prevent.
+        await store.extend_all_leases(time.time() + scheduler.config.lease_s)
         return scheduler
 
     async def start(self) -> None:
@@ -153,11 +156,15 @@ class Scheduler:
         return await self.store.extend(owner, job_ids, self.config.lease_s)
 
     async def complete(self, owner: str, trajectories: list[Trajectory]) -> list[int]:
-        stored = await self.store.complete([(owner, t) for t in trajectories])
+        return await self.complete_for([(owner, t) for t in trajectories])
+
+    async def complete_for(self, items: list[tuple[str, Trajectory]]) -> list[int]:
+        """Store (lease owner, trajectory) pairs: each only while its owner holds the job's lease."""
+        stored = await self.store.complete(items)
         self.counters["completed"] += len(stored)
         if self.metrics is not None:
             kept = set(stored)
-            self.metrics.stored_trajectories(t for t in trajectories if t.id in kept)
+            self.metrics.stored_trajectories(t for _, t in items if t.id in kept)
         if stored:
             self.delivery.stored()
         return stored
@@ -213,6 +220,14 @@ class Scheduler:
             await self._requeue_expired()
             log.info("%s restarted: %d rollouts it had leased before went back to the queue", node, expired)
         return expired
+
+    async def expire_node(self, node: str) -> int:
+        """Every lease of ``node`` (all its incarnations) back to the queue now: it is lost. Returns how many
+        went back (an attempt counts: a rollout that takes its node down must not be retried forever)."""
+        if not await self.store.expire_leases_of(f"{node}:", keep=""):
+            return 0
+        requeued, _failed = await self._requeue_expired()
+        return requeued
 
     # -- policies ---------------------------------------------------------------------------------
 

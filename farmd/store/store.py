@@ -523,6 +523,14 @@ class Store:
                 "AND lease_owner != ?", (len(owner_prefix), owner_prefix, keep))
             return cur.rowcount
 
+    async def extend_all_leases(self, until: float) -> int:
+        """Every lease runs at least until ``until``: a coordinator that was down cannot have heard its
+        nodes' heartbeats, and their results, buffered meanwhile, must still find their leases held."""
+        async with self._write() as db:
+            cur = await db.execute("UPDATE jobs SET lease_expires=? WHERE state='leased' AND lease_expires < ?",
+                                   (until, until))
+            return cur.rowcount
+
     async def requeue_owner(self, owner: str) -> int:
         """Give back every lease of ``owner`` (a worker shutting down); the attempt is not counted."""
         now = time.time()

@@ -61,6 +61,11 @@ class VerifierKey:
             tmp.unlink()
         return cls(path.read_bytes())
 
+    def material(self) -> bytes:
+        """The key itself, for one purpose: the coordinator hands it to the nodes that join it, over their
+        authenticated connection, so a node derives the same hidden inputs. Never logged, never in a box."""
+        return self._key
+
     def seed(self, *parts: object) -> int:
         message = "\x1f".join(str(p) for p in parts).encode()
         return int.from_bytes(hmac.new(self._key, message, hashlib.sha256).digest()[:16], "big")

@@ -1,0 +1,190 @@
+"""NodeService.Work: one worker node's stream, translated to the fleet registry's calls.
+
+The node's first message is its hello; farmd answers with a welcome (the lease period, how often to
+heartbeat, the farm's verifier key) or ends the call with why it was refused. Every later message is
+one request, answered in order by its id. A request that fails is answered with its error and the
+stream goes on: the node decides whether to try again.
+
+What a node sends is bounded before it is parsed (the per-method message limit) and its trajectories
+are sealed here, off the event loop, as if they were a local worker's: a node runs untrusted code, so
+what comes from it is held to the record's bounds again, whatever the node did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import grpc
+from farm.v1 import node_pb2, node_pb2_grpc, trajectory_pb2
+from farm_client.convert import from_message
+
+from farmd.api.errors import guarded_stream
+from farmd.errors import BadRequest, FailedPrecondition, FarmError
+from farmd.records import JobState, Trajectory
+from farmd.scheduler.nodes import MAX_CHECKS, MAX_FACT_CHARS, MAX_FACTS, Hello, Node, Nodes
+from farmd.text import clip, valid_text
+
+log = logging.getLogger("farmd.api.nodes")
+
+HELLO_TIMEOUT_S = 30.0
+MAX_RESULT_BYTES = 16 << 20
+"""One trajectory's serialized record, whole: well above the largest a sealed record can be."""
+MAX_PENDING_BYTES = 64 << 20
+"""Partial records one stream may hold at once."""
+MAX_JOB_IDS = 8192
+
+
+def _text(value: str, limit: int) -> str:
+    return clip(valid_text(value)[0], limit)[0]
+
+
+def _hello(message: node_pb2.NodeHello, address: str) -> Hello:
+    if len(message.facts) > MAX_FACTS or len(message.isolation) > MAX_CHECKS:
+        raise BadRequest(f"a hello carries at most {MAX_FACTS} facts and {MAX_CHECKS} isolation checks")
+    return Hello(
+        name=_text(message.name, 100), owner=_text(message.owner, 300), capacity=message.capacity,
+        version=_text(message.version, 64), address=_text(address, 200),
+        isolation=tuple({"name": _text(c.name, 100), "ok": c.ok, "detail": _text(c.detail, 1000),
+                         "fix": _text(c.fix, 1000)} for c in message.isolation),
+        facts={_text(k, 64): _text(v, MAX_FACT_CHARS) for k, v in message.facts.items()})
+
+
+def _trajectory(data: bytes, job_id: int, node: str) -> Trajectory:
+    """Parse and seal one node's record (in a thread: a record is up to megabytes)."""
+    message = trajectory_pb2.Trajectory()
+    message.ParseFromString(data)
+    trajectory = from_message(message, Trajectory)
+    if trajectory.id != job_id:
+        raise BadRequest(f"the record sent for job {job_id} is job {trajectory.id}'s")
+    return dataclasses.replace(trajectory, node=node).sealed()
+
+
+class _Parts:
+    """Records arriving in pieces, per job, until their last piece: bounded per record and in all."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, tuple[str, bytearray]] = {}
+        self._bytes = 0
+
+    def add(self, part: node_pb2.ResultPart) -> tuple[int, str, bytes] | None:
+        owner, data = self._open.get(part.job_id, (part.owner, bytearray()))
+        if len(data) + len(part.data) > MAX_RESULT_BYTES or self._bytes + len(part.data) > MAX_PENDING_BYTES:
+            self._bytes -= len(data)
+            self._open.pop(part.job_id, None)
+            raise BadRequest(f"job {part.job_id}'s record is larger than {MAX_RESULT_BYTES} bytes")
+        data += part.data
+        self._bytes += len(part.data)
+        if not part.last:
+            self._open[part.job_id] = (owner, data)
+            return None
+        self._open.pop(part.job_id, None)
+        self._bytes -= len(data)
+        return part.job_id, owner, bytes(data)
+
+
+class NodeService(node_pb2_grpc.NodeServiceServicer):
+    """``verifier_key``: the farm's, handed to nodes that join. ``need_certificate``: a CA is configured,
+    so a node must show a certificate it signed (``peer_ok`` checks the call's peer)."""
+
+    def __init__(self, nodes: Nodes, *, verifier_key: bytes, version: str, lease_s: float,
+                 peer_ok: Any = None) -> None:
+        self._nodes = nodes
+        self._key = verifier_key
+        self._version = version
+        self._lease_s = lease_s
+        self._peer_ok = peer_ok
+
+    async def Work(self, request_iterator: AsyncIterator[node_pb2.WorkRequest],
+                   context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[node_pb2.WorkResponse]:
+        async for message in guarded_stream(context, self._work(request_iterator, context)):
+            yield message
+
+    async def _work(self, requests: AsyncIterator[node_pb2.WorkRequest], context: grpc.aio.ServicerContext[Any, Any]
+                    ) -> AsyncGenerator[node_pb2.WorkResponse, None]:
+        if self._peer_ok is not None and not self._peer_ok(context):
+            raise FailedPrecondition("this farm admits nodes with a certificate its CA signed: pass --tls-cert and "
+                                     "--tls-key to farmd serve --join", reason="NODE_CERTIFICATE_REQUIRED")
+        try:
+            first = await asyncio.wait_for(anext(requests), HELLO_TIMEOUT_S)
+        except (StopAsyncIteration, TimeoutError):
+            raise BadRequest(f"a node says hello within {HELLO_TIMEOUT_S:.0f}s of connecting") from None
+        if first.WhichOneof("kind") != "hello":
+            raise BadRequest("a node's first message is its hello")
+        node = self._nodes.join(_hello(first.hello, context.peer()))
+        try:
+            yield node_pb2.WorkResponse(reply_to=first.id, welcome=node_pb2.Welcome(
+                name=node.name, version=self._version, lease_s=self._lease_s,
+                heartbeat_s=self._nodes.heartbeat_s, verifier_key=self._key))
+            parts = _Parts()
+            async for request in requests:
+                try:
+                    reply = await self._answer(node, request, parts)
+                except FarmError as exc:
+                    reply = node_pb2.WorkResponse(error=_text(str(exc), 500))
+                except Exception:
+                    log.exception("node %s: a request failed", node.name)
+                    reply = node_pb2.WorkResponse(error="the coordinator failed on this request; its log "
+                                                              "has the details")
+                if reply is not None:
+                    reply.reply_to = request.id
+                    yield reply
+        finally:
+            self._nodes.leave(node)
+
+    async def _answer(self, node: Node, request: node_pb2.WorkRequest, parts: _Parts
+                      ) -> node_pb2.WorkResponse | None:
+        kind = request.WhichOneof("kind")
+        nodes = self._nodes
+        if kind == "lease":
+            jobs = await nodes.lease(node, min(request.lease.n, node.hello.capacity))
+            leased = []
+            for job in jobs:
+                sha = await nodes.policy_sha256(job.policy_version) if job.policy_version else ""
+                leased.append(node_pb2.LeasedJob(
+                    id=job.id, group_id=job.group_id, env=job.env, seed=job.seed, difficulty=job.difficulty,
+                    agent=job.agent, attempts=job.attempts, policy_version=job.policy_version, policy_sha256=sha,
+                    source=job.source))
+            return node_pb2.WorkResponse(leased=node_pb2.LeaseReply(jobs=leased))
+        if kind == "heartbeat":
+            beat = request.heartbeat
+            if len(beat.job_ids) > MAX_JOB_IDS or len(beat.policies) > 1024:
+                raise BadRequest(f"a heartbeat names at most {MAX_JOB_IDS} rollouts and 1024 policies")
+            held = await nodes.heartbeat(node, list(beat.job_ids), tuple(_text(p, 64) for p in beat.policies))
+            return node_pb2.WorkResponse(heartbeat=node_pb2.HeartbeatReply(held=held))
+        if kind == "results":
+            return await self._results(node, request.results, parts)
+        if kind == "fail":
+            fail = request.fail
+            state = await nodes.fail(node, fail.job_id, _text(fail.error, 2000), fail.transient)
+            return node_pb2.WorkResponse(count=node_pb2.CountReply(
+                count=int(state is not None), state=state.value if isinstance(state, JobState) else ""))
+        if kind == "release":
+            return node_pb2.WorkResponse(count=node_pb2.CountReply(count=await nodes.release(node)))
+        if kind == "recover":
+            return node_pb2.WorkResponse(count=node_pb2.CountReply(count=await nodes.recover(node)))
+        raise BadRequest(f"a node may not send {kind or 'an empty message'} here")
+
+    async def _results(self, node: Node, results: node_pb2.ResultsRequest, parts: _Parts
+                       ) -> node_pb2.WorkResponse:
+        whole: list[tuple[int, str, bytes]] = []
+        for part in results.parts:
+            done = parts.add(part)
+            if done is not None:
+                whole.append(done)
+        items: list[tuple[str, Trajectory]] = []
+        handled: list[int] = []
+        for job_id, owner, data in whole:
+            handled.append(job_id)
+            try:
+                trajectory = await asyncio.to_thread(_trajectory, data, job_id, node.name)
+            except Exception as exc:  # its lease runs out and the job runs again: a bad record is never stored
+                log.warning("node %s sent a record for job %d that cannot be read: %s", node.name, job_id,
+                            _text(str(exc), 300), extra={"event": "bad_result", "node": node.name, "job": job_id})
+                continue
+            items.append((owner, trajectory))
+        stored = await self._nodes.complete(node, items) if items else []
+        return node_pb2.WorkResponse(results=node_pb2.ResultsReply(stored=stored, handled=handled))

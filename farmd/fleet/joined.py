@@ -1,0 +1,175 @@
+"""``farmd serve --join HOST:PORT``: a node that runs the worker role only, for a coordinator elsewhere.
+
+It checks its own host first: a host that cannot isolate never joins (and the coordinator would refuse
+it anyway, from the report sent with its hello). Then it connects, and once welcomed (the verifier key
+arrives with the welcome, over the authenticated connection: never on a command line, never in a box)
+it runs the same worker a single-node farm runs, its leases taken over the link. Its data directory
+holds the outbox and the policy cache; nothing of the coordinator's store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import platform
+import secrets
+import socket
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+from farm.v1 import farm_pb2, farm_pb2_grpc, node_pb2
+
+from farmd import __version__
+from farmd.config import Config
+from farmd.envs import VerifyContext
+from farmd.errors import ConfigError, InfraFailure, IsolationUnavailable
+from farmd.fleet.link import JoinRefused, Link
+from farmd.fleet.outbox import Outbox
+from farmd.fleet.policy_cache import PolicyCache
+from farmd.fleet.remote import RemoteLeases
+from farmd.metrics import Metrics
+from farmd.private import make_dir, tighten, write_file
+from farmd.records import NODE_NAME
+from farmd.rollout import Worker
+from farmd.sandbox import Check, Sandbox, check_host
+from farmd.sandbox.host import missing
+from farmd.verifier import VerifierKey
+
+log = logging.getLogger("farmd.fleet")
+
+MAX_POLICY_FETCH_BYTES = 1 << 30
+
+
+def _read(path: Path | None) -> bytes | None:
+    return path.read_bytes() if path is not None else None
+
+
+def channel_credentials(config: Config) -> grpc.ChannelCredentials | None:
+    """TLS to the coordinator when a CA or a client certificate is configured (system roots without a CA)."""
+    if config.tls_ca is None and config.tls_cert is None:
+        return None
+    return grpc.ssl_channel_credentials(root_certificates=_read(config.tls_ca), private_key=_read(config.tls_key),
+                                        certificate_chain=_read(config.tls_cert))
+
+
+def host_facts() -> dict[str, str]:
+    return {"cores": str(os.cpu_count() or 0), "memory_bytes": str(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+            "kernel": platform.release(), "python": platform.python_version(), "host": socket.gethostname()}
+
+
+class JoinedNode:
+    def __init__(self, config: Config, workers: int, metrics: Metrics | None = None) -> None:
+        assert config.join is not None
+        self.config = config
+        self.workers = workers
+        self.metrics = metrics
+        self.name = config.node_name or socket.gethostname().split(".")[0]
+        if not NODE_NAME.fullmatch(self.name):
+            raise ConfigError(f"node name {self.name!r}: use 1-64 letters, digits, '.', '_' or '-' (--node-name)")
+        self.owner = f"{self.name}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.sandbox: Sandbox | None = None
+        self.worker: Worker | None = None
+        self.link: Link | None = None
+        self.remote: RemoteLeases | None = None
+        self._checks: list[Check] = []
+        self._link_task: asyncio.Task[None] | None = None
+
+    @property
+    def ended(self) -> asyncio.Task[None] | None:
+        """The link's task: it ends only when the coordinator refused this node for good."""
+        return self._link_task
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        config = self.config
+        self._checks = await loop.run_in_executor(None, check_host, config.sandbox)
+        gaps = missing(self._checks)
+        if gaps:
+            raise IsolationUnavailable(gaps)
+        await loop.run_in_executor(None, self._private_data_dir)
+        sandbox_config = config.sandbox
+        if not sandbox_config.max_boxes:
+            sandbox_config = replace(sandbox_config, max_boxes=max(sandbox_config.boxes, 2 * self.workers + 2))
+        self.sandbox = Sandbox(sandbox_config)
+        await self.sandbox.start()
+        outbox = Outbox(config.data_dir / "outbox")
+        await outbox.open()
+        policies = PolicyCache(config.data_dir / "policies", config.policy_cache_bytes, self._fetch_policy)
+        await policies.open()
+        assert config.join is not None
+        self.link = Link(config.join, self._hello, on_connect=self._on_connect,
+                         credentials=channel_credentials(config), token=config.token)
+        self.remote = RemoteLeases(self.link, outbox, policies)
+        self._link_task = loop.create_task(self.link.run(), name="node-link")
+        if len(outbox):
+            log.info("%d results from an earlier run are buffered: they go to the coordinator first", len(outbox))
+        log.info("node %s joining %s (%d slots)", self.name, config.join, self.workers,
+                 extra={"event": "joining", "coordinator": config.join, "node": self.name})
+        welcomed = loop.create_task(self.link.welcomed.wait())
+        await asyncio.wait((welcomed, self._link_task), return_when=asyncio.FIRST_COMPLETED)
+        if not welcomed.done():
+            welcomed.cancel()
+            await self._link_task  # raises JoinRefused
+        welcome = self.link.welcome
+        assert welcome is not None
+        key = VerifierKey(welcome.verifier_key)
+        lease_s = min(welcome.lease_s, 3 * welcome.heartbeat_s) if welcome.heartbeat_s > 0 else welcome.lease_s
+        self.worker = Worker(self.remote, VerifyContext(sandbox=self.sandbox, key=key), slots=self.workers,
+                             lease_s=lease_s, node=self.name, metrics=self.metrics, endpoints=config.endpoints,
+                             policies=policies, owner=self.owner)
+        await self.worker.start()
+        write_file(config.data_dir / "farmd.json",
+                   json.dumps({"pid": os.getpid(), "node": self.name, "coordinator": config.join}).encode())
+
+    def _private_data_dir(self) -> None:
+        make_dir(self.config.data_dir)
+        for path, mode in tighten(self.config.data_dir):
+            log.warning("%s was readable by others (mode %o): now only by farmd", path, mode)
+
+    def _hello(self) -> node_pb2.NodeHello:
+        return node_pb2.NodeHello(
+            name=self.name, owner=self.owner, capacity=self.workers, version=__version__, facts=host_facts(),
+            isolation=[farm_pb2.IsolationCheck(name=c.name, ok=c.ok, detail=c.detail, fix=c.fix)
+                       for c in self._checks])
+
+    async def _on_connect(self, welcome: node_pb2.Welcome, first: bool) -> None:
+        assert self.remote is not None
+        await self.remote.on_connect(welcome, first)
+
+    async def _fetch_policy(self, sha256: str) -> bytes:
+        """The policy's content from the coordinator, in its chunks (checked by the cache)."""
+        assert self.link is not None
+        data = bytearray()
+        channel = self.link.channel()
+        try:
+            stub = farm_pb2_grpc.FarmServiceStub(channel)
+            call = stub.GetPolicy(farm_pb2.GetPolicyRequest(sha256=sha256), metadata=self.link.metadata,
+                                  timeout=600)
+            async for chunk in call:
+                data += chunk.data
+                if len(data) > MAX_POLICY_FETCH_BYTES:
+                    raise InfraFailure(f"policy {sha256[:12]} is larger than {MAX_POLICY_FETCH_BYTES} bytes")
+        except grpc.aio.AioRpcError as exc:
+            raise InfraFailure(f"fetching policy {sha256[:12]}: {exc.code().name}: {exc.details()}") from exc
+        finally:
+            await channel.close(None)
+        return bytes(data)
+
+    async def stop(self, grace_s: float) -> None:
+        if self.worker is not None:
+            await self.worker.stop(grace_s)
+            log.info("worker: %(ran)d rollouts run, %(infra_failures)d infrastructure failures", self.worker.counters)
+        if self.link is not None:
+            await self.link.close()
+        if self._link_task is not None:
+            self._link_task.cancel()
+            await asyncio.gather(self._link_task, return_exceptions=True)
+        if self.sandbox is not None:
+            await self.sandbox.close()
+        await asyncio.to_thread(lambda: (self.config.data_dir / "farmd.json").unlink(missing_ok=True))
+
+
+__all__ = ["JoinRefused", "JoinedNode"]

@@ -1,0 +1,152 @@
+"""A fleet on one machine, all real processes: a coordinator that runs no rollouts (``--workers 0``) and
+worker nodes that joined it, one of them in a network namespace of its own, reaching the coordinator
+through a veth pair by a non-loopback address. Nodes die (kill -9), hang (SIGSTOP past their lease) and
+the coordinator restarts; every requested rollout lands exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from farm_client import FarmClient
+
+from tests.fleet.conftest import free_port
+from tests.fleet.netns import netns_unavailable, veth_netns
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
+
+FLEET_TOML = """
+[scheduler]
+lease_s = {lease_s}
+node_lost_s = {lost_s}
+retry_backoff_s = 0.1
+max_attempts = 5
+"""
+
+
+def coordinator_toml(tmp_path: Path, lease_s: float = 6.0, lost_s: float = 4.0) -> str:
+    path = tmp_path / "coordinator.toml"
+    path.write_text(FLEET_TOML.format(lease_s=lease_s, lost_s=lost_s))
+    return str(path)
+
+
+def wait_for(predicate: Any, timeout_s: float, what: str, every_s: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def finished(client: FarmClient, run_id: int) -> dict[str, Any] | None:
+    run = client.get_run(run_id)
+    return run if run["state"] != "running" else None
+
+
+def landed(client: FarmClient, env: str) -> Counter[int]:
+    """How many times each trajectory id is stored (every one must be once)."""
+    return Counter(t.id for page in client.trajectory_pages(env) for t in page)
+
+
+def nodes_of(client: FarmClient) -> dict[str, dict[str, Any]]:
+    return {n["name"]: n for n in client.status()["nodes"]}
+
+
+def test_rollouts_spread_over_two_nodes_one_behind_a_veth_pair(tmp_path: Path, running_farm, worker_node  # type: ignore[no-untyped-def]
+                                                               ) -> None:
+    reason = netns_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with veth_netns() as ns:
+        farm = running_farm("--workers", "0", "--config", coordinator_toml(tmp_path), listen=f"{ns.host_ip}:0")
+        assert farm.addr.startswith(ns.host_ip)
+        far = worker_node(farm.addr, "far", workers=2, wrap=ns.wrap)
+        near = worker_node(farm.addr, "near", workers=2)
+        with FarmClient(farm.addr) as client:
+            run = client.run("py-func", "reference", 32, group_size=4)
+            done = wait_for(lambda: finished(client, run["id"]), 120, "the run")
+            assert (done["state"], done["done"], done["passed"]) == ("succeeded", 32, 32)
+            stored = landed(client, "py-func")
+            assert len(stored) == 32 and set(stored.values()) == {1}
+            by_node = Counter(t.node for page in client.trajectory_pages("py-func") for t in page)
+            assert set(by_node) == {"far", "near"}, f"rollouts ran on {dict(by_node)}"
+            nodes = nodes_of(client)
+            assert {n: (nodes[n]["state"], nodes[n]["capacity"], nodes[n]["isolation_ok"]) for n in nodes} == {
+                "far": ("connected", 2, True), "near": ("connected", 2, True)}
+            assert nodes["far"]["address"].startswith(f"ipv4:{ns.ns_ip}:"), "the far node came through the veth"
+            assert nodes["far"]["done"] + nodes["near"]["done"] == 32
+            assert nodes["far"]["facts"]["cores"] == str(os.cpu_count())
+        shown = farm.farmctl("status").stdout.decode()
+        assert "nodes" in shown and "far" in shown and "near" in shown
+        for node in (far, near):
+            assert node.stop() == 0
+            assert not list((node.data_dir / "outbox").iterdir()), "a node that stops has reported everything"
+
+
+def test_a_node_killed_mid_run_loses_nothing_and_nothing_lands_twice(tmp_path: Path, running_farm, worker_node  # type: ignore[no-untyped-def]
+                                                                     ) -> None:
+    farm = running_farm("--workers", "0", "--config", coordinator_toml(tmp_path, lease_s=20, lost_s=3))
+    doomed = worker_node(farm.addr, "doomed", workers=2)
+    worker_node(farm.addr, "steady", workers=2)
+    with FarmClient(farm.addr) as client:
+        run = client.run("py-func", "reference", 40, group_size=4)
+        wait_for(lambda: nodes_of(client)["doomed"]["in_flight"] and nodes_of(client)["doomed"]["done"], 60,
+                 "the doomed node to be busy")
+        doomed.stop(sig=signal.SIGKILL)
+        # Lost after 3 s of silence, far inside its 20 s leases: its rollouts are requeued at once.
+        lost = wait_for(lambda: nodes_of(client)["doomed"]["state"] == "lost", 30, "the node to be marked lost")
+        assert lost
+        done = wait_for(lambda: finished(client, run["id"]), 120, "the run")
+        assert (done["done"], done["failed"]) == (40, 0)
+        stored = landed(client, "py-func")
+        assert len(stored) == 40 and set(stored.values()) == {1}
+
+
+def test_a_node_stopped_past_its_lease_comes_back_and_nothing_is_stored_twice(tmp_path: Path, running_farm,  # type: ignore[no-untyped-def]
+                                                                              worker_node) -> None:
+    farm = running_farm("--workers", "0", "--config", coordinator_toml(tmp_path, lease_s=3, lost_s=30))
+    frozen = worker_node(farm.addr, "frozen", workers=2)
+    worker_node(farm.addr, "steady", workers=2)
+    with FarmClient(farm.addr) as client:
+        run = client.run("py-func", "reference", 40, group_size=4)
+        wait_for(lambda: nodes_of(client)["frozen"]["in_flight"] == 2, 60, "the node to hold two rollouts")
+        os.kill(frozen.proc.pid, signal.SIGSTOP)
+        try:
+            done = wait_for(lambda: finished(client, run["id"]), 120, "the others to finish its jobs")
+        finally:
+            os.kill(frozen.proc.pid, signal.SIGCONT)
+        assert (done["done"], done["failed"]) == (40, 0)
+        # Back, it reports what it finished while stopped: leases that went elsewhere, so none is stored.
+        wait_for(lambda: not list((frozen.data_dir / "outbox").iterdir()), 30, "its results to be dealt with")
+        wait_for(lambda: nodes_of(client)["frozen"]["state"] == "connected", 30, "it to be back")
+        stored = landed(client, "py-func")
+        assert len(stored) == 40 and set(stored.values()) == {1}
+        assert client.status()["queue"]["done"] == 40
+
+
+def test_results_finished_while_the_coordinator_was_down_arrive_after_it_restarts(tmp_path: Path, running_farm,  # type: ignore[no-untyped-def]
+                                                                                  worker_node) -> None:
+    listen = f"127.0.0.1:{free_port()}"
+    toml = coordinator_toml(tmp_path, lease_s=5, lost_s=30)
+    farm = running_farm("--workers", "0", "--config", toml, listen=listen)
+    node = worker_node(farm.addr, "patient", workers=2)
+    with FarmClient(farm.addr) as client:
+        run = client.run("py-func", "reference", 24, group_size=4)
+        wait_for(lambda: nodes_of(client)["patient"]["done"] >= 2, 60, "some rollouts to land")
+    farm.stop(sig=signal.SIGKILL)
+    time.sleep(6)  # longer than a lease: the restarted coordinator must still take what was finished meanwhile
+    farm = running_farm("--workers", "0", "--config", toml, data_dir=farm.data_dir, listen=listen)
+    with FarmClient(farm.addr) as client:
+        done = wait_for(lambda: finished(client, run["id"]), 120, "the run")
+        assert (done["done"], done["failed"]) == (24, 0)
+        stored = landed(client, "py-func")
+        assert len(stored) == 24 and set(stored.values()) == {1}
+    assert "resent" in node.text(), "the node held results while the coordinator was down and sent them after"
+    assert node.proc.poll() is None, "a coordinator restart is not the node's end"
