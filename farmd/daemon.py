@@ -80,7 +80,7 @@ class Daemon:
     async def start(self) -> None:
         if self.config.join:
             self.joined = JoinedNode(self.config, self.workers or (os.cpu_count() or 1), self.metrics)
-            await self.joined.start()
+            await self.joined.start(self._stopping)
             await self._start_metrics()
             return
         max_calls = self.config.max_concurrent_calls

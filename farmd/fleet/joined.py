@@ -82,7 +82,10 @@ class JoinedNode:
         """The link's task: it ends only when the coordinator refused this node for good."""
         return self._link_task
 
-    async def start(self) -> None:
+    async def start(self, stopping: asyncio.Event | None = None) -> None:
+        """Check the host, connect, and once welcomed start the worker. ``stopping``: a stop asked for while
+        still waiting to be welcomed (a coordinator that is down, or that refuses the handshake) ends the
+        wait, not only a welcome."""
         loop = asyncio.get_running_loop()
         config = self.config
         self._checks = await loop.run_in_executor(None, check_host, config.sandbox)
@@ -109,10 +112,16 @@ class JoinedNode:
         log.info("node %s joining %s (%d slots)", self.name, config.join, self.workers,
                  extra={"event": "joining", "coordinator": config.join, "node": self.name})
         welcomed = loop.create_task(self.link.welcomed.wait())
-        await asyncio.wait((welcomed, self._link_task), return_when=asyncio.FIRST_COMPLETED)
-        if not welcomed.done():
-            welcomed.cancel()
+        stop = loop.create_task(stopping.wait()) if stopping is not None else None
+        await asyncio.wait([t for t in (welcomed, self._link_task, stop) if t is not None],
+                           return_when=asyncio.FIRST_COMPLETED)
+        for waiting in (welcomed, stop):
+            if waiting is not None and not waiting.done():
+                waiting.cancel()
+        if self._link_task.done():
             await self._link_task  # raises JoinRefused
+        if not welcomed.done() or welcomed.cancelled():
+            return  # stopped before it ever joined
         welcome = self.link.welcome
         assert welcome is not None
         key = VerifierKey(welcome.verifier_key)

@@ -109,7 +109,8 @@ class Link:
                 raise
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in _PERMANENT or (exc.code() == grpc.StatusCode.ALREADY_EXISTS and not self.connections):
-                    raise JoinRefused(f"the coordinator at {self.target} refused this node: {_reason(exc)}") from None
+                    raise JoinRefused(f"the coordinator at {self.target} refused this node ({exc.code().name}): "
+                                      f"{_reason(exc)}") from None
                 log.warning("coordinator %s: %s; trying again in %.1fs", self.target, _reason(exc), backoff,
                             extra={"event": "link_down", "code": exc.code().name})
             except (OSError, LinkDown) as exc:

@@ -150,3 +150,24 @@ def test_results_finished_while_the_coordinator_was_down_arrive_after_it_restart
         assert len(stored) == 24 and set(stored.values()) == {1}
     assert "resent" in node.text(), "the node held results while the coordinator was down and sent them after"
     assert node.proc.poll() is None, "a coordinator restart is not the node's end"
+
+
+def test_a_node_runs_the_exact_policy_version_it_was_leased_with_fetched_by_hash(tmp_path: Path, running_farm,  # type: ignore[no-untyped-def]
+                                                                                 worker_node) -> None:
+    from farm_client import tinylm
+
+    farm = running_farm("--workers", "0", "--config", coordinator_toml(tmp_path))
+    node = worker_node(farm.addr, "gpu-less", workers=2)
+    with FarmClient(farm.addr) as client:
+        first = client.publish_policy(tinylm.save(tinylm.TinyLM(tinylm.LMConfig()).eval()), name="tiny")
+        run = client.run("arith", "torch:tiny?max_tokens=4", 8, group_size=4)
+        assert wait_for(lambda: finished(client, run["id"]), 120, "the first run")["done"] == 8
+        second = client.publish_policy(tinylm.save(tinylm.TinyLM(tinylm.LMConfig()).eval()), name="tiny")
+        run = client.run("arith", "torch:tiny?max_tokens=4", 8, group_size=4)
+        assert wait_for(lambda: finished(client, run["id"]), 120, "the second run")["done"] == 8
+        versions = Counter(t.policy_version for page in client.trajectory_pages("arith") for t in page)
+        assert versions == {first["version"]: 8, second["version"]: 8}
+        held = wait_for(lambda: nodes_of(client)["gpu-less"]["policy_versions"], 30, "a heartbeat naming them")
+        assert set(held) <= {first["version"], second["version"]}
+    cached = sorted(p.name for p in (node.data_dir / "policies").iterdir())
+    assert cached == sorted({first["sha256"], second["sha256"]}), "each version fetched once, kept by its hash"

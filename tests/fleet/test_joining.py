@@ -1,0 +1,117 @@
+"""Who may join a fleet: a node's credential, its certificate, its name and its host's isolation are all
+checked before it gets a single lease, and a refused node says why and exits."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from farm.v1 import farm_pb2, node_pb2, node_pb2_grpc
+from farm_client import FarmClient
+from grpc_status import rpc_status
+
+from tests.tlsutil import make_pki
+
+pytestmark = [pytest.mark.sandbox]
+
+NODE, TRAINER, OPERATOR = "node-token-0123456789", "trainer-token-0123456789", "operator-token-0123456789"
+
+
+def credentials_toml(tmp_path: Path) -> str:
+    stanzas = [f'[[credentials]]\nname = "{name}"\nroles = ["{name}"]\n'
+               f'token_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"\n'
+               for name, token in (("node", NODE), ("trainer", TRAINER), ("operator", OPERATOR))]
+    path = tmp_path / "farm.toml"
+    path.write_text("\n".join(stanzas))
+    return str(path)
+
+
+def token_file(tmp_path: Path, token: str) -> str:
+    path = tmp_path / f"{token[:8]}.token"
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+def test_only_a_node_credential_joins_and_the_others_are_told_why(tmp_path: Path, running_farm,  # type: ignore[no-untyped-def]
+                                                                  worker_node) -> None:
+    farm = running_farm("--workers", "0", "--config", credentials_toml(tmp_path))
+    nobody = worker_node(farm.addr, "nobody", wait=False)
+    wrong = worker_node(farm.addr, "wrong", "--token-file", token_file(tmp_path, "not-a-token-of-this-farm"),
+                        wait=False)
+    trainer = worker_node(farm.addr, "trainer", "--token-file", token_file(tmp_path, TRAINER), wait=False)
+    for node, why in ((nobody, "(UNAUTHENTICATED)"), (wrong, "(UNAUTHENTICATED)"), (trainer, "(PERMISSION_DENIED)")):
+        assert node.exited() != 0
+        assert f"refused this node {why}" in node.text(), node.text()[-2000:]
+    assert "'trainer' (trainer) may not call Work" in trainer.text()
+    joined = worker_node(farm.addr, "joined", "--token-file", token_file(tmp_path, NODE))
+    with FarmClient(farm.addr, token=OPERATOR) as client:
+        assert [n["name"] for n in client.status()["nodes"]] == ["joined"]
+    for text in (farm.log.read_text(), joined.text(), nobody.text(), wrong.text(), trainer.text()):
+        assert NODE not in text and TRAINER not in text, "a credential in a log"
+    # A node's credential is a node's only: no trajectories, no publishing.
+    with FarmClient(farm.addr, token=NODE) as client, pytest.raises(grpc.RpcError) as denied:
+        client.trajectories("py-func")
+    assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_second_node_with_a_taken_name_is_refused(tmp_path: Path, running_farm, worker_node) -> None:  # type: ignore[no-untyped-def]
+    farm = running_farm("--workers", "0")
+    worker_node(farm.addr, "twin")
+    other = worker_node(farm.addr, "twin", wait=False)
+    assert other.exited() != 0
+    assert "connected already" in other.text() and "--node-name" in other.text()
+
+
+def _hello_reply(addr: str, isolation: list[farm_pb2.IsolationCheck]) -> grpc.aio.AioRpcError | None:
+    with grpc.insecure_channel(addr) as channel:
+        stub = node_pb2_grpc.NodeServiceStub(channel)
+        hello = node_pb2.WorkRequest(id=1, hello=node_pb2.NodeHello(
+            name="leaky", owner="leaky:1:ab", capacity=2, version="0", isolation=isolation))
+        try:
+            replies = stub.Work(iter([hello]), timeout=10)
+            for _ in replies:
+                pass
+        except grpc.RpcError as exc:
+            return exc  # type: ignore[return-value]
+    return None
+
+
+def test_a_node_whose_host_cannot_isolate_is_refused_with_its_report(running_farm) -> None:  # type: ignore[no-untyped-def]
+    farm = running_farm("--workers", "0")
+    refused = _hello_reply(farm.addr, [
+        farm_pb2.IsolationCheck(name="bwrap", ok=True, detail="bubblewrap 0.11"),
+        farm_pb2.IsolationCheck(name="seccomp", ok=False, detail="no seccomp filter support", fix="a kernel with it")])
+    assert refused is not None and refused.code() == grpc.StatusCode.FAILED_PRECONDITION
+    status = rpc_status.from_call(refused)  # type: ignore[arg-type]
+    assert status is not None and "NODE_CANNOT_ISOLATE" in str(status.details)
+    assert "seccomp: no seccomp filter support" in refused.details() and "a kernel with it" in refused.details()
+    silent = _hello_reply(farm.addr, [])
+    assert silent is not None and silent.code() == grpc.StatusCode.FAILED_PRECONDITION, "no report, no work"
+    with FarmClient(farm.addr) as client:
+        assert client.status()["nodes"] == []
+
+
+def test_with_a_ca_a_node_joins_with_the_certificate_it_signed(tmp_path: Path, running_farm,  # type: ignore[no-untyped-def]
+                                                               worker_node) -> None:
+    pki = make_pki(tmp_path / "pki")
+    farm = running_farm("--workers", "0", "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key),
+                        "--tls-ca", str(pki.ca))
+    tls = ("--tls-ca", str(pki.ca))
+    signed = worker_node(farm.addr, "signed", *tls, "--tls-cert", str(pki.client_cert), "--tls-key",
+                         str(pki.client_key))
+    stranger = worker_node(farm.addr, "stranger", *tls, "--tls-cert", str(pki.other_client_cert), "--tls-key",
+                           str(pki.other_client_key), wait=False)
+    time.sleep(3)  # a handshake the coordinator refuses looks like a network fault: the node keeps trying
+    assert stranger.proc.poll() is None and "trying again" in stranger.text()
+    with FarmClient(farm.addr, tls_ca=pki.ca, tls_cert=pki.client_cert, tls_key=pki.client_key) as client:
+        assert [n["name"] for n in client.status()["nodes"]] == ["signed"]
+        run = client.run("py-func", "reference", 4, group_size=4)
+        deadline = time.monotonic() + 60
+        while client.get_run(run["id"])["state"] == "running" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert client.get_run(run["id"])["passed"] == 4
+    assert signed.proc.poll() is None
