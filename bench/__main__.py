@@ -10,12 +10,20 @@ import uvloop
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench import farm_bench, kernel_speed_bench, loop_bench, sandbox_bench, store_bench, verifier_bench
+from bench import (
+    farm_bench,
+    fleet_bench,
+    kernel_speed_bench,
+    loop_bench,
+    sandbox_bench,
+    store_bench,
+    verifier_bench,
+)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="farm's benchmarks")
-    parser.add_argument("--only", choices=("sandbox", "verifier", "kernel-speed", "farm", "store", "loop"), help="run one part")
+    parser.add_argument("--only", choices=("sandbox", "verifier", "kernel-speed", "farm", "store", "loop", "fleet"), help="run one part")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument("--n", type=int, default=60, help="repetitions of each latency figure")
     parser.add_argument("--boxes", type=int, default=200, help="programs per throughput figure")
@@ -29,6 +37,8 @@ def main() -> None:
     parser.add_argument("--store-rounds", type=int, default=5, help="rounds of the store figures (medians)")
     parser.add_argument("--loop-minutes", type=float, default=3.0,
                         help="budget of each learning loop (band, uniform, in process)")
+    parser.add_argument("--fleet-repeats", type=int, default=3,
+                        help="trials of each fleet figure, one node and two (medians)")
     args = parser.parse_args()
     console = Console(stderr=args.json, highlight=False)
     out: dict[str, object] = {}
@@ -46,6 +56,8 @@ def main() -> None:
             out["store"] = store_bench.measure(args.store_trajectories, args.store_rounds, progress)
         if args.only in (None, "loop"):
             out["loop"] = loop_bench.measure(args.loop_minutes, progress)
+        if args.only in (None, "fleet"):
+            out["fleet"] = fleet_bench.measure(args.fleet_repeats, progress)
     if args.json:
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -62,6 +74,8 @@ def main() -> None:
         store_bench.render(out["store"], console)  # type: ignore[arg-type]
     if "loop" in out:
         loop_bench.render(out["loop"], console)  # type: ignore[arg-type]
+    if "fleet" in out:
+        fleet_bench.render(out["fleet"], console)  # type: ignore[arg-type]
 
 
 main()

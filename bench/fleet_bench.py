@@ -7,25 +7,27 @@ One coordinator (``farmd serve --workers 0``: it runs no rollouts) with one conf
 run. Each trial joins fresh worker nodes (``farmd serve --join``, ``--workers 1``: one rollout at a time
 each), waits until the coordinator lists them connected, warms them up (imports, first box, first
 connection), queues N rollouts and times them from the queue to the last one stored (the run's
-``created_at`` to its ``finished_at``, both the coordinator's clock), then stops the nodes. One-node
-and two-node trials alternate (1, 2, then 2, 1, ...) so drift on this shared machine hits both; the
-figures are medians over the repeats, the ratio is two over one.
+``created_at`` to its ``finished_at``, both the coordinator's clock), then stops the nodes. A trainer
+(this process) drains every trajectory from the stream and acks it, as a trainer does: delivery is part
+of what the coordinator does per rollout, and the stream tells the bench the run is over without
+polling the coordinator. One-node and two-node trials alternate (1, 2, then 2, 1, ...) so drift on this
+shared machine hits both; the figures are medians over the repeats, the ratio is two over one.
 
 Two workloads, reported apart:
 
-- (a) ``py-func`` with the ``reference`` agent: every rollout runs its submission and the judge in
-  boxes, CPU-bound. On a 2-core machine the coordinator and two nodes share the cores the boxes need,
-  so this shows the machine's limit as much as the farm's.
+- (a) ``py-func`` with the ``reference`` agent: every rollout runs its submission, then the judge, each
+  in a fresh box (tens of ms of CPU a rollout). The coordinator, the nodes and their boxes share this
+  machine's cores, so past some rate this measures the machine rather than the farm.
 - (b) ``arith`` with ``openai:sim@sim``: the farm's own OpenAI-compatible agent against a simulated model
   server (``bench.fleet_procs.SimModel``, in this process) that waits ``SIM_LATENCY_S`` before answering
   right. No box (``arith`` is judged on the host): a rollout's time is mostly waiting for "the model", as
-  with a real remote model, so this shows the farm's own scaling. Nothing in ``farmd/envs`` or
-  ``farmd/agents`` waits by itself (the scripted agents answer at once, every other environment runs
-  boxes), hence the simulated server.
+  with a real remote model, so this shows the farm's own scaling rather than this machine's core count.
+  Nothing in ``farmd/envs`` or ``farmd/agents`` waits by itself (the scripted agents answer at once, and
+  every other environment runs boxes), hence the simulated server.
 
-The coordinator's CPU (user + system of its process, psutil) is read around each timed window; its
-background (maintenance, with no node joined) and its cost per idle node (nodes poll for leases about
-10 times a second when they have nothing to run) are measured apart, with nobody calling it.
+The coordinator's CPU (user + system of its process, every thread) is read around each timed window;
+its background (no node joined, nobody calling) and its cost per idle node (a node with nothing to run
+polls for a lease about 10 times a second) are read apart.
 
 These print figures; they assert nothing.
 """
@@ -35,6 +37,7 @@ from __future__ import annotations
 import os
 import statistics
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,8 +49,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from bench.common import verdicts
-from bench.fleet_procs import Node, NodeFailed, SimModel, farmd_env, machine_busy_s, nodes, process_cpu_s
+from bench.common import drain, verdicts
+from bench.fleet_procs import Node, SimModel, farmd_env, machine_busy_s, nodes, process_cpu_s
 from farmd.cli.local_farmd import LocalFarmd
 
 GOAL_RATIO = 1.8
@@ -55,14 +58,17 @@ GOAL_RATIO = 1.8
 SIM_LATENCY_S = 0.2
 """The simulated model's wait before each reply (one reply per ``arith`` rollout)."""
 GROUP = 8
-POLL_S = 0.1
-"""How often the bench asks whether a run is done (its timing is the coordinator's, not the poll's)."""
+BATCH = 64
+"""The trainer's batch size on the stream."""
+CONSUMER = "fleet-bench"
 IDLE_S = 2.0
-"""Seconds of coordinator CPU read with nothing to do (alone, then with two idle nodes)."""
+"""Seconds of each idle reading of the coordinator's CPU (alone: twice this)."""
 SETTLE_S = 0.5
-"""Before an idle reading: the idle nodes' poll backs off to its slowest within this."""
+"""Before an idle reading: idle nodes' polls back off to their slowest well within this."""
 WARM_PER_NODE = 2
-RUN_TIMEOUT_S = 180.0
+RUN_TIMEOUT_S = 120.0
+WATCH_EVERY_S = 5.0
+"""How often the watchdog asks whether a run failed (a node's exit it sees at once)."""
 
 TOML = """\
 [scheduler]
@@ -82,50 +88,80 @@ class Workload:
     agent: str
     rollouts: int
     label: str
+    about: str
 
 
 WORKLOADS = (
-    Workload("boxes", "py-func", "reference", 64, "(a) py-func, reference: boxes, CPU-bound"),
-    Workload("waits", "arith", "openai:sim@sim", 32,
-             f"(b) arith, openai:sim@sim: waits {SIM_LATENCY_S * 1000:.0f} ms for a simulated model, no box"),
+    Workload("boxes", "py-func", "reference", 128, "(a) py-func, reference",
+             "each rollout runs its submission, then the judge, each in a fresh box: tens of ms of CPU"),
+    Workload("waits", "arith", "openai:sim@sim", 32, "(b) arith, simulated model",
+             f"the openai agent waits {SIM_LATENCY_S * 1000:.0f} ms for a simulated model server; no box: "
+             "mostly waiting"),
 )
 
 
 class RunFailed(RuntimeError):
-    """A run ended with failed rollouts, or not at all; the message ends with the nodes' logs."""
+    """A run ended with failed rollouts, or not in time, or a node died under it; with the nodes' logs."""
 
 
 def _logs(joined: list[Node]) -> str:
     return "\n".join(f"--- node {n.name} ({n.log_path}):\n{n.log_tail(2000)}" for n in joined)
 
 
-def _run_to_end(client: FarmClient, w: Workload, rollouts: int, joined: list[Node]) -> dict[str, Any]:
-    """Queue ``rollouts`` of ``w`` and wait for the run to end; RunFailed unless every one was stored."""
+def _run_to_end(client: FarmClient, watch: FarmClient, w: Workload, rollouts: int, joined: list[Node]
+                ) -> dict[str, Any]:
+    """Queue ``rollouts`` of ``w`` and drain them from the trainer stream; the run as it ended.
+
+    RunFailed, loudly, unless every rollout was stored: a watchdog closes the stream under the drain
+    when a node exits or the run fails, and ``drain`` gives up after ``RUN_TIMEOUT_S``.
+    """
     run = client.run(w.env, w.agent, rollouts, min(GROUP, rollouts))
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while (got := client.get_run(run["id"]))["state"] == "running":
-        for node in joined:
-            if node.proc.poll() is not None:
-                raise NodeFailed(f"node {node.name} exited {node.proc.returncode} during run {run['id']}:\n"
-                                 f"{node.log_tail()}")
-        if time.monotonic() > deadline:
-            raise RunFailed(f"run {run['id']} ({w.env}, {w.agent}): {got['done']} of {rollouts} done after "
-                            f"{RUN_TIMEOUT_S:g}s\n{_logs(joined)}")
-        time.sleep(POLL_S)
-    if got["state"] != "succeeded" or got["done"] != rollouts:
-        raise RunFailed(f"run {run['id']} ({w.env}, {w.agent}) ended {got['state'].upper()}: {got['done']} done, "
-                        f"{got['failed']} failed, {got['cancelled']} cancelled of {rollouts}\n{_logs(joined)}")
-    return got
+    problems: list[str] = []
+    stop = threading.Event()
+
+    def watchdog() -> None:
+        last = time.monotonic()
+        while not stop.wait(0.2):
+            dead = [f"node {n.name} exited {n.proc.returncode}" for n in joined if n.proc.poll() is not None]
+            if not dead and time.monotonic() - last >= WATCH_EVERY_S:
+                last = time.monotonic()
+                state = watch.get_run(run["id"])["state"]
+                dead = [] if state in ("running", "succeeded") else [f"run {run['id']} is {state}"]
+            if dead:
+                problems.extend(dead)
+                client.close()  # ends the drain's stream now
+                return
+
+    thread = threading.Thread(target=watchdog, name="fleet-watchdog", daemon=True)
+    thread.start()
+    try:
+        got = drain(client, CONSUMER, rollouts, BATCH, deadline_s=RUN_TIMEOUT_S)
+    except RuntimeError as exc:
+        ended = watch.get_run(run["id"])
+        raise RunFailed(f"run {run['id']} ({w.env}, {w.agent}) {ended['state'].upper()}: {ended['done']} done, "
+                        f"{ended['failed']} failed of {rollouts}; {'; '.join(problems) or exc}\n{_logs(joined)}"
+                        ) from exc
+    finally:
+        stop.set()
+        thread.join()
+    ended = watch.get_run(run["id"])
+    strays = sorted({t.run_id for t in got} - {run["id"]})
+    if ended["state"] != "succeeded" or ended["done"] != rollouts or strays:
+        raise RunFailed(f"run {run['id']} ({w.env}, {w.agent}) ended {ended['state'].upper()}: {ended['done']} "
+                        f"done, {ended['failed']} failed, {ended['cancelled']} cancelled of {rollouts}"
+                        f"{f'; the stream held trajectories of runs {strays}' if strays else ''}\n{_logs(joined)}")
+    return ended
 
 
 def _wait_connected(client: FarmClient, names: list[str], timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
+    states: dict[str, str] = {}
     while time.monotonic() < deadline:
         states = {n["name"]: n["state"] for n in client.status()["nodes"]}
         if all(states.get(name) == "connected" for name in names):
             return
         time.sleep(0.05)
-    raise NodeFailed(f"the coordinator does not list {names} as connected within {timeout_s:g}s: {states}")
+    raise RunFailed(f"the coordinator does not list {names} as connected within {timeout_s:g}s: {states}")
 
 
 def _done_by_node(client: FarmClient, names: list[str]) -> dict[str, int]:
@@ -139,30 +175,30 @@ def _cpu_rate(process: psutil.Process, seconds: float) -> float:
     return (process_cpu_s(process) - c0) / (time.perf_counter() - t0)
 
 
-def _trial(client: FarmClient, addr: str, coordinator: psutil.Process, root: Path, config: Path, w: Workload,
-           k: int, rep: int) -> dict[str, Any]:
+def _trial(client: FarmClient, watch: FarmClient, addr: str, coordinator: psutil.Process, root: Path,
+           config: Path, w: Workload, k: int, rep: int) -> dict[str, Any]:
     names = [f"{w.key}-r{rep}-of{k}-{i}" for i in range(k)]
-    me = psutil.Process()
     out: dict[str, Any] = {"workload": w.key, "nodes": k, "repeat": rep, "rollouts": w.rollouts}
     with nodes(root, addr, names, workers=1, config=config) as joined:
-        _wait_connected(client, names)
-        _run_to_end(client, w, WARM_PER_NODE * k, joined)
+        _wait_connected(watch, names)
+        _run_to_end(client, watch, w, WARM_PER_NODE * k, joined)
         if k == 2:
             time.sleep(SETTLE_S)
             out["idle_coordinator_cores"] = _cpu_rate(coordinator, IDLE_S)
-        done0 = _done_by_node(client, names)
-        c0, n0, b0, m0 = process_cpu_s(coordinator), [n.cpu_s() for n in joined], process_cpu_s(me), machine_busy_s()
+        done0 = _done_by_node(watch, names)
+        c0, n0, b0, m0 = process_cpu_s(coordinator), sum(n.cpu_s() for n in joined), time.process_time(), \
+            machine_busy_s()
         t0 = time.perf_counter()
-        run = _run_to_end(client, w, w.rollouts, joined)
+        run = _run_to_end(client, watch, w, w.rollouts, joined)
         window_s = time.perf_counter() - t0
-        c1, n1, b1, m1 = process_cpu_s(coordinator), [n.cpu_s() for n in joined], process_cpu_s(me), machine_busy_s()
-        done1 = _done_by_node(client, names)
+        c1, n1, b1, m1 = process_cpu_s(coordinator), sum(n.cpu_s() for n in joined), time.process_time(), \
+            machine_busy_s()
+        done1 = _done_by_node(watch, names)
     elapsed = run["finished_at"] - run["created_at"]
     out.update({
         "run": run["id"], "passed": run["passed"], "seconds": elapsed, "window_s": window_s,
         "per_s": w.rollouts / elapsed,
-        "coordinator_cpu_s": c1 - c0, "nodes_cpu_s": sum(n1) - sum(n0), "bench_cpu_s": b1 - b0,
-        "machine_busy_s": m1 - m0,
+        "coordinator_cpu_s": c1 - c0, "nodes_cpu_s": n1 - n0, "bench_cpu_s": b1 - b0, "machine_busy_s": m1 - m0,
         "done_by_node": {name: done1.get(name, 0) - done0.get(name, 0) for name in names},
     })
     return out
@@ -170,6 +206,10 @@ def _trial(client: FarmClient, addr: str, coordinator: psutil.Process, root: Pat
 
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000 * seconds
 
 
 def _summary(w: Workload, trials: list[dict[str, Any]], background: float, cores: int) -> dict[str, Any]:
@@ -183,12 +223,9 @@ def _summary(w: Workload, trials: list[dict[str, Any]], background: float, cores
     def per_rollout(ts: list[dict[str, Any]], key: str) -> float | None:
         return _median([t[key] / t["rollouts"] for t in ts])
 
-    coord2 = per_rollout(two, "coordinator_cpu_s")
-    # Less what the coordinator burns with nothing to do (its maintenance tick), over the same window.
-    net2 = _median([(t["coordinator_cpu_s"] - background * t["window_s"]) / t["rollouts"] for t in two])
-    feeds = 1 / net2 if net2 and net2 > 0 else None
-    idle2 = _median([t["idle_coordinator_cores"] for t in two if "idle_coordinator_cores" in t])
-    per_idle_node = (idle2 - background) / 2 if idle2 is not None else None
+    def less_background(ts: list[dict[str, Any]]) -> float | None:
+        # What the coordinator burns with nothing to do (its maintenance tick), over the same window, taken off.
+        return _median([(t["coordinator_cpu_s"] - background * t["window_s"]) / t["rollouts"] for t in ts])
 
     def cores_used(ts: list[dict[str, Any]]) -> dict[str, float | None]:
         busy = _median([t["machine_busy_s"] / t["window_s"] for t in ts])
@@ -196,14 +233,19 @@ def _summary(w: Workload, trials: list[dict[str, Any]], background: float, cores
         return {"machine": busy, "farm_and_bench": farm,
                 "others": None if busy is None or farm is None else max(0.0, busy - farm)}
 
-    node2 = per_rollout(two, "nodes_cpu_s")
+    coord2, net2, node2 = per_rollout(two, "coordinator_cpu_s"), less_background(two), per_rollout(two, "nodes_cpu_s")
+    feeds = 1 / net2 if net2 and net2 > 0 else None
+    idle2 = _median([t["idle_coordinator_cores"] for t in two if "idle_coordinator_cores" in t])
+    per_idle_node = (idle2 - background) / 2 if idle2 is not None else None
     return {
-        "label": w.label, "env": w.env, "agent": w.agent, "rollouts": w.rollouts, "trials": mine,
+        "label": w.label, "about": w.about, "env": w.env, "agent": w.agent, "rollouts": w.rollouts, "trials": mine,
         "one_node_per_s": rate1, "two_nodes_per_s": rate2,
         "ratio": rate2 / rate1 if rate1 and rate2 else None, "paired_ratios": paired,
         "goal_met": bool(rate1 and rate2 and rate2 / rate1 >= GOAL_RATIO),
+        "one_node_s_per_rollout": 1 / rate1 if rate1 else None,
         "coordinator_cpu_ms_per_rollout": {"one_node": _ms(per_rollout(one, "coordinator_cpu_s")),
-                                           "two_nodes": _ms(coord2), "two_nodes_less_background": _ms(net2)},
+                                           "two_nodes": _ms(coord2), "one_node_less_background": _ms(less_background(one)),
+                                           "two_nodes_less_background": _ms(net2)},
         "nodes_cpu_ms_per_rollout": {"one_node": _ms(per_rollout(one, "nodes_cpu_s")), "two_nodes": _ms(node2)},
         "one_core_feeds_per_s": feeds,
         "nodes_one_core_feeds": feeds / rate1 if feeds and rate1 else None,
@@ -214,13 +256,9 @@ def _summary(w: Workload, trials: list[dict[str, Any]], background: float, cores
     }
 
 
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else 1000 * seconds
-
-
 def measure(repeats: int, progress: Progress) -> dict[str, Any]:
     cores = os.cpu_count() or 1
-    bar = progress.add_task("fleet: coordinator", total=2 * repeats * len(WORKLOADS))
+    bar = progress.add_task("fleet: the coordinator", total=2 * repeats * len(WORKLOADS))
     trials: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="farm-fleet-bench-") as tmp, SimModel(SIM_LATENCY_S) as sim:
         root = Path(tmp)
@@ -228,17 +266,17 @@ def measure(repeats: int, progress: Progress) -> dict[str, Any]:
         config.write_text(TOML.format(url=sim.url))
         with LocalFarmd(root / "coordinator", "--workers", "0", "--config", str(config),
                         log_path=root / "coordinator.log", env=farmd_env()) as coord, \
-                FarmClient(coord.addr) as client:
+                FarmClient(coord.addr) as client, FarmClient(coord.addr) as watch:
             coordinator = psutil.Process(coord.proc.pid)
             progress.update(bar, description="fleet: the coordinator alone, idle")
-            time.sleep(1.0)  # past its start
+            time.sleep(SETTLE_S)
             background = _cpu_rate(coordinator, 2 * IDLE_S)
             for rep in range(repeats):
                 for w in WORKLOADS:
                     for k in ((1, 2) if rep % 2 == 0 else (2, 1)):
-                        progress.update(bar, description=f"fleet: {w.env} {w.agent}, {k} node{'s' * (k > 1)}, "
+                        progress.update(bar, description=f"fleet: {w.env}, {w.agent}, {k} node{'s' * (k > 1)}, "
                                                          f"repeat {rep + 1}")
-                        trials.append(_trial(client, coord.addr, coordinator, root, config, w, k, rep))
+                        trials.append(_trial(client, watch, coord.addr, coordinator, root, config, w, k, rep))
                         progress.advance(bar)
     summaries = {w.key: _summary(w, trials, background, cores) for w in WORKLOADS}
     return {"repeats": repeats, "cores": cores, "sim_latency_s": SIM_LATENCY_S, "group_size": GROUP,
@@ -246,63 +284,80 @@ def measure(repeats: int, progress: Progress) -> dict[str, Any]:
             "met": {w.key: summaries[w.key]["goal_met"] for w in WORKLOADS}}
 
 
+def _inverse(per_s: float | None, nodes: int) -> float | None:
+    """Seconds a rollout takes on one node, from a fleet's rollouts/s (one slot a node)."""
+    return nodes / per_s if per_s else None
+
+
 def _f(x: float | None, fmt: str = ".1f") -> str:
     return "n/a" if x is None else format(x, fmt)
 
 
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.2f}%"
+
+
 def render(rep: dict[str, Any], console: Console) -> None:
     ws = rep["workloads"]
-    table = Table("workload", "rollouts", "1 node /s", "2 nodes /s", "two / one", "each repeat", "goal",
-                  title=f"a fleet: coordinator --workers 0, nodes --workers 1 (one rollout at a time each), "
-                        f"medians of {rep['repeats']}, same run")
+    table = Table("workload", "N", "1 node /s", "2 nodes /s", "two / one", "each repeat", "goal",
+                  "ms a rollout, a node: alone -> beside another",
+                  title=f"a fleet: coordinator --workers 0, nodes --workers 1, medians of {rep['repeats']}")
     for w in ws.values():
         table.add_row(w["label"], str(w["rollouts"]), _f(w["one_node_per_s"]), _f(w["two_nodes_per_s"]),
                       _f(w["ratio"], ".2f"), " ".join(f"{r:.2f}" for r in w["paired_ratios"]),
-                      f">= {rep['goal_ratio']:g}")
+                      f">= {rep['goal_ratio']:g}",
+                      f"{_f(_ms(_inverse(w['one_node_per_s'], 1)), '.0f')} -> "
+                      f"{_f(_ms(_inverse(w['two_nodes_per_s'], 2)), '.0f')}")
     console.print(table)
+    for w in ws.values():
+        console.print(f"  {w['label']}: {w['about']}")
+    waits = ws.get("waits")
+    if waits and waits["one_node_s_per_rollout"]:
+        console.print(f"  (b) one node, one slot: {1000 * waits['one_node_s_per_rollout']:.0f} ms a rollout, of which "
+                      f"{1000 * rep['sim_latency_s']:.0f} ms the model's wait: the rest is the farm's own latency "
+                      "per rollout (lease, task, agent, verdict, report)")
     console.print("  rollouts/s: N over the run's created_at to finished_at (queued to the last one stored), "
-                  "each trial on fresh, warmed-up nodes; 'each repeat': two / one within one repeat")
+                  "fresh warmed-up nodes each trial, a trainer draining the stream; 'each repeat': two / one "
+                  "within a repeat")
 
-    table = Table("workload", "coordinator ms / rollout", "less background", "1 core feeds /s", "nodes like these",
-                  "node ms / rollout", title="the coordinator's CPU (user + system), two-node trials, medians")
+    table = Table("workload", "coordinator ms / rollout", "less background", "1 core feeds /s", "= nodes",
+                  "node ms / rollout", title="CPU (user + system) per rollout, two-node trials (one-node), medians")
     for w in ws.values():
         c, n = w["coordinator_cpu_ms_per_rollout"], w["nodes_cpu_ms_per_rollout"]
-        table.add_row(w["label"], f"{_f(c['two_nodes'], '.2f')} (1 node: {_f(c['one_node'], '.2f')})",
-                      _f(c["two_nodes_less_background"], ".2f"), _f(w["one_core_feeds_per_s"], ".0f"),
-                      _f(w["nodes_one_core_feeds"], ".0f"),
-                      f"{_f(n['two_nodes'], '.1f')} (1 node: {_f(n['one_node'], '.1f')})")
+        table.add_row(w["label"], f"{_f(c['two_nodes'], '.2f')} ({_f(c['one_node'], '.2f')})",
+                      f"{_f(c['two_nodes_less_background'], '.2f')} ({_f(c['one_node_less_background'], '.2f')})",
+                      _f(w["one_core_feeds_per_s"], ".0f"), _f(w["nodes_one_core_feeds"], ".0f"),
+                      f"{_f(n['two_nodes'])} ({_f(n['one_node'])})")
     console.print(table)
     for w in ws.values():
         console.print(f"  {w['label']}: one coordinator core feeds about {_f(w['one_core_feeds_per_s'], '.0f')} "
                       f"rollouts/s, i.e. about {_f(w['nodes_one_core_feeds'], '.0f')} nodes like these "
                       f"({_f(w['one_node_per_s'])} rollouts/s each)")
-    console.print("  less background: the coordinator's CPU with no node joined "
-                  f"({100 * rep['idle_coordinator_cores_alone']:.2f}% of a core), taken off over the timed window; "
-                  "node ms: the node processes and the boxes they reaped; the bench polled GetRun "
-                  f"every {POLL_S * 1000:.0f} ms throughout (in the coordinator's figure)")
+    console.print(f"  coordinator: its process, every thread: leases, results into the store, the stream to the "
+                  f"trainer; less background: less its CPU with no node joined "
+                  f"({_pct(rep['idle_coordinator_cores_alone'])} of a core) over the same time; "
+                  "node: the node processes and the boxes they reaped")
 
-    table = Table("coordinator, idle", "% of a core", "per idle node", "= the coordinator CPU of",
-                  title=f"idle: nodes that have nothing to run poll for leases (about 10 a second each), "
-                        f"{IDLE_S:g} s readings, medians")
-    table.add_row("alone (no node joined)", f"{100 * rep['idle_coordinator_cores_alone']:.2f}", "", "")
+    table = Table("coordinator, idle", "of a core", "per idle node", "= the coordinator CPU of",
+                  title=f"idle: a node with nothing to run polls for a lease about 10 times a second "
+                        f"({IDLE_S:g} s readings, medians)")
+    table.add_row("alone, no node joined", _pct(rep["idle_coordinator_cores_alone"]), "", "")
     for w in ws.values():
-        per = w["idle_cores_per_node"]
-        table.add_row(f"two idle nodes, after {w['env']}", _f(100 * w["idle_coordinator_cores_two_nodes"], ".2f")
-                      if w["idle_coordinator_cores_two_nodes"] is not None else "n/a",
-                      "n/a" if per is None else f"{100 * per:.2f}",
-                      f"{_f(w['idle_node_equals_per_s'], '.1f')} rollouts/s of {w['env']}")
+        table.add_row(f"two idle nodes (after {w['env']})", _pct(w["idle_coordinator_cores_two_nodes"]),
+                      _pct(w["idle_cores_per_node"]), f"{_f(w['idle_node_equals_per_s'])} rollouts/s of {w['env']}")
     console.print(table)
 
     table = Table("workload", "nodes", "machine busy", "farm + bench", "others", "CPU ceiling /s",
-                  title=f"cores in use during the timed window, of {rep['cores']} (medians)")
+                  title=f"cores in use in the timed window, of {rep['cores']}, medians")
     for w in ws.values():
         for k, key in ((1, "one_node"), (2, "two_nodes")):
             u = w["cores_used"][key]
-            table.add_row(w["label"] if k == 1 else "", str(k), _f(u["machine"], ".2f"), _f(u["farm_and_bench"], ".2f"),
-                          _f(u["others"], ".2f"), _f(w["cpu_ceiling_per_s"]) if k == 2 else "")
+            table.add_row(w["label"] if k == 1 else "", str(k), _f(u["machine"], ".2f"),
+                          _f(u["farm_and_bench"], ".2f"), _f(u["others"], ".2f"),
+                          _f(w["cpu_ceiling_per_s"]) if k == 2 else "")
     console.print(table)
-    console.print("  farm + bench: the coordinator, the nodes with their boxes and this process (the simulated "
-                  "model); others: the rest of the machine (other engineers' jobs); CPU ceiling: "
+    console.print("  farm + bench: the coordinator, the nodes with their boxes, and this process (the trainer, "
+                  "the simulated model); others: the rest of the machine; CPU ceiling: "
                   f"{rep['cores']} cores over (coordinator + node) CPU per rollout, the most this machine could run")
 
     verdicts(console, {f"two nodes >= {rep['goal_ratio']:g}x one node, {w['label']}": w["goal_met"]
@@ -310,13 +365,13 @@ def render(rep: dict[str, Any], console: Console) -> None:
 
 
 LIMITS = [
-    "(a) py-func: each rollout spends most of its time in boxes, on CPU; two nodes, their boxes and the "
-    "coordinator share this machine's cores, so two nodes can give at most the CPU ceiling above, whatever "
-    "the farm does; on a machine per node the ratio is set by the coordinator, i.e. by 'nodes like these'",
-    f"(b) arith with the simulated model: a rollout waits {SIM_LATENCY_S * 1000:.0f} ms for its reply, plus the "
-    "lease round trip and the flush to the coordinator; with one slot a node runs one at a time, so two nodes "
-    "double the rate until the coordinator or the cores run out",
-    "nodes like these: one coordinator core over one node's rollouts/s measured here; it leaves out the "
-    "store's disk and the network between machines, and nodes with more slots poll less per rollout",
+    "(a) py-func: a one-slot node spends most of a rollout waiting on its boxes (start, run, judge) rather "
+    "than computing, so two nodes fit on 2 cores until the machine is busy; the CPU ceiling is where the cores "
+    "run out, and other jobs on this machine ('others') take from it",
+    f"(b) arith with the simulated model: a rollout waits {SIM_LATENCY_S * 1000:.0f} ms for its reply plus the "
+    "farm's own per-rollout latency; a one-slot node runs one at a time, so two nodes double the rate until "
+    "the coordinator or the cores run out",
+    "nodes like these: one coordinator core over one node's rollouts/s measured here (with one slot each); it "
+    "leaves out the store's disk under load and the network between machines",
     "this VM is shared and has 2 cores: rerun and compare ratios, not absolute figures",
 ]

@@ -123,6 +123,8 @@ class Config:
             object.__setattr__(self, "credentials", _with_shared(self.credentials, self.token))
         _check_unique(self.credentials)
         if self.join is not None:
+            if self.workers == 0:
+                raise ConfigError("a joined node runs rollouts and nothing else: --workers 0 would leave it idle")
             if (self.tls_cert is None) != (self.tls_key is None):
                 raise ConfigError("a node's client certificate needs its key: --tls-cert and --tls-key together")
             return  # a node's TLS settings are a client's: a CA alone just checks the coordinator

@@ -32,7 +32,7 @@ from farmd.api.malformed import MalformedInterceptor
 from farmd.api.node_service import NodeService
 from farmd.api.reflection import enable_reflection
 from farmd.api.refuse import UnknownMethods
-from farmd.api.tls import add_port, peer_certificate_ok
+from farmd.api.tls import add_port, peer_common_name
 from farmd.config import Config
 from farmd.envs import VerifyContext, get, names
 from farmd.errors import ConfigError, ForcedStop, IsolationUnavailable
@@ -142,7 +142,7 @@ class Daemon:
         farm_pb2_grpc.add_FarmServiceServicer_to_server(service, server)
         node_pb2_grpc.add_NodeServiceServicer_to_server(NodeService(
             self.nodes, verifier_key=key.material(), version=__version__, lease_s=self.config.scheduler.lease_s,
-            peer_ok=peer_certificate_ok if self.config.tls_ca else None), server)
+            peer_name=peer_common_name if self.config.tls_ca else None), server)
         self._health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         enable_reflection((farm_pb2.DESCRIPTOR.services_by_name["FarmService"].full_name,
@@ -252,7 +252,8 @@ class Daemon:
     def _log_counts(self) -> None:
         """What this farmd did, in the figures an operator checks after a stop (arq's worker logs the same)."""
         done = self.scheduler.counters if self.scheduler is not None else {}
-        ran = self.worker.counters if self.worker is not None else {}
+        worker = self.worker or (self.joined.worker if self.joined is not None else None)
+        ran = worker.counters if worker is not None else {}
         counts = {"complete": done.get("completed", 0), "failed": done.get("failed", 0),
                   # a failure sent back to the queue and an expired lease requeued are both a retry
                   "retried": done.get("retried", 0) + done.get("requeued", 0),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 __all__ = [
     "AgentError", "AgentSpecError", "BadRequest", "ConfigError", "Conflict", "CursorError", "EndpointError", "FailedPrecondition", "FarmError",
-    "ForcedStop", "InfraFailure", "IsolationUnavailable", "NotFound", "PolicyError", "SandboxError", "StoreError",
+    "ForcedStop", "InfraFailure", "IsolationUnavailable", "JoinRefused", "NotFound", "PolicyError", "SandboxError", "StoreError",
     "TaskBankError", "TaskError",
 ]
 
@@ -155,6 +155,11 @@ class CursorError(StoreError):
 
 
 # -- the daemon -----------------------------------------------------------------------------------
+
+
+class JoinRefused(FarmError):
+    """A coordinator refused this node for a reason only an operator can change (a wrong credential or role,
+    a host that cannot isolate, a taken name). Never retried: ``farmd serve --join`` exits."""
 
 
 class ForcedStop(FarmError):

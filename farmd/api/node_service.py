@@ -15,14 +15,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import grpc
 from farm.v1 import node_pb2, node_pb2_grpc, trajectory_pb2
 from farm_client.convert import from_message
 
-from farmd.api.errors import guarded_stream
+from farmd.api.errors import Refused, guarded_stream
 from farmd.errors import BadRequest, FailedPrecondition, FarmError
 from farmd.records import JobState, Trajectory
 from farmd.scheduler.nodes import MAX_CHECKS, MAX_FACT_CHARS, MAX_FACTS, Hello, Node, Nodes
@@ -87,16 +87,18 @@ class _Parts:
 
 
 class NodeService(node_pb2_grpc.NodeServiceServicer):
-    """``verifier_key``: the farm's, handed to nodes that join. ``need_certificate``: a CA is configured,
-    so a node must show a certificate it signed (``peer_ok`` checks the call's peer)."""
+    """``verifier_key``: the farm's, handed to nodes that join. ``peer_name``: given when a CA is configured;
+    it returns the common name of the certificate the call's peer showed (the CA signed it, or the handshake
+    failed), and a node joins only under the name its certificate gives it: one node's certificate cannot
+    take another node's place."""
 
     def __init__(self, nodes: Nodes, *, verifier_key: bytes, version: str, lease_s: float,
-                 peer_ok: Any = None) -> None:
+                 peer_name: Callable[[Any], str | None] | None = None) -> None:
         self._nodes = nodes
         self._key = verifier_key
         self._version = version
         self._lease_s = lease_s
-        self._peer_ok = peer_ok
+        self._peer_name = peer_name
 
     async def Work(self, request_iterator: AsyncIterator[node_pb2.WorkRequest],
                    context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[node_pb2.WorkResponse]:
@@ -105,16 +107,22 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
 
     async def _work(self, requests: AsyncIterator[node_pb2.WorkRequest], context: grpc.aio.ServicerContext[Any, Any]
                     ) -> AsyncGenerator[node_pb2.WorkResponse, None]:
-        if self._peer_ok is not None and not self._peer_ok(context):
-            raise FailedPrecondition("this farm admits nodes with a certificate its CA signed: pass --tls-cert and "
-                                     "--tls-key to farmd serve --join", reason="NODE_CERTIFICATE_REQUIRED")
+        certified = self._peer_name(context) if self._peer_name is not None else None
+        if self._peer_name is not None and not certified:
+            raise FailedPrecondition("this farm admits nodes with a certificate its CA signed, naming the node: pass "
+                                     "--tls-cert and --tls-key to farmd serve --join", reason="NODE_CERTIFICATE_REQUIRED")
         try:
             first = await asyncio.wait_for(anext(requests), HELLO_TIMEOUT_S)
         except (StopAsyncIteration, TimeoutError):
             raise BadRequest(f"a node says hello within {HELLO_TIMEOUT_S:.0f}s of connecting") from None
         if first.WhichOneof("kind") != "hello":
             raise BadRequest("a node's first message is its hello")
-        node = self._nodes.join(_hello(first.hello, context.peer()))
+        hello = _hello(first.hello, context.peer())
+        if certified is not None and hello.name != certified:
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"this node's certificate names it {certified!r}, not "
+                          f"{hello.name!r}: a node joins under its certificate's name (--node-name)",
+                          "NODE_NAME_NOT_CERTIFIED")
+        node = self._nodes.join(hello)
         try:
             yield node_pb2.WorkResponse(reply_to=first.id, welcome=node_pb2.Welcome(
                 name=node.name, version=self._version, lease_s=self._lease_s,

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from farmd.cli.shown import plain
 from farmd.config import DEFAULT_LISTEN, Config
-from farmd.errors import ConfigError, FarmError, IsolationUnavailable, PolicyError, SandboxError
+from farmd.errors import ConfigError, FarmError, IsolationUnavailable, JoinRefused, PolicyError, SandboxError
 
 T = TypeVar("T")
 
@@ -28,6 +28,8 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_NO_ISOLATION = 3
 EXIT_INFRA = 4
+EXIT_REFUSED = 5
+"""farmd serve --join: the coordinator refused this node for good (a supervisor should not restart it)."""
 
 DEFAULT_PORT = int(DEFAULT_LISTEN.rpartition(":")[2])
 """What ``--addr HOST`` means: farm's port, not the 443 grpc would assume."""
@@ -139,6 +141,8 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
              kind="INTERRUPTED")
     except IsolationUnavailable as exc:
         fail(str(exc), EXIT_NO_ISOLATION, kind=error_kind(exc))
+    except JoinRefused as exc:
+        fail(str(exc), EXIT_REFUSED, kind=error_kind(exc))
     except (PolicyError, ConfigError) as exc:
         fail(str(exc), EXIT_USAGE, kind=error_kind(exc))
     except SandboxError as exc:

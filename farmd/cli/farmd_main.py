@@ -35,13 +35,16 @@ def cli() -> None:
 @click.option("--join", metavar="HOST:PORT", help="Run the worker role only, for the coordinator at HOST:PORT.")
 @click.option("--node-name", metavar="NAME", help="This node's name in the fleet (default: the host name).")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Serve TLS with this PEM certificate (chain); with --tls-key.")
+              help="Serve TLS with this PEM certificate (chain); with --tls-key. With --join: the certificate "
+                   "this node shows its coordinator (its common name is the node's name).")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The PEM private key of --tls-cert.")
 @click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Require every caller's client certificate to be signed by this PEM CA (mutual TLS).")
+              help="Require every caller's client certificate to be signed by this PEM CA (mutual TLS). With "
+                   "--join: the CA the coordinator's certificate is checked against.")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="farm.toml: [farm], [sandbox], [scheduler] and [endpoints.NAME] settings.")
+              help="farm.toml: [farm], [sandbox], [scheduler], [taskbank], [endpoints.NAME], [tls] and "
+              "[[credentials]] settings.")
 @click.option("--metrics", "metrics_listen", metavar="HOST:PORT",
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)

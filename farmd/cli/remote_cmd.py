@@ -80,9 +80,10 @@ def run(state: CliState, env_name: str, agent: str, rollouts: int, group_size: i
         fail("say how many rollouts (--rollouts N), or which tasks (--seeds and --difficulty)", EXIT_USAGE,
              kind="INVALID_ARGUMENT")
     with client(state) as c:
-        if wait and not c.status()["workers"]:
-            fail(f"{state.addr} runs no rollout workers (--workers 0), so nothing would take these jobs; "
-                 "queue them without --wait, or start farmd with workers", EXIT_FAILED, kind="FAILED_PRECONDITION")
+        if wait and not _has_workers(c.status()):
+            fail(f"{state.addr} runs no rollout workers (--workers 0) and no node has joined it, so nothing would "
+                 "take these jobs; queue them without --wait, join a node (farmd serve --join), or start farmd "
+                 "with workers", EXIT_FAILED, kind="FAILED_PRECONDITION")
         queued = c.run(env_name, agent, rollouts, group_size, difficulty=difficulty, seeds=seed_list)
         if not wait:
             emit_json(queued) if as_json else console().print(
@@ -245,3 +246,8 @@ def rescore(state: CliState, env_name: str, limit: int, as_json: bool) -> None:
         console().print(Text.assemble("verifier ", text(result["verifier_version"]),
                                       f": {result['scored']} scored, {result['already']} already scored, "
                                       f"{result['errors']} could not be judged"))
+
+
+def _has_workers(info: dict[str, Any]) -> bool:
+    """Whether anything would run a queued job: the node's own workers, or a connected node of its fleet."""
+    return bool(info["workers"]) or any(n["state"] == "connected" for n in info.get("nodes", []))

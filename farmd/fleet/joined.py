@@ -26,7 +26,7 @@ from farmd import __version__
 from farmd.config import Config
 from farmd.envs import VerifyContext
 from farmd.errors import ConfigError, InfraFailure, IsolationUnavailable
-from farmd.fleet.link import JoinRefused, Link
+from farmd.fleet.link import Link
 from farmd.fleet.outbox import Outbox
 from farmd.fleet.policy_cache import PolicyCache
 from farmd.fleet.remote import RemoteLeases
@@ -181,4 +181,4 @@ class JoinedNode:
         await asyncio.to_thread(lambda: (self.config.data_dir / "farmd.json").unlink(missing_ok=True))
 
 
-__all__ = ["JoinRefused", "JoinedNode"]
+__all__ = ["JoinedNode"]

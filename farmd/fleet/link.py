@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -22,7 +23,7 @@ import grpc
 from farm.v1 import node_pb2, node_pb2_grpc
 from grpc_status import rpc_status
 
-from farmd.errors import FarmError
+from farmd.errors import FarmError, JoinRefused
 
 log = logging.getLogger("farmd.fleet")
 
@@ -33,8 +34,11 @@ _BACKOFF_MAX_S = 5.0
 _REQUEST_TIMEOUT_S = 60.0
 _PERMANENT = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
               grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT}
-"""Refusals no reconnect changes. ALREADY_EXISTS joins them on the first connection only: on a reconnect
-it is most likely this node's own dropped stream, not yet noticed by the coordinator."""
+"""Refusals no reconnect changes."""
+NAME_TAKEN_S = 90.0
+"""How long a name the coordinator says is taken is tried again before the node gives up. Usually it is this
+node's own earlier connection (a machine rebooted faster than its coordinator noticed) and clears once the
+coordinator marks it lost; a second live node under the same name never clears, and is refused then."""
 
 CHANNEL_OPTIONS = [
     # A coordinator that vanished without closing the connection is noticed within about a minute.
@@ -50,10 +54,6 @@ class LinkDown(FarmError):
 
 class RequestFailed(FarmError):
     """The coordinator answered a request with an error."""
-
-
-class JoinRefused(FarmError):
-    """The coordinator refused this node for a reason only an operator can change."""
 
 
 def _reason(exc: grpc.aio.AioRpcError) -> str:
@@ -101,14 +101,18 @@ class Link:
 
     async def run(self) -> None:
         backoff = _BACKOFF_MIN_S
+        taken_since: float | None = None
         while not self._closing:
+            connections = self.connections
             try:
                 await self._session()
-                backoff = _BACKOFF_MIN_S
             except JoinRefused:
                 raise
             except grpc.aio.AioRpcError as exc:
-                if exc.code() in _PERMANENT or (exc.code() == grpc.StatusCode.ALREADY_EXISTS and not self.connections):
+                taken = exc.code() == grpc.StatusCode.ALREADY_EXISTS
+                taken_since = (taken_since or time.monotonic()) if taken else None
+                if exc.code() in _PERMANENT or (taken_since is not None and
+                                                time.monotonic() - taken_since > NAME_TAKEN_S):
                     raise JoinRefused(f"the coordinator at {self.target} refused this node ({exc.code().name}): "
                                       f"{_reason(exc)}") from None
                 log.warning("coordinator %s: %s; trying again in %.1fs", self.target, _reason(exc), backoff,
@@ -117,6 +121,8 @@ class Link:
                 log.warning("coordinator %s: %s; trying again in %.1fs", self.target, exc, backoff)
             if self._closing:
                 break
+            if self.connections > connections:
+                backoff = _BACKOFF_MIN_S  # it was welcomed: this drop starts a new series of tries
             await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
             backoff = min(_BACKOFF_MAX_S, backoff * 2)
 

@@ -133,7 +133,7 @@ class RemoteLeases:
     async def on_connect(self, _welcome: node_pb2.Welcome, _first: bool) -> None:
         try:
             await self.resend()
-            if not self._recovered and not len(self._outbox):
+            if not self._recovered and self._link.connected.is_set():
                 reply = await self._link.request(recover=node_pb2.RecoverRequest())
                 self._recovered = True
                 if reply.count.count:

@@ -1,8 +1,8 @@
 """A node's rollout workers: lease jobs, run them in boxes, report back in batches.
 
-The worker talks to the scheduler only through ``Leases`` — the same calls a remote
-node makes over gRPC — so running workers on other machines adds a transport, not a
-rewrite. On stop it takes no new leases, lets rollouts in flight finish for a grace
+The worker talks to the scheduler only through ``Leases``: the scheduler itself on the
+coordinator, or ``farmd.fleet.remote.RemoteLeases`` on a joined node, where the same calls
+travel over the node's one gRPC stream. On stop it takes no new leases, lets rollouts in flight finish for a grace
 period, and gives back the leases of those that did not.
 """
 
@@ -207,8 +207,8 @@ class Worker:
             await self._flush()
 
     async def _heartbeat_loop(self) -> None:
+        # Idle too: for a joined node the heartbeat is how the coordinator knows it is alive and what it holds.
         while True:
             await asyncio.sleep(self._lease_s / 3)
-            if self._running:
-                with contextlib.suppress(Exception):
-                    await self.leases.heartbeat(self.owner, list(self._running))
+            with contextlib.suppress(Exception):
+                await self.leases.heartbeat(self.owner, list(self._running))

@@ -1,6 +1,7 @@
 """Leases, retries, groups, demand: who runs what, and how much. Workers (``farmd.rollout.worker``)
-reach it through the ``Leases`` calls, locally or, later, over gRPC. Beside it: delivery to trainers
-(``Scheduler.delivery``) and published policies (``Scheduler.policies``)."""
+reach it through the ``Leases`` calls: locally, or from joined nodes over gRPC through the fleet's registry
+(``farmd.scheduler.nodes``). Beside it: delivery to trainers (``Scheduler.delivery``) and published
+policies (``Scheduler.policies``)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ node holds is found by its name's prefix, and a node can only report for owners 
 
 A node that says nothing for ``lost_after_s`` is marked lost and its leases go back to the queue at once
 (they would anyway when they expire: this only stops the farm waiting out a lease for a machine that is
-gone). A node whose connection merely dropped keeps its leases until they expire: it may be running
-them still, and resends what it finished when it reconnects. Whatever it sends late for a lease that
+gone). A node whose connection dropped is silent too: it keeps its leases until it is lost or they expire,
+whichever comes first, and if it reconnects before then it resends what it finished meanwhile. Whatever it sends late for a lease that
 went elsewhere is dropped by the store, which stores a job only for the owner holding its lease.
 """
 
@@ -148,10 +148,10 @@ class Nodes:
         return node
 
     def leave(self, node: Node) -> None:
-        """``node``'s stream ended. Its leases stay its own until they expire or it rejoins and reports."""
+        """``node``'s stream ended. Its leases stay its own until it is lost or they expire, unless it rejoins."""
         if self._nodes.get(node.name) is node and node.state == "connected":
             node.state = "disconnected"
-            log.info("node %s disconnected (%d rollouts in flight keep their leases until they expire)",
+            log.info("node %s disconnected (%d rollouts in flight keep their leases until it is lost or they expire)",
                      node.name, len(node.in_flight), extra={"event": "node_left", "node": node.name})
 
     def current(self, node: Node) -> bool:
@@ -192,10 +192,14 @@ class Nodes:
         """Store what ``node`` finished, each under the owner that held its lease (this incarnation's, or an
         earlier one's it buffered); an owner outside the node's name is refused."""
         self._seen(node)
-        for owner, _ in items:
-            if not node.owns(owner):
-                raise BadRequest(f"node {node.name!r} reported for lease owner {owner[:80]!r}, not its own")
-        stored = await self._scheduler.complete_for(items)
+        foreign = [t.id for owner, t in items if not node.owns(owner)]
+        if foreign:
+            # Dropped, not refused: refusing would leave them in the node's outbox, sent again forever (a node
+            # renamed over an old data dir holds its old name's results). Their leases run out as usual.
+            log.warning("node %s reported %d results for leases under another name: not stored", node.name,
+                        len(foreign), extra={"event": "foreign_results", "node": node.name, "jobs": foreign[:20]})
+            items = [(owner, t) for owner, t in items if node.owns(owner)]
+        stored = await self._scheduler.complete_for(items) if items else []
         node.in_flight.difference_update(t.id for _, t in items)
         node.done += len(stored)
         return stored

@@ -44,7 +44,7 @@ def test_only_a_node_credential_joins_and_the_others_are_told_why(tmp_path: Path
                         wait=False)
     trainer = worker_node(farm.addr, "trainer", "--token-file", token_file(tmp_path, TRAINER), wait=False)
     for node, why in ((nobody, "(UNAUTHENTICATED)"), (wrong, "(UNAUTHENTICATED)"), (trainer, "(PERMISSION_DENIED)")):
-        assert node.exited() != 0
+        assert node.exited() == 5, "refused for good: a supervisor must not restart it"
         assert f"refused this node {why}" in node.text(), node.text()[-2000:]
     assert "'trainer' (trainer) may not call Work" in trainer.text()
     joined = worker_node(farm.addr, "joined", "--token-file", token_file(tmp_path, NODE))
@@ -58,12 +58,19 @@ def test_only_a_node_credential_joins_and_the_others_are_told_why(tmp_path: Path
     assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
-def test_a_second_node_with_a_taken_name_is_refused(tmp_path: Path, running_farm, worker_node) -> None:  # type: ignore[no-untyped-def]
+def test_a_second_node_with_a_taken_name_gets_no_work(tmp_path: Path, running_farm, worker_node) -> None:  # type: ignore[no-untyped-def]
     farm = running_farm("--workers", "0")
     worker_node(farm.addr, "twin")
     other = worker_node(farm.addr, "twin", wait=False)
-    assert other.exited() != 0
-    assert "connected already" in other.text() and "--node-name" in other.text()
+    deadline = time.monotonic() + 20
+    while "connected already" not in other.text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    # Tried again for a while (it may be its own earlier connection the coordinator has not seen end), then
+    # refused for good (NAME_TAKEN_S); meanwhile it is not a node of the farm.
+    assert "--node-name" in other.text() and "trying again" in other.text()
+    with FarmClient(farm.addr) as client:
+        assert [(n["name"], n["address"] != "") for n in client.status()["nodes"]] == [("twin", True)]
+    assert other.proc.poll() is None
 
 
 def _hello_reply(addr: str, isolation: list[farm_pb2.IsolationCheck]) -> grpc.aio.AioRpcError | None:
@@ -101,14 +108,17 @@ def test_with_a_ca_a_node_joins_with_the_certificate_it_signed(tmp_path: Path, r
     farm = running_farm("--workers", "0", "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key),
                         "--tls-ca", str(pki.ca))
     tls = ("--tls-ca", str(pki.ca))
-    signed = worker_node(farm.addr, "signed", *tls, "--tls-cert", str(pki.client_cert), "--tls-key",
-                         str(pki.client_key))
+    mine = ("--tls-cert", str(pki.client_cert), "--tls-key", str(pki.client_key))
+    impostor = worker_node(farm.addr, "node-2", *tls, *mine, wait=False)
+    assert impostor.exited() == 5, impostor.text()[-2000:]
+    assert "certificate names it 'node-1', not 'node-2'" in impostor.text()
+    signed = worker_node(farm.addr, "node-1", *tls, *mine)
     stranger = worker_node(farm.addr, "stranger", *tls, "--tls-cert", str(pki.other_client_cert), "--tls-key",
                            str(pki.other_client_key), wait=False)
     time.sleep(3)  # a handshake the coordinator refuses looks like a network fault: the node keeps trying
     assert stranger.proc.poll() is None and "trying again" in stranger.text()
     with FarmClient(farm.addr, tls_ca=pki.ca, tls_cert=pki.client_cert, tls_key=pki.client_key) as client:
-        assert [n["name"] for n in client.status()["nodes"]] == ["signed"]
+        assert [n["name"] for n in client.status()["nodes"]] == ["node-1"]
         run = client.run("py-func", "reference", 4, group_size=4)
         deadline = time.monotonic() + 60
         while client.get_run(run["id"])["state"] == "running" and time.monotonic() < deadline:
