@@ -34,6 +34,7 @@ These print figures; they assert nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import tempfile
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import psutil
 from farm_client import FarmClient
 from rich.console import Console
@@ -125,8 +127,9 @@ def _run_to_end(client: FarmClient, watch: FarmClient, w: Workload, rollouts: in
             dead = [f"node {n.name} exited {n.proc.returncode}" for n in joined if n.proc.poll() is not None]
             if not dead and time.monotonic() - last >= WATCH_EVERY_S:
                 last = time.monotonic()
-                state = watch.get_run(run["id"])["state"]
-                dead = [] if state in ("running", "succeeded") else [f"run {run['id']} is {state}"]
+                with contextlib.suppress(grpc.RpcError):  # the drain's own deadline still holds
+                    state = watch.get_run(run["id"])["state"]
+                    dead = [] if state in ("running", "succeeded") else [f"run {run['id']} is {state}"]
             if dead:
                 problems.extend(dead)
                 client.close()  # ends the drain's stream now
@@ -300,7 +303,7 @@ def _pct(x: float | None) -> str:
 def render(rep: dict[str, Any], console: Console) -> None:
     ws = rep["workloads"]
     table = Table("workload", "N", "1 node /s", "2 nodes /s", "two / one", "each repeat", "goal",
-                  "ms a rollout, a node: alone -> beside another",
+                  "ms / rollout (1 -> 2)",
                   title=f"a fleet: coordinator --workers 0, nodes --workers 1, medians of {rep['repeats']}")
     for w in ws.values():
         table.add_row(w["label"], str(w["rollouts"]), _f(w["one_node_per_s"]), _f(w["two_nodes_per_s"]),
@@ -318,7 +321,8 @@ def render(rep: dict[str, Any], console: Console) -> None:
                       "per rollout (lease, task, agent, verdict, report)")
     console.print("  rollouts/s: N over the run's created_at to finished_at (queued to the last one stored), "
                   "fresh warmed-up nodes each trial, a trainer draining the stream; 'each repeat': two / one "
-                  "within a repeat")
+                  "within a repeat; ms / rollout: how long one node takes a rollout, alone (1) and beside "
+                  "another node (2)")
 
     table = Table("workload", "coordinator ms / rollout", "less background", "1 core feeds /s", "= nodes",
                   "node ms / rollout", title="CPU (user + system) per rollout, two-node trials (one-node), medians")
@@ -365,9 +369,10 @@ def render(rep: dict[str, Any], console: Console) -> None:
 
 
 LIMITS = [
-    "(a) py-func: a one-slot node spends most of a rollout waiting on its boxes (start, run, judge) rather "
-    "than computing, so two nodes fit on 2 cores until the machine is busy; the CPU ceiling is where the cores "
-    "run out, and other jobs on this machine ('others') take from it",
+    "(a) py-func: a one-slot node keeps much of a core busy (node ms / rollout against ms / rollout), so two "
+    "nodes, their boxes and the coordinator contend for 2 cores and each rollout gets slower beside another "
+    "node (ms / rollout, 1 -> 2): the machine, not the coordinator, keeps the ratio under 2 here; the CPU "
+    "ceiling is where the cores would run out entirely, and other jobs on this machine ('others') take from it",
     f"(b) arith with the simulated model: a rollout waits {SIM_LATENCY_S * 1000:.0f} ms for its reply plus the "
     "farm's own per-rollout latency; a one-slot node runs one at a time, so two nodes double the rate until "
     "the coordinator or the cores run out",

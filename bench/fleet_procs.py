@@ -65,7 +65,7 @@ class Node:
     def cpu_s(self) -> float:
         """User + system seconds of the node and of its children it has reaped (its boxes)."""
         t = self.process.cpu_times()
-        return process_cpu_s(self.process) + t.children_user + t.children_system
+        return process_cpu_s(self.process) + float(t.children_user + t.children_system)
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
@@ -154,6 +154,7 @@ class SimModel:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive: the agents' client reuses its connections
+            disable_nagle_algorithm = True  # the head and the body go in two writes: no 40 ms delayed-ACK wait
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))

@@ -127,28 +127,56 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
             yield node_pb2.WorkResponse(reply_to=first.id, welcome=node_pb2.Welcome(
                 name=node.name, version=self._version, lease_s=self._lease_s,
                 heartbeat_s=self._nodes.heartbeat_s, verifier_key=self._key))
-            parts = _Parts()
-            async for request in requests:
-                try:
-                    reply = await self._answer(node, request, parts)
-                except FarmError as exc:
-                    reply = node_pb2.WorkResponse(error=_text(str(exc), 500))
-                except Exception:
-                    log.exception("node %s: a request failed", node.name)
-                    reply = node_pb2.WorkResponse(error="the coordinator failed on this request; its log "
-                                                              "has the details")
-                if reply is not None:
-                    reply.reply_to = request.id
+            replies: asyncio.Queue[node_pb2.WorkResponse | None] = asyncio.Queue()
+            reader = asyncio.get_running_loop().create_task(self._read(node, requests, replies))
+            try:
+                while (reply := await replies.get()) is not None:
                     yield reply
+            finally:
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
         finally:
             self._nodes.leave(node)
+
+    async def _read(self, node: Node, requests: AsyncIterator[node_pb2.WorkRequest],
+                    replies: asyncio.Queue[node_pb2.WorkResponse | None]) -> None:
+        """Answer the node's requests in order, except leases: a lease may wait for work, and must not hold
+        up the heartbeats and results behind it, so each is answered when it can be (by its id)."""
+        parts = _Parts()
+        leasing: set[asyncio.Task[None]] = set()
+        try:
+            async for request in requests:
+                if request.WhichOneof("kind") == "lease":
+                    task = asyncio.get_running_loop().create_task(self._reply(node, request, parts, replies))
+                    leasing.add(task)
+                    task.add_done_callback(leasing.discard)
+                else:
+                    await self._reply(node, request, parts, replies)
+        finally:
+            for task in leasing:
+                task.cancel()
+            await asyncio.gather(*leasing, return_exceptions=True)
+            replies.put_nowait(None)
+
+    async def _reply(self, node: Node, request: node_pb2.WorkRequest, parts: _Parts,
+                     replies: asyncio.Queue[node_pb2.WorkResponse | None]) -> None:
+        try:
+            reply = await self._answer(node, request, parts)
+        except FarmError as exc:
+            reply = node_pb2.WorkResponse(error=_text(str(exc), 500))
+        except Exception:
+            log.exception("node %s: a request failed", node.name)
+            reply = node_pb2.WorkResponse(error="the coordinator failed on this request; its log has the details")
+        if reply is not None:
+            reply.reply_to = request.id
+            replies.put_nowait(reply)
 
     async def _answer(self, node: Node, request: node_pb2.WorkRequest, parts: _Parts
                       ) -> node_pb2.WorkResponse | None:
         kind = request.WhichOneof("kind")
         nodes = self._nodes
         if kind == "lease":
-            jobs = await nodes.lease(node, min(request.lease.n, node.hello.capacity))
+            jobs = await nodes.lease(node, min(request.lease.n, node.hello.capacity), request.lease.wait_s)
             leased = []
             for job in jobs:
                 sha = await nodes.policy_sha256(job.policy_version) if job.policy_version else ""

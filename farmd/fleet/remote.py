@@ -28,6 +28,9 @@ MESSAGE_BYTES = 768 << 10
 """A results message carries at most about this much record data: under the coordinator's 1 MiB limit."""
 _RESEND_BATCH = 64
 _WAIT_FOR_LINK_S = 0.5
+LEASE_WAIT_S = 1.0
+"""With nothing queued, the coordinator holds a lease request this long for work to arrive: an idle node
+asks about once a second, and a job queued meanwhile starts at once."""
 
 
 def _serialize(owner: str, trajectories: list[Trajectory]) -> list[Buffered]:
@@ -73,7 +76,7 @@ class RemoteLeases:
         if not await self._connected():
             return []
         try:
-            reply = await self._link.request(lease=node_pb2.LeaseRequest(n=n))
+            reply = await self._link.request(lease=node_pb2.LeaseRequest(n=n, wait_s=LEASE_WAIT_S))
         except (LinkDown, RequestFailed) as exc:
             log.debug("no lease: %s", exc)
             return []

@@ -35,6 +35,7 @@ MAX_CAPACITY = 4096
 MAX_FACTS = 32
 MAX_FACT_CHARS = 256
 MAX_CHECKS = 64
+MAX_LEASE_WAIT_S = 5.0
 KEPT_GONE = 256
 """Nodes no longer connected still listed (lost ones first to go): a fleet that churns names must not
 grow the registry without bound."""
@@ -166,13 +167,19 @@ class Nodes:
 
     # -- the lease calls, for one node ----------------------------------------------------------------
 
-    async def lease(self, node: Node, n: int) -> list[Job]:
+    async def lease(self, node: Node, n: int, wait_s: float = 0.0) -> list[Job]:
+        """Up to ``n`` jobs, never past the node's capacity. With none queued, wait up to ``wait_s`` for some:
+        an idle node then asks about once a second, not ten times."""
         self._seen(node)
-        free = node.hello.capacity - len(node.in_flight)
-        n = min(n, free)
+        n = min(n, node.hello.capacity - len(node.in_flight))
         if n <= 0 or not self.current(node):
             return []
         jobs = await self._scheduler.lease(node.hello.owner, n)
+        if not jobs and wait_s > 0:
+            await self._scheduler.wait_for_work(min(wait_s, MAX_LEASE_WAIT_S))
+            if not self.current(node):
+                return []
+            jobs = await self._scheduler.lease(node.hello.owner, n)
         node.in_flight.update(j.id for j in jobs)
         return jobs
 

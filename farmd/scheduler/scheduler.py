@@ -56,6 +56,8 @@ class Scheduler:
         self.delivery = Delivery(store, self.policies.behind, stall_s=self.config.consumer_stall_s,
                                  consumers=self.config.demand_consumers, line_for=self.policies.line_for)
         self._submit_lock = asyncio.Lock()
+        self._work = asyncio.Event()
+        """Set (and replaced) whenever jobs may have become leasable: what a node's parked lease waits on."""
         self.counters: dict[str, int] = {"completed": 0, "failed": 0, "retried": 0, "requeued": 0, "enqueued": 0}
 
     @classmethod
@@ -108,6 +110,7 @@ class Scheduler:
         planned = [(env, int(seed), difficulty, agent, size) for seed in seeds]
         run_id, _ = await self.store.enqueue_run(env, agent, size * len(planned), size, planned)
         self.counters["enqueued"] += size * len(planned)
+        self._work_queued()
         return run_id
 
     async def _queue(self, env: str, agent: str, rollouts: int, group_size: int | None, source: str, *,
@@ -127,6 +130,7 @@ class Scheduler:
             else:
                 ids = await self.store.enqueue(planned, source=source)
         self.counters["enqueued"] += sum(sizes)
+        self._work_queued()
         return run_id, ids, sum(sizes)
 
     async def _top_up_demand(self) -> None:
@@ -151,6 +155,16 @@ class Scheduler:
 
     async def lease(self, owner: str, n: int) -> list[Job]:
         return await self.store.lease(owner, n, self.config.lease_s, self.policies.version_for)
+
+    def _work_queued(self) -> None:
+        self._work.set()
+        self._work = asyncio.Event()
+
+    async def wait_for_work(self, timeout_s: float) -> None:
+        """Until jobs may have been queued (or requeued), or ``timeout_s``: an idle node's lease waits here
+        rather than asking again and again. A job in its retry backoff wakes nobody: the timeout finds it."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._work.wait(), timeout_s)
 
     async def heartbeat(self, owner: str, job_ids: list[int]) -> int:
         return await self.store.extend(owner, job_ids, self.config.lease_s)
@@ -202,12 +216,17 @@ class Scheduler:
             return 0, 0
         requeued, failed = await self.store.requeue_expired(
             {job_id: attempts >= self.config.max_attempts for job_id, attempts in expired.items()})
+        if requeued:
+            self._work_queued()
         self.counters["requeued"] += requeued
         self.counters["failed"] += failed
         return requeued, failed
 
     async def release(self, owner: str) -> int:
-        return await self.store.requeue_owner(owner)
+        released = await self.store.requeue_owner(owner)
+        if released:
+            self._work_queued()
+        return released
 
     async def recover(self, node: str, owner: str) -> int:
         """``owner`` starts on ``node``: leases that node's earlier incarnation held died with it.

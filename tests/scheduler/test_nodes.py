@@ -90,3 +90,18 @@ async def test_a_silent_node_is_lost_its_leases_go_elsewhere_and_its_late_result
     rows = {r["name"]: r for r in await nodes.status()}
     assert (rows["slow"]["state"], rows["other"]["done"], rows["slow"]["done"]) == ("connected", 4, 0), \
         "it spoke again: it is back"
+
+
+async def test_an_idle_nodes_lease_waits_for_work_and_wakes_as_soon_as_it_is_queued(fleet) -> None:  # type: ignore[no-untyped-def]
+    scheduler, nodes = fleet
+    node = nodes.join(hello("idle", capacity=2))
+    started = asyncio.get_running_loop().time()
+    assert await nodes.lease(node, 2, wait_s=0.2) == []
+    assert asyncio.get_running_loop().time() - started >= 0.2, "nothing queued: it waited before answering"
+    waiting = asyncio.create_task(nodes.lease(node, 2, wait_s=5.0))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    queued_at = asyncio.get_running_loop().time()
+    await scheduler.submit("rg:chain_sum", "reference", 2)
+    jobs = await asyncio.wait_for(waiting, 2.0)
+    assert len(jobs) == 2 and asyncio.get_running_loop().time() - queued_at < 1.0
