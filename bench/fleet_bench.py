@@ -27,7 +27,7 @@ Two workloads, reported apart:
 
 The coordinator's CPU (user + system of its process, every thread) is read around each timed window;
 its background (no node joined, nobody calling) and its cost per idle node (a node with nothing to run
-polls for a lease about 10 times a second) are read apart.
+keeps asking for a lease; the coordinator holds each ask up to ``LEASE_WAIT_S`` for work) are read apart.
 
 These print figures; they assert nothing.
 """
@@ -54,6 +54,7 @@ from rich.table import Table
 from bench.common import drain, verdicts
 from bench.fleet_procs import Node, SimModel, farmd_env, machine_busy_s, nodes, process_cpu_s
 from farmd.cli.local_farmd import LocalFarmd
+from farmd.fleet.remote import LEASE_WAIT_S
 
 GOAL_RATIO = 1.8
 """Issue 11: two nodes give at least this many times one node's rollouts/s."""
@@ -66,7 +67,7 @@ CONSUMER = "fleet-bench"
 IDLE_S = 2.0
 """Seconds of each idle reading of the coordinator's CPU (alone: twice this)."""
 SETTLE_S = 0.5
-"""Before an idle reading: idle nodes' polls back off to their slowest well within this."""
+"""Before an idle reading: past the warm-up's last results and the idle nodes' first asks."""
 WARM_PER_NODE = 2
 RUN_TIMEOUT_S = 120.0
 WATCH_EVERY_S = 5.0
@@ -343,8 +344,8 @@ def render(rep: dict[str, Any], console: Console) -> None:
                   "node: the node processes and the boxes they reaped")
 
     table = Table("coordinator, idle", "of a core", "per idle node", "= the coordinator CPU of",
-                  title=f"idle: a node with nothing to run polls for a lease about 10 times a second "
-                        f"({IDLE_S:g} s readings, medians)")
+                  title=f"idle: a node with nothing to run asks for a lease, held at the coordinator up to "
+                        f"{LEASE_WAIT_S:g} s for work ({IDLE_S:g} s readings, medians)")
     table.add_row("alone, no node joined", _pct(rep["idle_coordinator_cores_alone"]), "", "")
     for w in ws.values():
         table.add_row(f"two idle nodes (after {w['env']})", _pct(w["idle_coordinator_cores_two_nodes"]),
