@@ -6,6 +6,7 @@ the coordinator restarts; every requested rollout lands exactly once."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections import Counter
@@ -137,18 +138,22 @@ def test_results_finished_while_the_coordinator_was_down_arrive_after_it_restart
     toml = coordinator_toml(tmp_path, lease_s=5, lost_s=30)
     farm = running_farm("--workers", "0", "--config", toml, listen=listen)
     node = worker_node(farm.addr, "patient", workers=2)
+    outbox = node.data_dir / "outbox"
     with FarmClient(farm.addr) as client:
-        run = client.run("py-func", "reference", 24, group_size=4)
+        run = client.run("kernel", "reference", 24, group_size=4)  # a rollout of many milliseconds: some are in flight
         wait_for(lambda: nodes_of(client)["patient"]["done"] >= 2, 60, "some rollouts to land")
     farm.stop(sig=signal.SIGKILL)
-    time.sleep(6)  # longer than a lease: the restarted coordinator must still take what was finished meanwhile
+    held = wait_for(lambda: len(list(outbox.iterdir())), 30, "the rollouts in flight to finish into the outbox")
+    time.sleep(5)  # past a lease: the restarted coordinator must still take what was finished meanwhile
     farm = running_farm("--workers", "0", "--config", toml, data_dir=farm.data_dir, listen=listen)
     with FarmClient(farm.addr) as client:
         done = wait_for(lambda: finished(client, run["id"]), 120, "the run")
         assert (done["done"], done["failed"]) == (24, 0)
-        stored = landed(client, "py-func")
+        stored = landed(client, "kernel")
         assert len(stored) == 24 and set(stored.values()) == {1}
-    assert "resent" in node.text(), "the node held results while the coordinator was down and sent them after"
+    resent = re.search(r"resent (\d+) buffered results", node.text())
+    assert resent and int(resent.group(1)) >= held, "what it held while the coordinator was down arrived"
+    assert not list(outbox.iterdir())
     assert node.proc.poll() is None, "a coordinator restart is not the node's end"
 
 
