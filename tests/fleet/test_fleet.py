@@ -141,7 +141,9 @@ def test_results_finished_while_the_coordinator_was_down_arrive_after_it_restart
     outbox = node.data_dir / "outbox"
     with FarmClient(farm.addr) as client:
         run = client.run("kernel", "reference", 24, group_size=4)  # a rollout of many milliseconds: some are in flight
-        wait_for(lambda: nodes_of(client)["patient"]["done"] >= 2, 60, "some rollouts to land")
+        # Killed while the node runs two (not between a report and its next lease: then nothing is in flight).
+        wait_for(lambda: (lambda n: n["done"] >= 2 and n["in_flight"] == 2)(nodes_of(client)["patient"]), 60,
+                 "some rollouts to land and two more to run", every_s=0.02)
     farm.stop(sig=signal.SIGKILL)
     held = wait_for(lambda: len(list(outbox.iterdir())), 30, "the rollouts in flight to finish into the outbox")
     time.sleep(5)  # past a lease: the restarted coordinator must still take what was finished meanwhile
