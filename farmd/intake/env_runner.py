@@ -1,0 +1,83 @@
+"""The program that runs a contributed environment's own code, inside a box (never imported by farmd:
+``farmd.intake.boxed`` ships its source into each box).
+
+It reads ``request.json`` from its working directory and removes it, loads the environment's class from
+its files, does one thing (``generate``, ``reference`` or ``verify``) and writes one result line,
+``FARM <nonce> <json>``, as the last thing it does. What the environment's code prints goes to a buffer,
+not to the result. The per-task seed it is given is all it knows of the farm's key: hidden data is
+regenerated from it when a verdict is due, never stored, never shown to an attempt.
+
+The contributed class:
+
+    class WordCount:
+        def generate(self, seed, difficulty, rng):   # rng: random.Random seeded from the per-task seed
+            return {"prompt": "...", "public": {...}, "hidden": {...}}
+        def reference(self, task):                   # task: what generate returned, hidden included
+            return "the answer"
+        def verify(self, task, final):               # final: the attempt's text
+            return {"reward": 1.0, "passed": True, "reasons": ["..."]}
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import random
+import sys
+import traceback
+from typing import Any
+
+_MAX_REQUEST = 4 << 20
+
+
+def _load(entry_file: str, entry_class: str) -> Any:
+    spec = importlib.util.spec_from_file_location("contributed_env", os.path.join("env", entry_file))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {entry_file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["contributed_env"] = module
+    spec.loader.exec_module(module)
+    return getattr(module, entry_class)()
+
+
+def _do(request: dict[str, Any]) -> dict[str, Any]:
+    env = _load(request["entry_file"], request["entry_class"])
+    rng = random.Random(request["task_seed"])
+    task = env.generate(request["seed"], request["difficulty"], rng)
+    if not isinstance(task, dict) or not isinstance(task.get("prompt"), str):
+        raise TypeError("generate must return a dict with a 'prompt' string")
+    op = request["op"]
+    if op == "generate":
+        return {"prompt": task["prompt"], "public": task.get("public", {})}
+    if op == "reference":
+        final = env.reference(task)
+        if not isinstance(final, str):
+            raise TypeError("reference must return the answer as a string")
+        return {"final": final}
+    verdict = env.verify(task, request["final"])
+    if not isinstance(verdict, dict):
+        raise TypeError("verify must return a dict with 'reward', 'passed' and 'reasons'")
+    return {"reward": verdict.get("reward"), "passed": verdict.get("passed"), "reasons": verdict.get("reasons", [])}
+
+
+def main() -> None:
+    with open("request.json", "rb") as fh:
+        request = json.loads(fh.read(_MAX_REQUEST))
+    os.unlink("request.json")
+    nonce = request.pop("nonce")
+    out = sys.stdout
+    sys.stdout = sys.stderr = io.StringIO()  # the environment's prints are not the result
+    try:
+        result: dict[str, Any] = {"ok": True, "value": _do(request)}
+    except BaseException as exc:  # whatever the environment's code raises is reported, not a crash
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000],
+                  "trace": traceback.format_exc()[-4000:]}
+    line = "FARM " + nonce + " " + json.dumps(result, default=str) + "\n"
+    out.flush()
+    os.write(out.fileno(), line.encode("utf-8", "replace"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,329 @@
+"""A submitted environment as farm receives it: a directory or a tarball, read into memory and checked
+before anything in it runs.
+
+A submission is untrusted from its first byte. Reading one never follows a link, never writes a file,
+never trusts a path or a size it states: every member is a plain file under a relative, normalised
+name, within the bounds below, and its text is UTF-8. What comes out is a ``Package``: the manifest,
+parsed and checked, and the files by name, with a digest over both that names this exact version.
+Every problem found is reported together (``PackageError.problems``), each saying what to fix, so a
+contributor fixes a submission in one round, not one problem per round.
+
+The manifest, ``farm-env.toml``::
+
+    name = "word-count"            # lowercase letters, digits and '-': the environment's name in farm
+    version = "1.0.0"
+    domain = "text"
+    author = "ada@example.org"
+    levels = 3                     # difficulty levels 1..levels
+    kind = "answer"                # what an attempt submits: answer, function, bare-answer
+    entry = "env.py:WordCount"     # the file and class implementing the Environment API
+
+    [bounds]                       # what one call of the environment's own code may take, in its box
+    generate_s = 2.0
+    verify_s = 10.0
+    memory_mb = 256
+
+    [examples]                     # attempts that must pass, and must fail (JSON, one per file)
+    good = ["examples/good"]
+    bad = ["examples/bad"]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import posixpath
+import re
+import tarfile
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from farmd.errors import BadRequest
+
+MANIFEST = "farm-env.toml"
+MAX_FILES = 256
+MAX_FILE_BYTES = 1 << 20
+MAX_TOTAL_BYTES = 4 << 20
+MAX_NAME_CHARS = 200
+MAX_DEPTH = 8
+MAX_LEVELS = 10
+KINDS = ("answer", "function", "bare-answer")
+"""Submission kinds a contributed environment may declare: the exploit library has attacks for each."""
+BOUNDS = {"generate_s": (0.1, 30.0, 2.0), "verify_s": (0.1, 120.0, 10.0), "memory_mb": (32, 4096, 256)}
+"""Each bound: (least, most, default)."""
+
+_ENV_NAME = re.compile(r"[a-z][a-z0-9-]{1,39}")
+_VERSION = re.compile(r"\d{1,6}(\.\d{1,6}){0,3}")
+_ENTRY = re.compile(r"([A-Za-z0-9_./-]{1,200}\.py):([A-Za-z_][A-Za-z0-9_]{0,99})")
+_MEMBER = re.compile(r"[A-Za-z0-9_.-]+")
+_KEYS = {"name", "version", "domain", "author", "levels", "kind", "entry", "bounds", "examples"}
+_BUILT_IN = ("py-func", "kernel", "shell", "arith", "rg")
+
+
+class PackageError(BadRequest):
+    """A submission that cannot be taken as it is; ``problems`` lists each thing to fix."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("the submission cannot be taken: " + "; ".join(problems[:20]), reason="BAD_SUBMISSION")
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    version: str
+    domain: str
+    author: str
+    levels: int
+    kind: str
+    entry_file: str
+    entry_class: str
+    bounds: dict[str, float] = field(default_factory=dict)
+    good: tuple[str, ...] = ()
+    bad: tuple[str, ...] = ()
+
+    @property
+    def env_name(self) -> str:
+        """Its name in farm: contributed environments live apart from the built-in ones."""
+        return f"contrib:{self.name}"
+
+
+@dataclass(frozen=True)
+class Package:
+    manifest: Manifest
+    files: dict[str, bytes]
+    digest: str
+    """sha256 over every file's name and content, in name order: this exact version."""
+
+    def examples(self, which: str) -> list[tuple[str, bytes]]:
+        """(name, content) of the files under the manifest's ``good`` or ``bad`` directories."""
+        roots = self.manifest.good if which == "good" else self.manifest.bad
+        return [(name, data) for name, data in sorted(self.files.items())
+                if any(name.startswith(root.rstrip("/") + "/") for root in roots)]
+
+
+def _member_name(raw: str, problems: list[str]) -> str | None:
+    """``raw`` as a safe relative name, or None (with the problem noted)."""
+    name = posixpath.normpath(raw.replace("\\", "/")).removeprefix("./")
+    parts = name.split("/")
+    if (raw.startswith("/") or name.startswith("../") or name == ".." or len(raw) > MAX_NAME_CHARS
+            or len(parts) > MAX_DEPTH or not all(_MEMBER.fullmatch(p) and p not in (".", "..") for p in parts)):
+        problems.append(f"{raw[:80]!r} is not a plain relative path of letters, digits, '.', '_' and '-' "
+                        f"(at most {MAX_DEPTH} deep): rename it")
+        return None
+    return name
+
+
+def _add(files: dict[str, bytes], name: str | None, data: bytes, problems: list[str]) -> None:
+    if name is None:
+        return
+    if len(data) > MAX_FILE_BYTES:
+        problems.append(f"{name} is {len(data)} bytes; a file is at most {MAX_FILE_BYTES}")
+        return
+    if name in files:
+        problems.append(f"{name} appears twice")
+        return
+    files[name] = data
+
+
+def _from_dir(root: Path, problems: list[str]) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    total = 0
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            problems.append(f"{rel} is a link: a submission holds plain files only")
+            continue
+        if path.is_dir():
+            continue
+        if not path.is_file():
+            problems.append(f"{rel} is not a plain file")
+            continue
+        if len(files) >= MAX_FILES:
+            problems.append(f"more than {MAX_FILES} files")
+            break
+        size = path.stat().st_size
+        total += size
+        if total > MAX_TOTAL_BYTES:
+            problems.append(f"more than {MAX_TOTAL_BYTES} bytes in all")
+            break
+        with path.open("rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
+        _add(files, _member_name(rel, problems), data, problems)
+    return files
+
+
+def _from_tar(blob: bytes, problems: list[str]) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    total = 0
+    try:
+        with tarfile.open(fileobj=io.BytesIO(blob), mode="r:*") as tar:
+            for count, member in enumerate(tar):
+                if count >= MAX_FILES * 2:
+                    problems.append(f"more than {MAX_FILES} files")
+                    break
+                if member.isdir():
+                    continue
+                if not member.isfile():
+                    problems.append(f"{member.name[:80]!r} is a link or a device: a submission holds plain files only")
+                    continue
+                total += member.size
+                if total > MAX_TOTAL_BYTES:
+                    problems.append(f"more than {MAX_TOTAL_BYTES} bytes in all")
+                    break
+                name = _member_name(member.name, problems)
+                if member.size > MAX_FILE_BYTES:
+                    problems.append(f"{member.name[:80]} is {member.size} bytes; a file is at most {MAX_FILE_BYTES}")
+                    continue
+                extracted = tar.extractfile(member)
+                _add(files, name, extracted.read(MAX_FILE_BYTES + 1) if extracted else b"", problems)
+                if len(files) > MAX_FILES:
+                    problems.append(f"more than {MAX_FILES} files")
+                    break
+    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        problems.append(f"not a readable tarball: {str(exc)[:200]}")
+    return files
+
+
+def _strip_top(files: dict[str, bytes]) -> dict[str, bytes]:
+    """A tarball of a directory holds ``dir/farm-env.toml``: its files are taken from inside ``dir``."""
+    if MANIFEST in files or not files:
+        return files
+    tops = {name.split("/", 1)[0] for name in files}
+    if len(tops) == 1 and all("/" in name for name in files):
+        top = next(iter(tops)) + "/"
+        return {name.removeprefix(top): data for name, data in files.items()}
+    return files
+
+
+def _text(value: Any, key: str, problems: list[str], limit: int = 200) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > limit:
+        problems.append(f"{key} must be text of 1 to {limit} characters")
+        return ""
+    return value
+
+
+def _manifest(raw: dict[str, Any], files: dict[str, bytes], problems: list[str]) -> Manifest | None:
+    unknown = sorted(set(raw) - _KEYS)
+    if unknown:
+        problems.append(f"{MANIFEST} has unknown keys {unknown}; known: {sorted(_KEYS)}")
+    name = _text(raw.get("name"), "name", problems, 40)
+    if name and not _ENV_NAME.fullmatch(name):
+        problems.append(f"name {name!r}: 2-40 lowercase letters, digits and '-', starting with a letter")
+    if name and any(name == b or name.startswith(b + "-") for b in _BUILT_IN):
+        problems.append(f"name {name!r} is too close to a built-in environment's: choose another")
+    version = _text(raw.get("version"), "version", problems, 40)
+    if version and not _VERSION.fullmatch(version):
+        problems.append(f"version {version!r}: numbers joined by '.', such as 1.0.0")
+    levels = raw.get("levels")
+    if isinstance(levels, bool) or not isinstance(levels, int) or not 1 <= levels <= MAX_LEVELS:
+        problems.append(f"levels must be a whole number from 1 to {MAX_LEVELS}")
+        levels = 1
+    kind = raw.get("kind")
+    if kind not in KINDS:
+        problems.append(f"kind must be one of {list(KINDS)}, not {str(kind)[:40]!r}")
+    entry = _text(raw.get("entry"), "entry", problems, 300)
+    match = _ENTRY.fullmatch(entry) if entry else None
+    if entry and match is None:
+        problems.append(f"entry {entry[:80]!r}: FILE.py:ClassName")
+    elif match and match.group(1) not in files:
+        problems.append(f"entry names {match.group(1)}, which the submission does not hold")
+    bounds = _bounds(raw.get("bounds", {}), problems)
+    good, bad = _examples(raw.get("examples", {}), files, problems)
+    if problems:
+        return None
+    assert match is not None
+    return Manifest(name=name, version=version, domain=_text(raw.get("domain"), "domain", problems, 60),
+                    author=_text(raw.get("author"), "author", problems), levels=levels, kind=str(kind),
+                    entry_file=match.group(1), entry_class=match.group(2), bounds=bounds, good=good, bad=bad)
+
+
+def _bounds(table: Any, problems: list[str]) -> dict[str, float]:
+    if not isinstance(table, dict):
+        problems.append("[bounds] must be a table")
+        return {}
+    out = {}
+    for key, (least, most, default) in BOUNDS.items():
+        value = table.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not least <= value <= most:
+            problems.append(f"bounds.{key} must be a number from {least} to {most}")
+            continue
+        out[key] = float(value)
+    for key in sorted(set(table) - set(BOUNDS)):
+        problems.append(f"[bounds] has no setting {key!r}; known: {sorted(BOUNDS)}")
+    return out
+
+
+def _examples(table: Any, files: dict[str, bytes], problems: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if not isinstance(table, dict):
+        problems.append("[examples] must be a table")
+        return (), ()
+    found: dict[str, tuple[str, ...]] = {}
+    for which in ("good", "bad"):
+        roots = table.get(which, [])
+        if not isinstance(roots, list) or not all(isinstance(r, str) for r in roots):
+            problems.append(f"examples.{which} must be a list of directories")
+            roots = []
+        for root in roots:
+            prefix = root.strip("/") + "/"
+            if not any(name.startswith(prefix) for name in files):
+                problems.append(f"examples.{which} names {root[:80]!r}, which holds no file")
+        found[which] = tuple(r.strip("/") for r in roots)
+        if not found[which]:
+            problems.append(f"examples.{which}: a submission shows at least one {which} attempt")
+    return found["good"], found["bad"]
+
+
+def _digest(files: dict[str, bytes]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + len(files[name]).to_bytes(8, "big") + files[name])
+    return h.hexdigest()
+
+
+def read_package(source: Path | bytes) -> Package:
+    """The submission at ``source`` (a directory, a tarball's path, or a tarball's bytes), checked.
+    Blocking: call it in a thread. Raises ``PackageError`` with every problem found."""
+    problems: list[str] = []
+    if isinstance(source, bytes):
+        if len(source) > MAX_TOTAL_BYTES * 2:
+            raise PackageError([f"the tarball is {len(source)} bytes; at most {MAX_TOTAL_BYTES * 2}"])
+        files = _from_tar(source, problems)
+    elif source.is_dir():
+        files = _from_dir(source, problems)
+    else:
+        if source.stat().st_size > MAX_TOTAL_BYTES * 2:
+            raise PackageError([f"{source.name} is larger than {MAX_TOTAL_BYTES * 2} bytes"])
+        files = _from_tar(source.read_bytes(), problems)
+    files = _strip_top(files)
+    for name, data in files.items():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            problems.append(f"{name} is not UTF-8 text: a submission is source and examples")
+    if MANIFEST not in files:
+        problems.append(f"no {MANIFEST} at the top: every submission starts with its manifest")
+        raise PackageError(problems)
+    try:
+        raw = tomllib.loads(files[MANIFEST].decode("utf-8", errors="replace"))
+    except tomllib.TOMLDecodeError as exc:
+        raise PackageError([*problems, f"{MANIFEST} is not valid TOML: {exc}"]) from None
+    manifest = _manifest(raw, files, problems)
+    if problems or manifest is None:
+        raise PackageError(problems)
+    return Package(manifest, files, _digest(files))
+
+
+def pack(files: Iterable[tuple[str, bytes]]) -> bytes:
+    """A gzipped tarball of ``files`` (what ``farmctl submit`` sends for a directory)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for name, data in sorted(files):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()

@@ -1,0 +1,115 @@
+"""A contributed environment's generator, reference and verifier run in real boxes: they work when the
+environment is honest, and when it is not they cannot reach the farm's key or files, cannot run past
+their bounds, and cannot make a failure read as a pass."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from farmd.intake.boxed import BoxedEnvironment, ContributedError
+from farmd.intake.package import MANIFEST, read_package
+from farmd.sandbox import Sandbox
+from farmd.verifier import VerifierKey
+
+pytestmark = [pytest.mark.sandbox]
+
+KEY = VerifierKey(b"contributed-env-test-key-32bytes")
+
+WORD_COUNT = textwrap.dedent('''
+    WORDS = ["apple", "river", "stone", "cloud", "ember", "maple", "quartz", "tiger"]
+
+    class WordCount:
+        """How many times does a word occur in a sentence? Longer sentences at higher levels."""
+
+        def generate(self, seed, difficulty, rng):
+            words = [rng.choice(WORDS) for _ in range(4 + 4 * difficulty)]
+            target = rng.choice(words)
+            return {"prompt": f"How many times does '{target}' occur in: {' '.join(words)}? Answer with a number.",
+                    "public": {"target": target}, "hidden": {"count": words.count(target)}}
+
+        def reference(self, task):
+            return str(task["hidden"]["count"])
+
+        def verify(self, task, final):
+            ok = final.strip() == str(task["hidden"]["count"])
+            return {"reward": 1.0 if ok else 0.0, "passed": ok, "reasons": ["right" if ok else "wrong count"]}
+''')
+
+MANIFEST_TEXT = """
+name = "word-count"
+version = "1.0.0"
+domain = "text"
+author = "ada@example.org"
+levels = 3
+kind = "answer"
+entry = "env.py:WordCount"
+
+[bounds]
+generate_s = 2
+verify_s = 2
+
+[examples]
+good = ["examples/good"]
+bad = ["examples/bad"]
+"""
+
+
+def package(tmp_path: Path, source: str, name: str = "wc"):  # type: ignore[no-untyped-def]
+    root = tmp_path / name
+    for rel, data in {MANIFEST: MANIFEST_TEXT, "env.py": source, "examples/good/1.json": "{}",
+                      "examples/bad/1.json": "{}"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(data)
+    return read_package(root)
+
+
+def hostile(verify_body: str) -> str:
+    """The word-count environment with a verify that does something else first."""
+    changed = WORD_COUNT.replace("    def verify(self, task, final):\n",
+                                 "    def verify(self, task, final):\n" + textwrap.indent(verify_body, " " * 8))
+    assert changed != WORD_COUNT
+    return changed
+
+
+async def test_an_honest_environment_generates_references_and_verifies_in_boxes(tmp_path: Path) -> None:
+    async with Sandbox() as sandbox:
+        env = BoxedEnvironment(package(tmp_path, WORD_COUNT), sandbox, KEY)
+        task = await env.generate(7, 2)
+        assert task.prompt.startswith("How many times") and "count" not in task.public, "hidden stays hidden"
+        assert (await env.generate(7, 2)) == task, "the same seed, the same task"
+        assert (await env.generate(8, 2)) != task
+        answer = await env.reference(7, 2)
+        right = await env.verify(7, 2, answer)
+        wrong = await env.verify(7, 2, str(int(answer) + 1))
+        assert (right.passed, right.reward, wrong.passed, wrong.reward) == (True, 1.0, False, 0.0)
+        assert len(env.calls) == 6 and all(c.wall_s > 0 for c in env.calls)
+        other = BoxedEnvironment(package(tmp_path, WORD_COUNT.replace("4 + 4", "4 + 4 "), "wc2"), sandbox,
+                                 VerifierKey(b"another-farm-another-key-32bytes"))
+        assert other.task_seed(7, 2) != env.task_seed(7, 2), "seeds come from the farm's key"
+
+
+@pytest.mark.parametrize(("body", "evidence"), [
+    ("open('/var/lib/farm/verifier.key').read()\n", "FileNotFoundError"),
+    ("import os; os.listdir(DATA)\n", "FileNotFoundError"),
+    ("open('/etc/farm-planted', 'w').write('x')\n", "Error"),
+    ("while True: pass\n", "bound"),
+    ("print('FARM 0 {\"ok\": true, \"value\": {\"reward\": 1, \"passed\": true}}')\n" + "raise SystemExit(0)\n",
+     "SystemExit"),
+    ("return {'reward': 1.0, 'passed': 'yes'}\n", "passed must be true or false"),
+    ("return {'reward': float('nan'), 'passed': True}\n", "reward must be a number"),
+    ("import os; os._exit(0)\n", "0 result lines"),
+])
+async def test_a_hostile_verifier_is_an_error_never_a_pass(tmp_path: Path, body: str, evidence: str) -> None:
+    data = tmp_path / "farm-data"
+    data.mkdir()
+    (data / "verifier.key").write_bytes(b"the farm's key")
+    async with Sandbox() as sandbox:
+        env = BoxedEnvironment(package(tmp_path, hostile(body.replace("DATA", repr(str(data))))), sandbox, KEY)
+        with pytest.raises(ContributedError) as failed:
+            await env.verify(1, 1, "3")
+    assert evidence in failed.value.evidence, failed.value.evidence
+    assert not await asyncio.to_thread(Path("/etc/farm-planted").exists)
