@@ -14,48 +14,11 @@ from farmd.intake.boxed import BoxedEnvironment, ContributedError
 from farmd.intake.package import MANIFEST, read_package
 from farmd.sandbox import Sandbox
 from farmd.verifier import VerifierKey
+from tests.intake.contrib_example import MANIFEST_TEXT, WORD_COUNT
 
 pytestmark = [pytest.mark.sandbox]
 
 KEY = VerifierKey(b"contributed-env-test-key-32bytes")
-
-WORD_COUNT = textwrap.dedent('''
-    WORDS = ["apple", "river", "stone", "cloud", "ember", "maple", "quartz", "tiger"]
-
-    class WordCount:
-        """How many times does a word occur in a sentence? Longer sentences at higher levels."""
-
-        def generate(self, seed, difficulty, rng):
-            words = [rng.choice(WORDS) for _ in range(4 + 4 * difficulty)]
-            target = rng.choice(words)
-            return {"prompt": f"How many times does '{target}' occur in: {' '.join(words)}? Answer with a number.",
-                    "public": {"target": target}, "hidden": {"count": words.count(target)}}
-
-        def reference(self, task):
-            return str(task["hidden"]["count"])
-
-        def verify(self, task, final):
-            ok = final.strip() == str(task["hidden"]["count"])
-            return {"reward": 1.0 if ok else 0.0, "passed": ok, "reasons": ["right" if ok else "wrong count"]}
-''')
-
-MANIFEST_TEXT = """
-name = "word-count"
-version = "1.0.0"
-domain = "text"
-author = "ada@example.org"
-levels = 3
-kind = "answer"
-entry = "env.py:WordCount"
-
-[bounds]
-generate_s = 2
-verify_s = 2
-
-[examples]
-good = ["examples/good"]
-bad = ["examples/bad"]
-"""
 
 
 def package(tmp_path: Path, source: str, name: str = "wc"):  # type: ignore[no-untyped-def]

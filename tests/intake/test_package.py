@@ -11,23 +11,7 @@ from pathlib import Path
 import pytest
 
 from farmd.intake.package import MANIFEST, MAX_FILE_BYTES, PackageError, pack, read_package
-
-MANIFEST_TEXT = """
-name = "word-count"
-version = "1.0.0"
-domain = "text"
-author = "ada@example.org"
-levels = 3
-kind = "answer"
-entry = "env.py:WordCount"
-
-[bounds]
-verify_s = 5
-
-[examples]
-good = ["examples/good"]
-bad = ["examples/bad"]
-"""
+from tests.intake.contrib_example import MANIFEST_TEXT
 
 FILES = {
     MANIFEST: MANIFEST_TEXT.encode(),
@@ -59,7 +43,7 @@ def test_a_directory_and_its_tarball_are_the_same_package(tmp_path: Path) -> Non
     m = from_dir.manifest
     assert (m.env_name, m.version, m.levels, m.kind, m.entry_file, m.entry_class) == (
         "contrib:word-count", "1.0.0", 3, "answer", "env.py", "WordCount")
-    assert m.bounds == {"generate_s": 2.0, "verify_s": 5.0, "memory_mb": 256.0}
+    assert m.bounds == {"generate_s": 2.0, "verify_s": 2.0, "memory_mb": 256.0}
     assert [n for n, _ in from_dir.examples("good")] == ["examples/good/1.json"]
     from_tar = read_package(pack((f"wc/{n}", d) for n, d in FILES.items()))  # a tarball of the directory
     assert from_tar.digest == from_dir.digest and from_tar.files == from_dir.files
@@ -86,7 +70,7 @@ def test_each_bad_manifest_field_is_named(tmp_path: Path, change: dict[str, str]
 
 def test_every_problem_is_listed_at_once(tmp_path: Path) -> None:
     text = MANIFEST_TEXT.replace('levels = 3', 'levels = 99').replace('kind = "answer"', 'kind = "?"')
-    text = text.replace("verify_s = 5", "verify_s = 5000\nwall_s = 1").replace('bad = ["examples/bad"]', "bad = []")
+    text = text.replace("verify_s = 2", "verify_s = 5000\nwall_s = 1").replace('bad = ["examples/bad"]', "bad = []")
     with pytest.raises(PackageError) as refused:
         read_package(write(tmp_path / "wc", {**FILES, MANIFEST: text.encode()}))
     problems = " | ".join(refused.value.problems)
