@@ -92,7 +92,8 @@ class BoxedEnvironment:
     async def _call(self, op: str, seed: int, difficulty: int, **extra: Any) -> dict[str, Any]:
         nonce = secrets.token_hex(16)
         request = {"op": op, "nonce": nonce, "seed": seed, "difficulty": difficulty,
-                   "task_seed": self.task_seed(seed, difficulty), "entry_file": self.manifest.entry_file,
+                   "task_seed": self.task_seed(seed, difficulty), "env": self.manifest.name,
+                   "entry_file": self.manifest.entry_file,
                    "entry_class": self.manifest.entry_class, **extra}
         files = {**self._files, "request.json": json.dumps(request).encode()}
         result = await self._sandbox.run(COMMAND, self._policy(op), files=files)

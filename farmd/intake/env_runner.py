@@ -7,10 +7,15 @@ its files, does one thing (``generate``, ``reference`` or ``verify``) and writes
 not to the result. The per-task seed it is given is all it knows of the farm's key: hidden data is
 regenerated from it when a verdict is due, never stored, never shown to an attempt.
 
+Two random sources: ``rng``, seeded from the environment's name, the seed and the level, chooses what
+the task asks (anyone can regenerate it: a contributor writes example answers with it); ``hidden_rng``,
+seeded from the per-task seed, chooses what the verifier checks and nobody outside may predict (hidden
+test inputs).
+
 The contributed class:
 
     class WordCount:
-        def generate(self, seed, difficulty, rng):   # rng: random.Random seeded from the per-task seed
+        def generate(self, seed, difficulty, rng, hidden_rng):
             return {"prompt": "...", "public": {...}, "hidden": {...}}
         def reference(self, task):                   # task: what generate returned, hidden included
             return "the answer"
@@ -44,8 +49,9 @@ def _load(entry_file: str, entry_class: str) -> Any:
 
 def _do(request: dict[str, Any]) -> dict[str, Any]:
     env = _load(request["entry_file"], request["entry_class"])
-    rng = random.Random(request["task_seed"])
-    task = env.generate(request["seed"], request["difficulty"], rng)
+    rng = random.Random(f"{request['env']}:{request['seed']}:{request['difficulty']}")
+    hidden_rng = random.Random(request["task_seed"])
+    task = env.generate(request["seed"], request["difficulty"], rng, hidden_rng)
     if not isinstance(task, dict) or not isinstance(task.get("prompt"), str):
         raise TypeError("generate must return a dict with a 'prompt' string")
     op = request["op"]
