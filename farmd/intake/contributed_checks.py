@@ -9,6 +9,7 @@ be meaningless (no task can be generated).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from typing import Any
 
 from farmd.intake.boxed import BoxedEnvironment, ContributedError, ContributedTask
 from farmd.intake.checks import Finding
+from farmd.intake.scan import scan_package
 
 SEEDS = (0, 1, 2, 3)
 MIN_TRAP_ANSWER_CHARS = 1
@@ -178,7 +180,9 @@ async def check_examples(env: BoxedEnvironment) -> list[Finding]:
 async def run_tier1(env: BoxedEnvironment, seeds: Sequence[int] = SEEDS) -> list[Finding]:
     """Every tier 1 question of a contributed environment; its findings (none: it passes tier 1)."""
     levels = range(1, env.manifest.levels + 1)
+    smells = await asyncio.to_thread(scan_package, env.package)
     found, tasks = await check_generates(env, levels, seeds)
+    found = smells + found
     if not tasks:
         return found
     found += check_seeds_distinct(tasks) + check_levels_differ(tasks)
