@@ -73,10 +73,14 @@ class BoxedEnvironment:
     def __init__(self, package: Package, sandbox: Sandbox, key: VerifierKey) -> None:
         self.package = package
         self.manifest = package.manifest
-        self._sandbox = sandbox
+        self.sandbox = sandbox
         self._key = key
         self._files = {f"env/{name}": data for name, data in package.files.items()} | {"runner.py": RUNNER_SOURCE}
         self.calls: list[Call] = []
+
+    def variant(self, package: Package) -> BoxedEnvironment:
+        """Another version of this environment (a mutant), run the same way."""
+        return BoxedEnvironment(package, self.sandbox, self._key)
 
     def task_seed(self, seed: int, difficulty: int) -> int:
         """The seed a task's hidden data comes from: the farm's key, this environment and version, the task."""
@@ -96,7 +100,7 @@ class BoxedEnvironment:
                    "entry_file": self.manifest.entry_file,
                    "entry_class": self.manifest.entry_class, **extra}
         files = {**self._files, "request.json": json.dumps(request).encode()}
-        result = await self._sandbox.run(COMMAND, self._policy(op), files=files)
+        result = await self.sandbox.run(COMMAND, self._policy(op), files=files)
         self.calls.append(Call(op, result.wall_s, result.cpu_s))
         return await asyncio.to_thread(_read_result, op, result, nonce)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from farmd.intake.boxed import BoxedEnvironment, ContributedError, ContributedTask
 from farmd.intake.checks import Finding
+from farmd.intake.mutants import coverage_findings, measure
 from farmd.intake.scan import scan_package
 
 SEEDS = (0, 1, 2, 3)
@@ -190,4 +191,5 @@ async def run_tier1(env: BoxedEnvironment, seeds: Sequence[int] = SEEDS) -> list
     found += await check_reference_passes(env, keys)
     found += await check_rejects_wrong(env, keys[: max(2, len(keys) // 2)])
     found += await check_examples(env)
+    found += coverage_findings(await measure(env, keys[:3]))
     return found
