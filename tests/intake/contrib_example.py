@@ -1,47 +1,13 @@
-"""A small contributed environment, word-count, as a contributor would submit it: the tests' example."""
+"""The shipped example submission, word-count (``examples/word-count``), as the tests use it."""
 
 from __future__ import annotations
 
-import textwrap
+from pathlib import Path
 
-WORD_COUNT = textwrap.dedent('''
-    WORDS = ["apple", "river", "stone", "cloud", "ember", "maple", "quartz", "tiger"]
-
-    class WordCount:
-        """How many times does a word occur in a sentence? Longer sentences at higher levels."""
-
-        def generate(self, seed, difficulty, rng, hidden_rng):
-            words = [rng.choice(WORDS) for _ in range(4 + 4 * difficulty)]
-            target = rng.choice(words)
-            return {"prompt": f"How many times does '{target}' occur in: {' '.join(words)}? Answer with a number.",
-                    "public": {"target": target}, "hidden": {"count": words.count(target)}}
-
-        def reference(self, task):
-            return str(task["hidden"]["count"])
-
-        def verify(self, task, final):
-            ok = final.strip() == str(task["hidden"]["count"])
-            return {"reward": 1.0 if ok else 0.0, "passed": ok, "reasons": ["right" if ok else "wrong count"]}
-''')
-
-
-MANIFEST_TEXT = """
-name = "word-count"
-version = "1.0.0"
-domain = "text"
-author = "ada@example.org"
-levels = 3
-kind = "answer"
-entry = "env.py:WordCount"
-
-[bounds]
-generate_s = 2
-verify_s = 2
-
-[examples]
-good = ["examples/good"]
-bad = ["examples/bad"]
-"""
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "word-count"
+"""The example the README documents: the tests use it as submitted."""
+WORD_COUNT = (EXAMPLE / "env.py").read_text()
+MANIFEST_TEXT = (EXAMPLE / "farm-env.toml").read_text()
 
 
 def answer(seed: int, difficulty: int, source: str = WORD_COUNT) -> str:
