@@ -1,7 +1,7 @@
 """The processes ``bench.fleet_bench`` starts: worker nodes (``farmd serve --join``) and a simulated model
 server, each stopped on the way out; and CPU readings of processes and of the machine.
 
-The coordinator itself is ``farmd.cli.local_farmd.LocalFarmd`` (``farmd serve --workers 0``).
+Both the coordinator (``farmd serve --workers 0``) and the nodes are ``farmd.cli.local_farmd.LocalFarmd``.
 """
 
 from __future__ import annotations
@@ -11,18 +11,16 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import psutil
 
-FARMD = str(Path(sys.executable).parent / "farmd")
+from farmd.cli.local_farmd import LocalFarmd
 
 
 def farmd_env() -> dict[str, str]:
@@ -30,58 +28,20 @@ def farmd_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("FARM_TOKEN", "FARM_TOKEN_FILE")}
 
 
-class NodeFailed(Exception):
-    """A node exited or did not join; the message ends with its log."""
-
-
-class Node:
-    """``farmd serve --join ADDR --node-name NAME --workers N`` with its own data dir and log."""
+class Node(LocalFarmd):
+    """``farmd serve --join ADDR --node-name NAME --workers N`` with its own data dir and log, and its CPU."""
 
     def __init__(self, data_dir: Path, join: str, name: str, *, workers: int = 1, config: Path | None = None) -> None:
-        self.data_dir = data_dir
         self.name = name
-        self.log_path = data_dir.parent / f"{data_dir.name}.log"
-        self._log: IO[bytes] = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
-        argv = [FARMD, "serve", "--join", join, "--node-name", name, "--data", str(data_dir),
-                "--workers", str(workers)]
-        if config is not None:
-            argv += ["--config", str(config)]
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=farmd_env())
+        flags = ["--node-name", name, "--workers", str(workers), *(["--config", str(config)] if config else [])]
+        super().__init__(data_dir, *flags, log_path=data_dir.parent / f"{data_dir.name}.log", env=farmd_env(),
+                         join=join, wait=False)
         self.process = psutil.Process(self.proc.pid)
-
-    def wait_joined(self, timeout_s: float = 60.0) -> None:
-        """Until the node wrote its run file (it was welcomed); NodeFailed if it exits or takes too long."""
-        runfile = self.data_dir / "farmd.json"
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise NodeFailed(f"node {self.name} exited {self.proc.returncode}:\n{self.log_tail()}")
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                if json.loads(runfile.read_text())["pid"] == self.proc.pid:
-                    return
-            time.sleep(0.02)
-        raise NodeFailed(f"node {self.name} did not join within {timeout_s:g}s:\n{self.log_tail()}")
 
     def cpu_s(self) -> float:
         """User + system seconds of the node and of its children it has reaped (its boxes)."""
         t = self.process.cpu_times()
         return process_cpu_s(self.process) + float(t.children_user + t.children_system)
-
-    def log_tail(self, chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
-
-    def stop(self, timeout_s: float = 20.0) -> int:
-        """SIGTERM (the node gives back its leases), then SIGKILL if it has not ended within ``timeout_s``."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if not self._log.closed:
-            self._log.close()
-        return self.proc.returncode
 
 
 @contextlib.contextmanager
@@ -93,7 +53,7 @@ def nodes(root: Path, join: str, names: list[str], *, workers: int = 1, config: 
         for name in names:
             started.append(Node(root / name, join, name, workers=workers, config=config))
         for node in started:
-            node.wait_joined(timeout_s)
+            node.wait_started(timeout_s)
         yield started
     finally:
         for node in started:  # all told at once, so they stop together

@@ -1,6 +1,6 @@
-"""A ``farmd serve`` child process on this machine: started on port 0, found through its run
-file, stopped with SIGTERM. For ``make run`` and the benchmarks (the tests keep their own,
-with pytest's reporting)."""
+"""A ``farmd serve`` child process on this machine: started on port 0 (or joined to a coordinator,
+``join``), found through its run file, stopped with SIGTERM. For ``make run`` and the benchmarks (the
+tests keep their own, with pytest's reporting)."""
 
 from __future__ import annotations
 
@@ -23,29 +23,40 @@ class FarmdFailed(Exception):
 
 
 class LocalFarmd:
+    """``join``: a worker node for the coordinator at that address (``--join``), not a farm on port 0; its
+    ``addr`` stays empty. ``wait`` False: return at once, and ``wait_started`` later (nodes started together)."""
+
     def __init__(self, data_dir: Path, *flags: str, log_path: Path | None = None,
-                 env: dict[str, str] | None = None, start_timeout_s: float = 120.0) -> None:
+                 env: dict[str, str] | None = None, start_timeout_s: float = 120.0, join: str | None = None,
+                 wait: bool = True) -> None:
         self.data_dir = data_dir
         self.log_path = log_path or data_dir / "farmd.log"
         make_dir(data_dir)  # farmd's alone, the log too
-        runfile = data_dir / "farmd.json"
-        runfile.unlink(missing_ok=True)
+        self._runfile = data_dir / "farmd.json"
+        self._runfile.unlink(missing_ok=True)
         log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
         self._log: IO[bytes] = os.fdopen(log_fd, "ab")  # closed in stop
-        self.proc = subprocess.Popen([FARMD, "serve", "--listen", "127.0.0.1:0", "--data", str(data_dir), *flags],
+        self._joined = join is not None
+        where = ["--join", join] if join else ["--listen", "127.0.0.1:0"]
+        self.proc = subprocess.Popen([FARMD, "serve", *where, "--data", str(data_dir), *flags],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        self.addr = self._wait_for_addr(runfile, start_timeout_s)
+        self.addr = ""
+        if wait:
+            self.wait_started(start_timeout_s)
 
-    def _wait_for_addr(self, runfile: Path, timeout_s: float) -> str:
+    def wait_started(self, timeout_s: float = 120.0) -> None:
+        """Until farmd wrote its run file (listening, or welcomed by its coordinator); ``FarmdFailed`` if it
+        exits or takes longer than ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.stop()
                 raise FarmdFailed(f"farmd exited {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                info = json.loads(runfile.read_text())
+                info = json.loads(self._runfile.read_text())
                 if info.get("pid") == self.proc.pid:
-                    return str(info["addr"])
+                    self.addr = "" if self._joined else str(info["addr"])
+                    return
             except (OSError, ValueError, KeyError):
                 pass
             time.sleep(0.02)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FARMD
+from tests.conftest import FARMD, RunningFarm
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -23,12 +23,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-class RunningNode:
-    """``farmd serve --join ADDR`` with its own data dir; ``wrap`` runs it elsewhere (another netns)."""
+class RunningNode(RunningFarm):
+    """``farmd serve --join ADDR`` with its own data dir; ``wrap`` runs it elsewhere (another netns). It is
+    stopped as a farm is (``RunningFarm.stop``); it has no address of its own."""
 
     def __init__(self, data_dir: Path, join: str, name: str, *extra: str, workers: int = 1,
                  wrap: Callable[[list[str]], list[str]] | None = None, env: dict[str, str] | None = None,
                  wait: bool = True) -> None:
+        # Not RunningFarm's start: a node has no --listen, and being welcomed is what it waits for.
         self.data_dir = data_dir
         self.name = name
         self.log = data_dir.parent / f"{data_dir.name}.log"
@@ -63,18 +65,6 @@ class RunningNode:
             return self.proc.wait(timeout_s)
         finally:
             self._log_fh.close()
-
-    def stop(self, sig: int = 15, timeout_s: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if not self._log_fh.closed:
-            self._log_fh.close()
-        return self.proc.returncode
 
 
 @pytest.fixture
