@@ -356,3 +356,12 @@ def load(path: Path | None = None, *, read_credentials: bool = True, **flags: An
 def read_token_file(path: Path) -> str:
     """A token from a file (``--token-file``): what a command line would show every user of the host."""
     return _read_token_file(path, "--token-file")
+
+
+def sandbox_for(config: Config, workers: int) -> SandboxConfig:
+    """The sandbox a node with ``workers`` rollout slots runs: unless ``max_boxes`` is set, room for a box
+    in every slot and the warm ones waiting beside them."""
+    sandbox = config.sandbox
+    if sandbox.max_boxes:
+        return sandbox
+    return replace(sandbox, max_boxes=max(sandbox.boxes, 2 * workers + 2))

@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +32,13 @@ from farmd.api.node_service import NodeService
 from farmd.api.reflection import enable_reflection
 from farmd.api.refuse import UnknownMethods
 from farmd.api.tls import add_port, peer_common_name
-from farmd.config import Config
+from farmd.config import Config, sandbox_for
 from farmd.envs import VerifyContext, get, names
 from farmd.errors import ConfigError, ForcedStop, IsolationUnavailable
 from farmd.fleet.joined import JoinedNode
 from farmd.metrics import GrpcMetrics, Metrics, MetricsServer
 from farmd.node import NodeInfo
-from farmd.private import make_dir, tighten, write_file
+from farmd.private import make_data_dir_private, write_file
 from farmd.rollout import Worker
 from farmd.sandbox import Sandbox, check_host
 from farmd.sandbox.host import missing
@@ -79,7 +78,7 @@ class Daemon:
 
     async def start(self) -> None:
         if self.config.join:
-            self.joined = JoinedNode(self.config, self.workers or (os.cpu_count() or 1), self.metrics)
+            self.joined = JoinedNode(self.config, self.workers, self.metrics)  # config refuses --join --workers 0
             await self.joined.start(self._stopping)
             await self._start_metrics()
             return
@@ -93,7 +92,7 @@ class Daemon:
             raise IsolationUnavailable(gaps)
         if gaps:
             log.warning("this host cannot isolate untrusted code; serving as coordinator only: %s", "; ".join(gaps))
-        await loop.run_in_executor(None, self._make_data_dir_private)
+        await loop.run_in_executor(None, make_data_dir_private, self.config.data_dir)
         self.store = await Store.open(self.config.data_dir / "farm.db")
         levels = {name: get(name).max_difficulty for name in names()}
         self.scheduler = await Scheduler.open(
@@ -103,11 +102,7 @@ class Daemon:
         ctx = None
         key = await loop.run_in_executor(None, VerifierKey.load_or_create, self.config.data_dir)
         if self.workers:
-            sandbox_config = self.config.sandbox
-            if not sandbox_config.max_boxes:
-                # Every rollout slot may hold a box while warm ones wait: room for both.
-                sandbox_config = replace(sandbox_config, max_boxes=max(sandbox_config.boxes, 2 * self.workers + 2))
-            self.sandbox = Sandbox(sandbox_config)
+            self.sandbox = Sandbox(sandbox_for(self.config, self.workers))
             await self.sandbox.start()
             if self.metrics is not None:
                 sandbox = self.sandbox
@@ -185,13 +180,6 @@ class Daemon:
         await self._metrics_server.start()
         metrics_host = self.config.metrics_listen.rsplit(":", 1)[0] or "127.0.0.1"
         return f"{metrics_host}:{self._metrics_server.port}"
-
-    def _make_data_dir_private(self) -> None:
-        """The data directory 0700 and all in it 0600, whoever made it looser (an older farmd, a copy)."""
-        make_dir(self.config.data_dir)
-        for path, mode in tighten(self.config.data_dir):
-            log.warning("%s was readable by others (mode %o): now only by farmd", path, mode,
-                        extra={"event": "data_tightened", "path": str(path)})
 
     def _write_runfile(self, addr: str, metrics_addr: str | None) -> None:
         """Where a local farmctl or a test finds this farmd when it listens on port 0."""

@@ -11,9 +11,12 @@ Standard library only: every layer of farm may import this.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
+
+log = logging.getLogger("farmd.private")
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -63,3 +66,12 @@ def tighten(root: Path) -> list[tuple[Path, int]]:
         for name in dirs + files:
             fix(Path(folder) / name)
     return changed
+
+
+def make_data_dir_private(data_dir: Path) -> None:
+    """The data directory made if missing, then 0700 with all in it 0600, whoever made it looser (an
+    older farmd, a copy): each path tightened is logged. Blocking: call it in a thread."""
+    make_dir(data_dir)
+    for path, mode in tighten(data_dir):
+        log.warning("%s was readable by others (mode %o): now only by farmd", path, mode,
+                    extra={"event": "data_tightened", "path": str(path)})

@@ -176,7 +176,7 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
         kind = request.WhichOneof("kind")
         nodes = self._nodes
         if kind == "lease":
-            jobs = await nodes.lease(node, min(request.lease.n, node.hello.capacity), request.lease.wait_s)
+            jobs = await nodes.lease(node, request.lease.n, request.lease.wait_s)  # capped at its free capacity there
             leased = []
             for job in jobs:
                 sha = await nodes.policy_sha256(job.policy_version) if job.policy_version else ""

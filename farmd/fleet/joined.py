@@ -16,14 +16,13 @@ import os
 import platform
 import secrets
 import socket
-from dataclasses import replace
 from pathlib import Path
 
 import grpc
 from farm.v1 import farm_pb2, farm_pb2_grpc, node_pb2
 
 from farmd import __version__
-from farmd.config import Config
+from farmd.config import Config, sandbox_for
 from farmd.envs import VerifyContext
 from farmd.errors import ConfigError, InfraFailure, IsolationUnavailable
 from farmd.fleet.link import Link
@@ -31,7 +30,7 @@ from farmd.fleet.outbox import Outbox
 from farmd.fleet.policy_cache import PolicyCache
 from farmd.fleet.remote import RemoteLeases
 from farmd.metrics import Metrics
-from farmd.private import make_dir, tighten, write_file
+from farmd.private import make_data_dir_private, write_file
 from farmd.records import NODE_NAME
 from farmd.rollout import Worker
 from farmd.sandbox import Check, Sandbox, check_host
@@ -92,11 +91,8 @@ class JoinedNode:
         gaps = missing(self._checks)
         if gaps:
             raise IsolationUnavailable(gaps)
-        await loop.run_in_executor(None, self._private_data_dir)
-        sandbox_config = config.sandbox
-        if not sandbox_config.max_boxes:
-            sandbox_config = replace(sandbox_config, max_boxes=max(sandbox_config.boxes, 2 * self.workers + 2))
-        self.sandbox = Sandbox(sandbox_config)
+        await loop.run_in_executor(None, make_data_dir_private, config.data_dir)
+        self.sandbox = Sandbox(sandbox_for(config, self.workers))
         await self.sandbox.start()
         outbox = Outbox(config.data_dir / "outbox")
         await outbox.open()
@@ -132,11 +128,6 @@ class JoinedNode:
         await self.worker.start()
         write_file(config.data_dir / "farmd.json",
                    json.dumps({"pid": os.getpid(), "node": self.name, "coordinator": config.join}).encode())
-
-    def _private_data_dir(self) -> None:
-        make_dir(self.config.data_dir)
-        for path, mode in tighten(self.config.data_dir):
-            log.warning("%s was readable by others (mode %o): now only by farmd", path, mode)
 
     def _hello(self) -> node_pb2.NodeHello:
         return node_pb2.NodeHello(
