@@ -90,9 +90,9 @@ class RemoteLeases:
         return jobs
 
     async def heartbeat(self, owner: str, job_ids: list[int]) -> int:
+        cached = await asyncio.to_thread(self._policies.cached)  # a directory listing: off the event loop
         try:
-            reply = await self._link.request(heartbeat=node_pb2.HeartbeatRequest(
-                job_ids=job_ids, policies=self._policies.cached()))
+            reply = await self._link.request(heartbeat=node_pb2.HeartbeatRequest(job_ids=job_ids, policies=cached))
         except (LinkDown, RequestFailed):
             return 0
         return int(reply.heartbeat.held)
