@@ -22,13 +22,14 @@ from typing import Any
 
 from farmd.agents.registry import NamedEndpoint, check_spec
 from farmd.errors import AgentSpecError, ConfigError
+from farmd.intake.settings import IntakeConfig
 from farmd.sandbox.config import SandboxConfig
 from farmd.scheduler.config import SchedulerConfig
 from farmd.taskbank import BankConfig, TaskBankError
 
 DEFAULT_LISTEN = "127.0.0.1:7431"
 
-ROLES = frozenset({"operator", "trainer", "node"})
+ROLES = frozenset({"operator", "trainer", "node", "contributor", "reviewer"})
 """What a credential may hold; which calls each role may make is ``farmd.api.auth``'s table."""
 SHARED = "shared"
 """The name the legacy single ``token`` takes as a credential: it holds every role."""
@@ -100,6 +101,8 @@ class Config:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     taskbank: BankConfig = field(default_factory=BankConfig)
     """How the task bank estimates pass rates, samples tasks (the band, or uniformly) and moves levels."""
+    intake: IntakeConfig = field(default_factory=IntakeConfig)
+    """The intake funnel: scrutiny by trust, the LLM attacker, the prices its costs are reported in."""
     endpoints: tuple[NamedEndpoint, ...] = ()
     """The model servers jobs may name (``openai:MODEL@NAME``), from farm.toml's ``[endpoints.NAME]``."""
     metrics_listen: str | None = None
@@ -196,6 +199,23 @@ def _coerce_taskbank(table: dict[str, Any]) -> BankConfig:
         return BankConfig(**table)
     except (TypeError, TaskBankError) as exc:
         raise ConfigError(f"[taskbank]: {exc}") from exc
+
+
+def _coerce_intake(table: dict[str, Any], endpoints: tuple[NamedEndpoint, ...]) -> IntakeConfig:
+    known = {f.name for f in fields(IntakeConfig)}
+    unknown = set(table) - known
+    if unknown:
+        raise ConfigError(f"[intake] has no setting {sorted(unknown)[0]!r}; known: {', '.join(sorted(known))}")
+    try:
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in table.items()}
+        intake = IntakeConfig(**values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[intake]: {exc}") from exc
+    if intake.attacker is not None:
+        name = intake.attacker.rsplit("@", 1)[1]
+        if name not in {e.name for e in endpoints}:
+            raise ConfigError(f"[intake] attacker names endpoint {name!r}, which no [endpoints.{name}] defines")
+    return intake
 
 
 _ENDPOINT_KEYS = ("url", "key_env", "request_timeout_s", "max_attempts", "max_tokens", "max_turns", "temperature",
@@ -302,6 +322,7 @@ def load(path: Path | None = None, *, read_credentials: bool = True, **flags: An
     sandbox = SandboxConfig()
     scheduler = SchedulerConfig()
     taskbank = BankConfig()
+    intake = IntakeConfig()
     endpoints: tuple[NamedEndpoint, ...] = ()
     credentials: tuple[Credential, ...] = ()
     if path is not None:
@@ -320,6 +341,8 @@ def load(path: Path | None = None, *, read_credentials: bool = True, **flags: An
             taskbank = _coerce_taskbank(raw.pop("taskbank"))
         if "endpoints" in raw:
             endpoints = _coerce_endpoints(raw.pop("endpoints"))
+        if "intake" in raw:
+            intake = _coerce_intake(raw.pop("intake"), endpoints)
         if "credentials" in raw:
             entries = raw.pop("credentials")
             credentials = _coerce_credentials(entries) if read_credentials else ()
@@ -327,8 +350,9 @@ def load(path: Path | None = None, *, read_credentials: bool = True, **flags: An
             values.update(_coerce_tls(raw.pop("tls")))
         if raw:
             raise ConfigError(f"{path}: unknown tables {sorted(raw)}; expected [farm], [sandbox], [scheduler], "
-                              "[taskbank], [endpoints.NAME], [tls] and [[credentials]]")
-        known = {f.name for f in fields(Config)} - {"sandbox", "scheduler", "taskbank", "endpoints", "credentials",
+                              "[taskbank], [intake], [endpoints.NAME], [tls] and [[credentials]]")
+        known = {f.name for f in fields(Config)} - {"sandbox", "scheduler", "taskbank", "intake", "endpoints",
+                                                    "credentials",
                                                     "tls_cert", "tls_key", "tls_ca"}
         for key, value in farm.items():
             if key not in known:
@@ -349,7 +373,7 @@ def load(path: Path | None = None, *, read_credentials: bool = True, **flags: An
             check_spec(scheduler.demand_agent, endpoints=endpoints)
         except AgentSpecError as exc:
             raise ConfigError(f"[scheduler] demand_agent: {exc}") from None
-    return Config(sandbox=sandbox, scheduler=scheduler, taskbank=taskbank, endpoints=endpoints,
+    return Config(sandbox=sandbox, scheduler=scheduler, taskbank=taskbank, intake=intake, endpoints=endpoints,
                   credentials=credentials, **values)
 
 

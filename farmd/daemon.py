@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from farm.v1 import farm_pb2, farm_pb2_grpc, node_pb2, node_pb2_grpc
+from farm.v1 import farm_pb2, farm_pb2_grpc, intake_pb2, intake_pb2_grpc, node_pb2, node_pb2_grpc
 from grpc_health.v1 import _async as health_aio  # what grpc_health.v1.health.aio re-exports
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from farmd import __version__
 from farmd.api.auth import RoleInterceptor
 from farmd.api.farm_service import FarmService
+from farmd.api.intake_service import IntakeService
 from farmd.api.limits import CallLimits, server_bound, server_options
 from farmd.api.malformed import MalformedInterceptor
 from farmd.api.node_service import NodeService
@@ -33,9 +34,14 @@ from farmd.api.reflection import enable_reflection
 from farmd.api.refuse import UnknownMethods
 from farmd.api.tls import add_port, peer_common_name
 from farmd.config import Config, sandbox_for
-from farmd.envs import VerifyContext, get, names
+from farmd.envs import VerifyContext
+from farmd.envs.catalog import Catalog
 from farmd.errors import ConfigError, ForcedStop, IsolationUnavailable
 from farmd.fleet.joined import JoinedNode
+from farmd.intake.attacker import Attacker, AttackerConfig
+from farmd.intake.funnel import Funnel
+from farmd.intake.package import Package
+from farmd.intake.served import ContributedEnvironment
 from farmd.metrics import GrpcMetrics, Metrics, MetricsServer
 from farmd.node import NodeInfo
 from farmd.private import make_data_dir_private, write_file
@@ -61,6 +67,10 @@ class Daemon:
         self.scheduler: Scheduler | None = None
         self.worker: Worker | None = None
         self.nodes: Nodes | None = None
+        self.catalog = Catalog()
+        """The environments this farm serves: the built-ins, and approved contributed versions (the funnel's)."""
+        self.funnel: Funnel | None = None
+        self._attacker: Attacker | None = None
         self.joined: JoinedNode | None = None
         """This node's worker role for a coordinator elsewhere (``--join``); then nothing else runs here."""
         self._server: grpc.aio.Server | None = None
@@ -94,7 +104,7 @@ class Daemon:
             log.warning("this host cannot isolate untrusted code; serving as coordinator only: %s", "; ".join(gaps))
         await loop.run_in_executor(None, make_data_dir_private, self.config.data_dir)
         self.store = await Store.open(self.config.data_dir / "farm.db")
-        levels = {name: get(name).max_difficulty for name in names()}
+        levels = self.catalog.max_difficulty()
         self.scheduler = await Scheduler.open(
             self.store, levels, self.config.scheduler, self.metrics, bank_config=self.config.taskbank,
             endpoint_lines={e.name: e.serves for e in self.config.endpoints if e.serves})
@@ -109,7 +119,13 @@ class Daemon:
                 self.metrics.watch_boxes(lambda: sandbox.outcomes)
             ctx = VerifyContext(sandbox=self.sandbox, key=key, scratch_dir=None)
             self.worker = Worker(self.scheduler, ctx, slots=self.workers, lease_s=self.config.scheduler.lease_s,
-                                 metrics=self.metrics, endpoints=self.config.endpoints, policies=self.scheduler.policies)
+                                 metrics=self.metrics, endpoints=self.config.endpoints, policies=self.scheduler.policies,
+                                 envs=self.catalog.get)
+        self._attacker = self._make_attacker()
+        self.funnel = Funnel(self.store, self.sandbox, key, self.config.intake, serve=self._serve, unserve=self._unserve,
+                             attacker=self._attacker)
+        await self.funnel.start()  # approved versions served before a worker leases their jobs
+        if self.worker is not None:
             await self.worker.start()
         self.nodes = Nodes(self.scheduler, lost_after_s=self.config.scheduler.node_lost_s,
                            local=self.worker.node if self.worker is not None else None,
@@ -133,15 +149,18 @@ class Daemon:
             maximum_concurrent_rpcs=server_bound(max_calls),
         )
         service = FarmService(node, self.store, self.scheduler, ctx, endpoints=self.config.endpoints,
-                              max_policy_bytes=self.config.max_policy_bytes, nodes=self.nodes)
+                              max_policy_bytes=self.config.max_policy_bytes, nodes=self.nodes, envs=self.catalog.get)
         farm_pb2_grpc.add_FarmServiceServicer_to_server(service, server)
+        intake_pb2_grpc.add_IntakeServiceServicer_to_server(IntakeService(self.funnel, self.config.credentials), server)
         node_pb2_grpc.add_NodeServiceServicer_to_server(NodeService(
             self.nodes, verifier_key=key.material(), version=__version__, lease_s=self.config.scheduler.lease_s,
             peer_name=peer_common_name if self.config.tls_ca else None), server)
         self._health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         enable_reflection((farm_pb2.DESCRIPTOR.services_by_name["FarmService"].full_name,
-                           node_pb2.DESCRIPTOR.services_by_name["NodeService"].full_name, health.SERVICE_NAME), server)
+                           node_pb2.DESCRIPTOR.services_by_name["NodeService"].full_name,
+                           intake_pb2.DESCRIPTOR.services_by_name["IntakeService"].full_name, health.SERVICE_NAME),
+                          server)
         server.add_generic_rpc_handlers((UnknownMethods(),))
         try:
             self.port = add_port(server, self.config.listen, self.config.tls_cert, self.config.tls_key,
@@ -160,6 +179,36 @@ class Daemon:
         log.info("farmd listening on %s:%d (workers=%d, data=%s)", host, self.port, self.workers,
                  self.config.data_dir, extra={"event": "listening", "addr": f"{host}:{self.port}",
                                               "metrics": metrics_addr, "workers": self.workers})
+
+    def _make_attacker(self) -> Attacker | None:
+        """The LLM attacker ``[intake] attacker = "MODEL@NAME"`` names (config checked NAME exists)."""
+        spec = self.config.intake.attacker
+        if spec is None:
+            return None
+        model, name = spec.rsplit("@", 1)
+        endpoint = next(e for e in self.config.endpoints if e.name == name)
+        return Attacker(AttackerConfig(base_url=endpoint.url, model=model, api_key=endpoint.api_key,
+                                       request_timeout_s=min(endpoint.request_timeout_s, 600.0)))
+
+    async def _serve(self, env: str, package: Package) -> None:
+        """An approved contributed version joins the catalog (workers find it) and the task bank (runs get it)."""
+        served = ContributedEnvironment(package)
+        if served.name != env:
+            raise ValueError(f"package {served.name} is not {env}")
+        if env not in self.catalog.names():
+            self.catalog.add(served)
+        assert self.scheduler is not None
+        self.scheduler.bank.add_env(env, served.max_difficulty)
+        log.info("serving %s", env, extra={"event": "env_served", "env": env})
+
+    async def _unserve(self, env: str) -> None:
+        """A quarantined (or re-reviewed) version leaves the bank and the catalog: its queued jobs are the
+        funnel's to cancel, and one leased now fails as an unknown environment, never scored."""
+        if env in self.catalog.names():
+            self.catalog.remove(env)
+        assert self.scheduler is not None
+        self.scheduler.bank.remove_env(env)
+        log.info("no longer serving %s", env, extra={"event": "env_unserved", "env": env})
 
     def _local_node(self) -> dict[str, Any]:
         """This node's own worker, as ``farmctl status`` lists nodes."""
@@ -225,6 +274,10 @@ class Daemon:
             await self.joined.stop(grace_s)
         if self.nodes is not None:
             await self.nodes.stop()
+        if self.funnel is not None:
+            await self.funnel.stop()
+        if self._attacker is not None:
+            await self._attacker.aclose()
         if self.worker is not None:
             await self.worker.stop(grace_s)
             log.info("worker: %(ran)d rollouts run, %(infra_failures)d infrastructure failures", self.worker.counters)

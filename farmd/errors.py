@@ -55,6 +55,11 @@ class Conflict(FarmError):
     node holds)."""
 
 
+class Forbidden(FarmError):
+    """The caller is known, but what it asked is not theirs to do (another contributor's environment name,
+    a bounty above their reputation, reviewing their own submission)."""
+
+
 class FailedPrecondition(FarmError):
     """The call is well formed, but this node is not in a state to do it (no workers to rescore on)."""
 

@@ -47,6 +47,16 @@ Pem = bytes | str | Path
 """PEM: the bytes themselves, a str holding them, or the path of a file (a str without a PEM header)."""
 
 
+@dataclass(frozen=True)
+class Withdrawal:
+    """A trajectory taken back: its environment's version was quarantined (``reason`` says for what)."""
+
+    seq: int
+    trajectory_id: int
+    env: str
+    reason: str
+
+
 @dataclass
 class Batch:
     """Scored trajectories from the stream; ``up_to`` is what ``ack`` moves the cursor to."""
@@ -61,6 +71,8 @@ class Batch:
     """torch.FloatTensor of group-relative advantages (reward minus its group's mean, over the
     group's standard deviation), with ``tensors=True``."""
     group_ids: list[int] = field(default_factory=list)
+    withdrawn: list[Withdrawal] = field(default_factory=list)
+    """Trajectories a quarantine took back since the last batch (some may be in batches already taken)."""
 
     def __len__(self) -> int:
         return len(self.trajectories)
@@ -240,7 +252,7 @@ class FarmClient:
 
     def batches(self, consumer: str, batch_size: int = 64, *, whole_groups: bool = False, max_staleness: int = 0,
                 summary_only: bool = False, tensors: bool = False, reconnect_s: float = 0.0, agent: str = "",
-                envs: Sequence[str] = ()) -> Iterator[Batch]:
+                envs: Sequence[str] = (), withdrawals_after: int = 0) -> Iterator[Batch]:
         """Scored trajectories, batch by batch, from just after ``consumer``'s last ack; blocks for more.
 
         At least once: what was not acked comes again when the stream is reopened. With
@@ -251,24 +263,35 @@ class FarmClient:
         ``torch:tiny``) and of those environments come, and ``max_staleness`` counts versions of that
         agent's own policy line. A trainer subscribes to its own policy, so no other agent's
         trajectories (scripted controls, evaluations, another lab's endpoint) reach its loss.
+
+        Each batch's ``withdrawn`` lists trajectories quarantined since the last (from the first withdrawal
+        after ``withdrawals_after``): none is streamed again, and one already taken may be dropped.
         """
-        request = farm_pb2.StreamTrajectoriesRequest(consumer=consumer, batch_size=batch_size,
-                                                     whole_groups=whole_groups, max_staleness=max_staleness,
-                                                     summary_only=summary_only, agent=agent, envs=list(envs))
+        told = withdrawals_after
+        withdrawn: list[Withdrawal] = []
         down_since: float | None = None
         while True:
+            request = farm_pb2.StreamTrajectoriesRequest(consumer=consumer, batch_size=batch_size,
+                                                         whole_groups=whole_groups, max_staleness=max_staleness,
+                                                         summary_only=summary_only, agent=agent, envs=list(envs),
+                                                         withdrawals_after=told)
             stream = self._stub.StreamTrajectories(request, metadata=self._metadata)
             try:
                 parts: list[trajectory_pb2.Trajectory] = []
                 for reply in stream:
                     down_since = None
                     parts.extend(reply.trajectories)
+                    for w in reply.withdrawals:
+                        withdrawn.append(Withdrawal(w.seq, w.trajectory_id, w.env, w.reason))
+                        told = max(told, w.seq)
                     if reply.more:  # a batch too big for one message continues in the next
                         continue
                     whole, parts = parts, []
                     if not whole:
-                        continue  # only stale ones: the next batch's up_to covers them
-                    yield self._batch(whole, reply.up_to, consumer, whole_groups, tensors)
+                        continue  # only stale ones: the next batch's up_to covers them (and its withdrawals)
+                    batch = self._batch(whole, reply.up_to, consumer, whole_groups, tensors)
+                    batch.withdrawn, withdrawn = withdrawn, []
+                    yield batch
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or not reconnect_s:
                     raise

@@ -47,6 +47,8 @@ from farmd.agents.torch_policy import (
     TorchRuntime,
     check_options,
 )
+from farmd.envs.base import VerifyContext
+from farmd.envs.catalog import EnvLookup
 from farmd.errors import AgentSpecError
 from farmd.text import clip
 
@@ -149,14 +151,17 @@ def _number(value: object) -> bool:
 
 
 def make_agent(spec: str, *, endpoints: Sequence[NamedEndpoint] = (), clients: ClientPool | None = None,
-               policies: PolicySource | None = None, torch: TorchRuntime | None = None) -> Agent:
+               policies: PolicySource | None = None, torch: TorchRuntime | None = None,
+               envs: EnvLookup | None = None, ctx: VerifyContext | None = None) -> Agent:
     """The agent ``spec`` names; AgentSpecError (saying what would be accepted) for anything else.
 
     ``endpoints`` are the config's: the only servers an ``openai:`` spec may name. ``clients``: where an
     ``openai:`` agent takes its endpoint's client from (its owner closes them); without, the agent has its
     own and must be closed (``Agent.aclose``) once it has been used. ``torch``: the runtime (torch thread,
     loaded models) a ``torch:`` agent shares with the node's others (its owner closes it); without, a
-    ``torch:`` agent has a runtime of its own over ``policies`` and must be closed likewise.
+    ``torch:`` agent has a runtime of its own over ``policies`` and must be closed likewise. ``envs`` and
+    ``ctx``: where ``reference`` and ``skilled:`` find a task's environment (default: the built-ins) and the
+    boxes its reference may need (a contributed environment's; without, only built-ins are answered).
     """
     if len(spec) > MAX_SPEC_CHARS:  # as given, blanks too: that is what a job stores with every trajectory
         raise AgentSpecError(f"{_shown(spec)}: an agent spec is at most {MAX_SPEC_CHARS} characters")
@@ -165,11 +170,11 @@ def make_agent(spec: str, *, endpoints: Sequence[NamedEndpoint] = (), clients: C
         # Specs are stored with every job and shown to operators: no control or invisible characters.
         raise AgentSpecError(f"{_shown(spec)}: an agent spec must be printable text")
     if spec == "reference":
-        return ReferenceAgent()
+        return ReferenceAgent(envs, ctx)
     if spec == "random" or spec.startswith("random:"):
         return _random(spec)
     if spec.startswith("skilled:"):
-        return _skilled(spec)
+        return _skilled(spec, envs, ctx)
     if spec.startswith("openai:"):
         return _openai(spec, {e.name: e for e in endpoints}, clients)
     if spec.startswith("torch:"):
@@ -202,14 +207,14 @@ def _random(spec: str) -> Agent:
         raise AgentSpecError(f"{_shown(spec)}: the seed of random:SEED must be an integer") from None
 
 
-def _skilled(spec: str) -> Agent:
+def _skilled(spec: str, envs: EnvLookup | None, ctx: VerifyContext | None) -> Agent:
     try:
         skill = float(spec.partition(":")[2])
     except ValueError:
         raise AgentSpecError(f"{_shown(spec)}: the skill of skilled:S must be a number, e.g. skilled:2.5") from None
     if not -100 <= skill <= 100:
         raise AgentSpecError(f"{_shown(spec)}: the skill must be between -100 and 100")
-    return SkilledAgent(skill)
+    return SkilledAgent(skill, envs, ctx)
 
 
 def _configured(endpoints: Mapping[str, NamedEndpoint]) -> str:

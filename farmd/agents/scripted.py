@@ -12,6 +12,7 @@ verifier would measure the wrong thing.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import functools
 import math
@@ -23,11 +24,10 @@ from collections.abc import Callable
 from typing import Any
 
 from farmd.agents.base import Agent, AgentResult, Step
-from farmd.envs.base import Attempt, Environment, Episode, Task
+from farmd.envs.base import Attempt, Environment, Episode, Task, VerifyContext
+from farmd.envs.catalog import EnvLookup
 from farmd.envs.registry import get as get_env
 from farmd.errors import AgentError
-
-EnvLookup = Callable[[str], Environment]
 
 
 def _submission(final: str) -> AgentResult:
@@ -48,8 +48,11 @@ class ReferenceAgent(Agent):
 
     name = "reference"
 
-    def __init__(self, envs: EnvLookup | None = None) -> None:
+    def __init__(self, envs: EnvLookup | None = None, ctx: VerifyContext | None = None) -> None:
         self._envs = envs or get_env
+        self._ctx = ctx
+        """The node's boxes, for environments whose reference runs in one (contributed ones); None: only
+        environments with a reference of their own (the built-ins) can be answered."""
 
     async def attempt(self, task: Task, episode: Episode | None, policy_version: int, *,
                       rollout_id: int = 0) -> AgentResult:
@@ -57,7 +60,7 @@ class ReferenceAgent(Agent):
         if env.version != task.env_version:
             raise AgentError(f"{task.env}: the task is of version {task.env_version}, the environment "
                              f"here is version {env.version}; its reference would answer another task")
-        reference = env.reference(task)
+        reference = await self._reference(env, task)
         if task.kind != "actions":
             return _submission(reference.final)
         steps: list[Step] = []
@@ -67,6 +70,11 @@ class ReferenceAgent(Agent):
             else:
                 await _run(episode, action, steps)
         return AgentResult(attempt=Attempt(final=reference.final, actions=list(reference.actions)), steps=steps)
+
+    async def _reference(self, env: Environment, task: Task) -> Attempt:
+        if self._ctx is None:
+            return await asyncio.to_thread(env.reference, task)
+        return await env.make_reference(task, self._ctx)
 
 
 # -- random ---------------------------------------------------------------------------------------------
@@ -210,10 +218,10 @@ class SkilledAgent(Agent):
     groups carry signal. Every attempt is still verified and scored as submitted.
     """
 
-    def __init__(self, skill: float, envs: EnvLookup | None = None) -> None:
+    def __init__(self, skill: float, envs: EnvLookup | None = None, ctx: VerifyContext | None = None) -> None:
         self.skill = skill
         self.name = f"skilled:{skill:g}"
-        self._reference = ReferenceAgent(envs)
+        self._reference = ReferenceAgent(envs, ctx)
         self._random = RandomAgent()
         self._rng = random.SystemRandom()
 

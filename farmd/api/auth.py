@@ -7,8 +7,9 @@ headers, not its body. Tokens are compared as sha256 digests, the only form a cr
 
 The roles: an ``operator`` runs the farm (every FarmService call); a ``trainer`` reads and acks
 trajectories and publishes policies, but queues or cancels no run; a ``node`` works for the farm
-(NodeService) and fetches the policies its jobs run, and reads nothing else. Health checks and
-reflection are open to anyone.
+(NodeService) and fetches the policies its jobs run, and reads nothing else. A ``contributor`` submits
+environments, claims bounties and sees their own submissions and standing; a ``reviewer`` works the
+review queue and may quarantine an accepted version. Health checks and reflection are open to anyone.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 import grpc
-from farm.v1 import farm_pb2, node_pb2
+from farm.v1 import farm_pb2, intake_pb2, node_pb2
 
 from farmd.api.refuse import refusal
 from farmd.config import Credential, token_sha256
@@ -31,7 +32,9 @@ log = logging.getLogger("farmd.api.auth")
 OPEN_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 OPERATOR, TRAINER, NODE = "operator", "trainer", "node"
-_FARM, _NODE_SERVICE = "/farm.v1.FarmService/", "/farm.v1.NodeService/"
+CONTRIBUTOR, REVIEWER = "contributor", "reviewer"
+_FARM, _NODE_SERVICE, _INTAKE = "/farm.v1.FarmService/", "/farm.v1.NodeService/", "/farm.v1.IntakeService/"
+_ANYONE_IN_INTAKE = frozenset({OPERATOR, CONTRIBUTOR, REVIEWER})
 
 METHOD_ROLES: Mapping[str, frozenset[str]] = MappingProxyType({
     f"{_FARM}GetStatus": frozenset({OPERATOR, TRAINER}),
@@ -47,10 +50,22 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = MappingProxyType({
     f"{_FARM}GetPolicy": frozenset({OPERATOR, TRAINER, NODE}),
     f"{_FARM}Rescore": frozenset({OPERATOR}),
     f"{_NODE_SERVICE}Work": frozenset({NODE}),
+    # What a contributor sees of others' work is narrowed by the service itself (their own submissions).
+    f"{_INTAKE}Submit": frozenset({OPERATOR, CONTRIBUTOR}),
+    f"{_INTAKE}GetSubmission": _ANYONE_IN_INTAKE,
+    f"{_INTAKE}ListSubmissions": _ANYONE_IN_INTAKE,
+    f"{_INTAKE}ReviewSubmission": frozenset({OPERATOR, REVIEWER}),
+    f"{_INTAKE}QuarantineSubmission": frozenset({OPERATOR, REVIEWER}),
+    f"{_INTAKE}ListBounties": _ANYONE_IN_INTAKE,
+    f"{_INTAKE}PostBounty": frozenset({OPERATOR}),
+    f"{_INTAKE}ClaimBounty": frozenset({OPERATOR, CONTRIBUTOR}),
+    f"{_INTAKE}GetContributor": _ANYONE_IN_INTAKE,
+    f"{_INTAKE}GetFunnel": frozenset({OPERATOR, REVIEWER}),
 })
 """The roles that may call each method: the one place this is decided."""
 
-_SERVED = frozenset(f"/{service.full_name}/{method.name}" for proto in (farm_pb2.DESCRIPTOR, node_pb2.DESCRIPTOR)
+_SERVED = frozenset(f"/{service.full_name}/{method.name}"
+                    for proto in (farm_pb2.DESCRIPTOR, node_pb2.DESCRIPTOR, intake_pb2.DESCRIPTOR)
                     for service in proto.services_by_name.values() for method in service.methods)
 """Every method of farm's services: one the table does not name is no role's, not every caller's."""
 
@@ -79,6 +94,20 @@ def bearer_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | No
         if key == "authorization" and isinstance(value, str) and value[:len(_SCHEME)].lower() == _SCHEME:
             return value[len(_SCHEME):].strip()
     return None
+
+
+def credential_for(credentials: Iterable[Credential], metadata: Sequence[tuple[str, str | bytes]] | None
+                   ) -> Credential | None:
+    """The credential whose token a call carries; None for no token or an unknown one."""
+    token = bearer_token(metadata)
+    if not token:
+        return None
+    digest = token_sha256(token)
+    found = None
+    for credential in credentials:  # every one compared: no early exit to time
+        if hmac.compare_digest(digest, credential.token_sha256):
+            found = credential
+    return found
 
 
 def _method_name(method: str) -> str:
@@ -118,15 +147,7 @@ class RoleInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
     def caller(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> Credential | None:
         """The credential whose token the call carries; None for no token or an unknown one."""
-        token = bearer_token(metadata)
-        if not token:
-            return None
-        digest = token_sha256(token)
-        found = None
-        for credential in self._credentials:  # every one compared: no early exit to time
-            if hmac.compare_digest(digest, credential.token_sha256):
-                found = credential
-        return found
+        return credential_for(self._credentials, metadata)
 
     def _denial(self, caller: Credential, method: str, needed: frozenset[str]) -> grpc.RpcMethodHandler[Any, Any]:
         """PERMISSION_DENIED naming the credential, its roles and what the method needs; built (and

@@ -17,6 +17,7 @@ from farmd.api.limits import POLICY_CHUNK_BYTES
 from farmd.api.paging import make_token, page_size, read_token
 from farmd.api.trajectories import batch_messages, fitting, trajectory_pb
 from farmd.envs import VerifyContext, get
+from farmd.envs.catalog import EnvLookup
 from farmd.errors import BadRequest, FailedPrecondition, NotFound
 from farmd.node import NodeInfo
 from farmd.rollout import rescore
@@ -29,6 +30,8 @@ MAX_ROLLOUTS = 1_000_000
 MAX_GROUP = 1024
 MAX_BATCH = 4096
 MAX_CONSUMER_CHARS = 200
+MAX_WITHDRAWALS_TOLD = 1000
+"""Withdrawals one batch carries at most; the rest ride on the batches after it."""
 MAX_POLICY_BYTES = 4 << 30
 """The default bound on one policy's content (the ``max_policy_bytes`` setting)."""
 
@@ -36,7 +39,9 @@ MAX_POLICY_BYTES = 4 << 30
 class FarmService(farm_pb2_grpc.FarmServiceServicer):
     def __init__(self, node: NodeInfo, store: Store, scheduler: Scheduler, verify_ctx: VerifyContext | None,
                  *, max_policy_bytes: int = MAX_POLICY_BYTES, endpoints: tuple[NamedEndpoint, ...] = (),
-                 nodes: Nodes | None = None) -> None:
+                 nodes: Nodes | None = None, envs: EnvLookup = get) -> None:
+        self._envs = envs
+        """The environments this farm serves: the built-ins and approved contributed versions."""
         self._nodes = nodes
         """The fleet (``farmctl status`` lists its nodes)."""
         self._endpoints = endpoints
@@ -73,7 +78,7 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
         async def call() -> farm_pb2.CreateRunResponse:
             if request.group_size > MAX_GROUP:
                 raise BadRequest(f"group_size must be at most {MAX_GROUP}, got {request.group_size}")
-            env = get(request.env)  # an unknown environment is the caller's error, before anything is queued
+            env = self._envs(request.env)  # an unknown environment is the caller's error, before anything is queued
             seeds = list(request.seeds)
             if seeds:
                 _check_seeds(seeds, request.difficulty, env.max_difficulty, request.rollouts,
@@ -166,13 +171,21 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
         consumer = _consumer(request.consumer)
         if consumer is None:
             raise BadRequest(f"a stream needs a consumer name (1-{MAX_CONSUMER_CHARS} characters)")
-        subscription = _subscription(request)
+        subscription = _subscription(request, self._envs)
+        told = request.withdrawals_after
         async for batch in self._scheduler.delivery.batches(
                 consumer, whole_groups=request.whole_groups, batch_size=min(request.batch_size or 64, MAX_BATCH),
                 max_staleness=request.max_staleness, body=not request.summary_only, subscription=subscription):
             # Building a batch's protos takes tens of milliseconds for hundreds of whole records: off the
             # event loop, which every box's timer and every other call share.
-            for message in await asyncio.to_thread(list, batch_messages(batch.trajectories, batch.up_to)):
+            messages = await asyncio.to_thread(list, batch_messages(batch.trajectories, batch.up_to))
+            # What a quarantine took back rides on the next batch: a trainer hears of it in the stream it reads.
+            withdrawn = await self._store.intake.withdrawals(told, MAX_WITHDRAWALS_TOLD, subscription.envs)
+            if withdrawn:
+                told = withdrawn[-1].seq
+                messages[0].withdrawals.extend(farm_pb2.Withdrawal(seq=w.seq, trajectory_id=w.trajectory_id, env=w.env,
+                                                                   reason=w.reason) for w in withdrawn)
+            for message in messages:
                 yield message
 
     async def Ack(self, request: farm_pb2.AckRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -234,7 +247,8 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
     async def Rescore(self, request: farm_pb2.RescoreRequest,
                       context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.RescoreResponse:
         async def call() -> farm_pb2.RescoreResponse:
-            done = await rescore(self._store, self._verify_ctx, request.env, request.limit or None)
+            done = await rescore(self._store, self._verify_ctx, request.env, request.limit or None,
+                                 envs=self._envs)
             return farm_pb2.RescoreResponse(scored=done.scored, already=done.already, errors=done.errors,
                                             verifier_version=done.verifier_version)
         return await guarded(context, call)
@@ -285,13 +299,13 @@ def _check_seeds(seeds: list[int], difficulty: int, max_difficulty: int, rollout
                          f"rollouts); rollouts says {rollouts} (0: leave it to the seeds)")
 
 
-def _subscription(request: farm_pb2.StreamTrajectoriesRequest) -> Subscription:
+def _subscription(request: farm_pb2.StreamTrajectoriesRequest, envs: EnvLookup) -> Subscription:
     if len(request.agent) > MAX_SPEC_CHARS:
         raise BadRequest(f"a subscription's agent is an agent spec, at most {MAX_SPEC_CHARS} characters")
     if len(request.envs) > MAX_SUBSCRIBED_ENVS:
         raise BadRequest(f"a subscription names at most {MAX_SUBSCRIBED_ENVS} environments")
     for env in request.envs:
-        get(env)  # an unknown environment is a typo that would stream nothing, for ever
+        envs(env)  # an unknown environment is a typo that would stream nothing, for ever
     return Subscription(agent=request.agent.strip(), envs=tuple(dict.fromkeys(request.envs)))
 
 

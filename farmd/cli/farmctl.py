@@ -25,6 +25,15 @@ from farmd.cli.common import (
 )
 from farmd.cli.env_cmd import audit, task_group, verify
 from farmd.cli.export_cmd import export
+from farmd.cli.intake_cmd import (
+    bounty_group,
+    contributor_group,
+    funnel,
+    quarantine,
+    review_group,
+    submission_group,
+    submit,
+)
 from farmd.cli.remote_cmd import rescore, run, runs_group, status, trajectories_group
 from farmd.cli.sandbox_cmd import doctor, sandbox_group
 from farmd.cli.token_cmd import token_group
@@ -87,6 +96,13 @@ cli.add_command(audit)
 cli.add_command(envs)
 cli.add_command(agents)
 cli.add_command(token_group)
+cli.add_command(submit)
+cli.add_command(submission_group)
+cli.add_command(review_group)
+cli.add_command(quarantine)
+cli.add_command(bounty_group)
+cli.add_command(contributor_group)
+cli.add_command(funnel)
 
 
 def main() -> None:

@@ -6,6 +6,9 @@ task's seed, derived on the host from the farm's key, the environment's name and
 (``task_seed``): the key itself never enters a box, and one environment's seeds say nothing about
 another's. Hidden data is regenerated from that seed in the verifying box and never leaves a box.
 
+``reference`` and ``verify`` take a ``canary_seed`` for intake's tier 2: the task shown is ``seed``'s, the
+hidden data ``canary_seed``'s (from its own per-task seed), so the prompt's right answer is wrong there.
+
 A call's outcome is read strictly: exactly one result line carrying the call's nonce, bounded before it
 is parsed, parsed in a thread. Anything else (no line, two lines, a bound hit, an exception in the
 environment's code, a verdict of the wrong shape) is a ``ContributedError``: the environment's fault,
@@ -93,8 +96,11 @@ class BoxedEnvironment:
         return SandboxPolicy(wall_time_s=seconds + 1.0, cpu_time_s=seconds, memory_mb=int(bounds["memory_mb"]),
                              output_kb=2048)
 
-    async def _call(self, op: str, seed: int, difficulty: int, **extra: Any) -> dict[str, Any]:
+    async def _call(self, op: str, seed: int, difficulty: int, canary_seed: int | None = None,
+                    **extra: Any) -> dict[str, Any]:
         nonce = secrets.token_hex(16)
+        if canary_seed is not None:
+            extra |= {"canary_seed": canary_seed, "canary_task_seed": self.task_seed(canary_seed, difficulty)}
         request = {"op": op, "nonce": nonce, "seed": seed, "difficulty": difficulty,
                    "task_seed": self.task_seed(seed, difficulty), "env": self.manifest.name,
                    "entry_file": self.manifest.entry_file,
@@ -115,15 +121,16 @@ class BoxedEnvironment:
             raise ContributedError("generate", f"the prompt is {len(prompt)} characters; at most {MAX_PROMPT_CHARS}")
         return ContributedTask(valid_text(prompt)[0], public)
 
-    async def reference(self, seed: int, difficulty: int) -> str:
-        final = (await self._call("reference", seed, difficulty)).get("final")
+    async def reference(self, seed: int, difficulty: int, *, canary_seed: int | None = None) -> str:
+        final = (await self._call("reference", seed, difficulty, canary_seed)).get("final")
         if not isinstance(final, str):
             raise ContributedError("reference", "the reference's answer is not text")
         return final
 
-    async def verify(self, seed: int, difficulty: int, final: str) -> ContributedVerdict:
+    async def verify(self, seed: int, difficulty: int, final: str, *,
+                     canary_seed: int | None = None) -> ContributedVerdict:
         text = clip(valid_text(final)[0], MAX_FINAL_CHARS)[0]
-        value = await self._call("verify", seed, difficulty, final=text)
+        value = await self._call("verify", seed, difficulty, canary_seed, final=text)
         reward, passed, reasons = value.get("reward"), value.get("passed"), value.get("reasons", [])
         if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward) \
                 or not 0.0 <= reward <= 1.0:

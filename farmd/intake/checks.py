@@ -33,9 +33,13 @@ class Finding:
     check: str
     evidence: str
     fix: str
+    blocking: bool = True
+    """False: a note for the reviewer (the check could not run, or saw something short of a fault), never
+    a reason to reject."""
 
     def __str__(self) -> str:
-        return f"{self.check}: {self.evidence} (fix: {self.fix})"
+        note = "" if self.blocking else " [note]"
+        return f"{self.check}{note}: {self.evidence} (fix: {self.fix})"
 
 
 def check_attributes(env: Environment) -> list[Finding]:

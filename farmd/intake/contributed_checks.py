@@ -10,17 +10,22 @@ be meaningless (no task can be generated).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from farmd.intake.boxed import BoxedEnvironment, ContributedError, ContributedTask
 from farmd.intake.checks import Finding
-from farmd.intake.mutants import coverage_findings, measure
+from farmd.intake.mutants import Coverage, coverage_findings, measure
 from farmd.intake.scan import scan_package
 
 SEEDS = (0, 1, 2, 3)
+PARALLEL = 3
+"""Boxes one check runs at once: calls are independent, and a box mostly waits on its own start-up."""
+T = TypeVar("T")
 MIN_TRAP_ANSWER_CHARS = 1
 _MAX_EXAMPLE_BYTES = 64 * 1024
 
@@ -32,30 +37,59 @@ def _fail(check: str, exc: ContributedError, fix: str) -> Finding:
 async def check_generates(env: BoxedEnvironment, levels: Sequence[int], seeds: Sequence[int] = SEEDS
                           ) -> tuple[list[Finding], dict[tuple[int, int], ContributedTask]]:
     """Every level makes a task for every seed, the same one twice: hidden data is regenerated from it."""
+    keys = [(seed, level) for level in levels for seed in seeds]
+    try:
+        made = await _each([env.generate(*k) for k in keys for _ in range(2)])
+    except ContributedError as exc:
+        return [_fail("check_generates", exc, "make `generate` return {'prompt': str, 'public': dict, 'hidden': "
+                      "dict} for every seed and level, within bounds.generate_s")], {}
     found: list[Finding] = []
     tasks: dict[tuple[int, int], ContributedTask] = {}
-    for level in levels:
-        for seed in seeds:
-            try:
-                first = await env.generate(seed, level)
-                second = await env.generate(seed, level)
-            except ContributedError as exc:
-                found.append(_fail("check_generates", exc, "make `generate` return {'prompt': str, 'public': "
-                                   "dict, 'hidden': dict} for every seed and level, within bounds.generate_s"))
-                return found, tasks
-            if first != second:
-                found.append(Finding("check_generates", f"generate({seed}, {level}) made two different tasks",
-                                     "draw every random choice from the `rng` argument, never from global state, "
-                                     "time or counters"))
-            tasks[(seed, level)] = first
+    for i, (seed, level) in enumerate(keys):
+        first, second = made[2 * i], made[2 * i + 1]
+        if first != second:
+            found.append(Finding("check_generates", f"generate({seed}, {level}) made two different tasks",
+                                 "draw every random choice from the `rng` argument, never from global state, "
+                                 "time or counters"))
+        tasks[(seed, level)] = first
     return found, tasks
+
+
+async def _each(calls: Sequence[Awaitable[T]]) -> list[T]:
+    """``calls`` a few boxes at a time (each is one box): the first error raised ends the rest."""
+    limit = asyncio.Semaphore(PARALLEL)
+
+    async def one(call: Awaitable[T]) -> T:
+        async with limit:
+            return await call
+
+    tasks = [asyncio.ensure_future(one(c)) for c in calls]
+    for task, call in zip(tasks, calls, strict=True):
+        if asyncio.iscoroutine(call):  # one cancelled before it started is closed, not left unawaited
+            task.add_done_callback(functools.partial(_close, call))
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _close(call: Coroutine[Any, Any, Any], _done: object) -> None:
+    call.close()
+
+
+def _shown(task: ContributedTask) -> str:
+    """All an agent is shown of a task: two tasks alike in this are the same task (a code task's prompt may
+    stay while its examples change)."""
+    return task.prompt + "\n" + json.dumps(task.public, sort_keys=True, default=str)
 
 
 def check_seeds_distinct(tasks: dict[tuple[int, int], ContributedTask]) -> list[Finding]:
     """Different seeds make different tasks at each level."""
     found = []
     for level in sorted({lv for _, lv in tasks}):
-        prompts = {t.prompt for (_, lv), t in tasks.items() if lv == level}
+        prompts = {_shown(t) for (_, lv), t in tasks.items() if lv == level}
         seeds = [s for s, lv in tasks if lv == level]
         if len(seeds) > 1 and len(prompts) < 2:
             found.append(Finding("check_seeds_distinct", f"seeds {seeds} all make the same task at level {level}",
@@ -69,33 +103,38 @@ def check_levels_differ(tasks: dict[tuple[int, int], ContributedTask]) -> list[F
     levels = sorted({lv for _, lv in tasks})
     seeds = sorted({s for s, _ in tasks})
     for low, high in itertools.pairwise(levels):
-        if all(tasks[(s, low)].prompt == tasks[(s, high)].prompt for s in seeds):
+        if all(_shown(tasks[(s, low)]) == _shown(tasks[(s, high)]) for s in seeds):
             found.append(Finding("check_levels_differ", f"levels {low} and {high} make the same tasks",
                                  "make each level change the task, or declare fewer `levels`"))
     return found
 
 
-async def check_reference_passes(env: BoxedEnvironment, keys: Sequence[tuple[int, int]]) -> list[Finding]:
-    """The reference earns full reward on every task asked, and its answer is not in the public task."""
+async def check_reference_passes(env: BoxedEnvironment, keys: Sequence[tuple[int, int]],
+                                 tasks: dict[tuple[int, int], ContributedTask] | None = None
+                                 ) -> tuple[list[Finding], dict[tuple[int, int], str]]:
+    """The reference earns full reward on every task asked, and its answer is not in the public task.
+    Returns the findings and the reference's answers (what later checks measure against)."""
+    try:
+        made = tasks if tasks is not None else dict(zip(keys, await _each([env.generate(*k) for k in keys]),
+                                                        strict=True))
+        answers = dict(zip(keys, await _each([env.reference(*k) for k in keys]), strict=True))
+        verdicts = await _each([env.verify(*k, answers[k]) for k in keys])
+    except ContributedError as exc:
+        return [_fail("check_reference_passes", exc, "make `reference` and `verify` work on every task")], {}
     found = []
-    for seed, level in keys:
-        try:
-            answer = await env.reference(seed, level)
-            verdict = await env.verify(seed, level, answer)
-        except ContributedError as exc:
-            return [_fail("check_reference_passes", exc, "make `reference` and `verify` work on every task")]
+    for (seed, level), verdict in zip(keys, verdicts, strict=True):
+        answer, task = answers[(seed, level)], made[(seed, level)]
         if not (verdict.passed and verdict.reward == 1.0):
             found.append(Finding("check_reference_passes",
                                  f"the reference's answer to ({seed}, {level}) scored {verdict.reward} "
                                  f"({'; '.join(verdict.reasons)[:200]})",
                                  "fix the reference or the verifier: the reference must pass every task"))
-        task = await env.generate(seed, level)
         public = task.prompt + json.dumps(task.public, sort_keys=True)
         # A short answer ("3") appears in a prompt by chance; as a public field's whole value it is a leak.
         if (len(answer.strip()) >= 8 and answer.strip() in public) or answer.strip() in _leaves(task.public):
             found.append(Finding("check_reference_passes", f"the answer to ({seed}, {level}) is in the public task",
                                  "keep the expected answer in 'hidden', never in 'prompt' or 'public'"))
-    return found
+    return found, answers
 
 
 def _leaves(value: Any) -> set[str]:
@@ -118,27 +157,23 @@ def _traps(answer: str, prompt: str) -> dict[str, str]:
             "near miss": near, "answer padded": f"the answer is maybe {answer} or not"}
 
 
-async def check_rejects_wrong(env: BoxedEnvironment, keys: Sequence[tuple[int, int]]) -> list[Finding]:
+async def check_rejects_wrong(env: BoxedEnvironment, keys: Sequence[tuple[int, int]],
+                              tasks: dict[tuple[int, int], ContributedTask], answers: dict[tuple[int, int], str]
+                              ) -> list[Finding]:
     """Empty, junk, echoed, near-miss and hedged submissions all fail, on every task asked."""
-    found: list[Finding] = []
+    trials = [(k, name, final) for k in keys for name, final in _traps(answers[k], tasks[k].prompt).items()
+              if final.strip() != answers[k].strip()]
+    try:
+        verdicts = await _each([env.verify(*k, final) for k, _, final in trials])
+    except ContributedError as exc:
+        return [_fail("check_rejects_wrong", exc, "make `verify` judge any text, failing what is wrong")]
     passed: dict[str, list[tuple[int, int]]] = {}
-    for seed, level in keys:
-        try:
-            answer = await env.reference(seed, level)
-            prompt = (await env.generate(seed, level)).prompt
-            for name, final in _traps(answer, prompt).items():
-                if final.strip() == answer.strip():
-                    continue
-                verdict = await env.verify(seed, level, final)
-                if verdict.passed or verdict.reward > 0.5:
-                    passed.setdefault(name, []).append((seed, level))
-        except ContributedError as exc:
-            return [_fail("check_rejects_wrong", exc, "make `verify` judge any text, failing what is wrong")]
-    for name, where in passed.items():
-        found.append(Finding("check_rejects_wrong", f"a {name} submission passed on {where[:4]}",
-                             "compare the submission with the expected answer from 'hidden' exactly "
-                             "(after trimming), and fail everything else"))
-    return found
+    for (k, name, _), verdict in zip(trials, verdicts, strict=True):
+        if verdict.passed or verdict.reward > 0.5:
+            passed.setdefault(name, []).append(k)
+    return [Finding("check_rejects_wrong", f"a {name} submission passed on {where[:4]}",
+                    "compare the submission with the expected answer from 'hidden' exactly (after trimming), and "
+                    "fail everything else") for name, where in passed.items()]
 
 
 def _example(name: str, data: bytes) -> tuple[int, int, str] | str:
@@ -178,18 +213,43 @@ async def check_examples(env: BoxedEnvironment) -> list[Finding]:
     return found
 
 
+@dataclass(frozen=True)
+class Tier1Report:
+    findings: list[Finding]
+    coverage: Coverage | None
+    """The mutants' measure (None: tier 1 stopped before it)."""
+
+
 async def run_tier1(env: BoxedEnvironment, seeds: Sequence[int] = SEEDS) -> list[Finding]:
     """Every tier 1 question of a contributed environment; its findings (none: it passes tier 1)."""
+    return (await tier1_report(env, seeds, stop_early=False)).findings
+
+
+async def tier1_report(env: BoxedEnvironment, seeds: Sequence[int] = SEEDS, *, stop_early: bool = True
+                       ) -> Tier1Report:
+    """Tier 1 in stages, cheapest first: the scan and the generator, then the reference, the traps and the
+    examples, then the mutants. ``stop_early``: a stage with a blocking finding ends it there (the funnel's
+    way: lazy fraud costs seconds, and what a later stage would say about a broken generator means little)."""
     levels = range(1, env.manifest.levels + 1)
-    smells = await asyncio.to_thread(scan_package, env.package)
-    found, tasks = await check_generates(env, levels, seeds)
-    found = smells + found
+    found = await asyncio.to_thread(scan_package, env.package)
+    generated, tasks = await check_generates(env, levels, seeds)
+    found += generated
     if not tasks:
-        return found
+        return Tier1Report(found, None)
     found += check_seeds_distinct(tasks) + check_levels_differ(tasks)
+    if stop_early and _blocking(found):
+        return Tier1Report(found, None)
     keys = sorted(tasks)
-    found += await check_reference_passes(env, keys)
-    found += await check_rejects_wrong(env, keys[: max(2, len(keys) // 2)])
+    passes, answers = await check_reference_passes(env, keys, tasks)
+    found += passes
+    if answers:
+        found += await check_rejects_wrong(env, keys[: max(2, len(keys) // 2)], tasks, answers)
     found += await check_examples(env)
-    found += coverage_findings(await measure(env, keys[:3]))
-    return found
+    if stop_early and _blocking(found):
+        return Tier1Report(found, None)
+    coverage = await measure(env, keys[:3])
+    return Tier1Report(found + coverage_findings(coverage), coverage)
+
+
+def _blocking(found: Sequence[Finding]) -> bool:
+    return any(getattr(f, "blocking", True) for f in found)

@@ -12,6 +12,11 @@ the task asks (anyone can regenerate it: a contributor writes example answers wi
 seeded from the per-task seed, chooses what the verifier checks and nobody outside may predict (hidden
 test inputs).
 
+A canary (intake's tier 2: a request with ``canary_seed``) is a task whose hidden checks contradict its
+prompt: the prompt and public fields of ``seed``, everything else ``generate`` returned (``hidden`` and any
+other key: none of it is shown) from ``canary_seed``, with that task's own ``hidden_rng``
+(``canary_task_seed``). A verifier that judges by the hidden data fails the prompt's right answer there.
+
 The contributed class:
 
     class WordCount:
@@ -47,14 +52,21 @@ def _load(entry_file: str, entry_class: str) -> Any:
     return getattr(module, entry_class)()
 
 
-def _do(request: dict[str, Any]) -> dict[str, Any]:
-    env = _load(request["entry_file"], request["entry_class"])
-    rng = random.Random(f"{request['env']}:{request['seed']}:{request['difficulty']}")
-    hidden_rng = random.Random(request["task_seed"])
-    task = env.generate(request["seed"], request["difficulty"], rng, hidden_rng)
+def _generate(env: Any, request: dict[str, Any], seed: int, task_seed: int) -> dict[str, Any]:
+    rng = random.Random(f"{request['env']}:{seed}:{request['difficulty']}")
+    task = env.generate(seed, request["difficulty"], rng, random.Random(task_seed))
     if not isinstance(task, dict) or not isinstance(task.get("prompt"), str):
         raise TypeError("generate must return a dict with a 'prompt' string")
+    return task
+
+
+def _do(request: dict[str, Any]) -> dict[str, Any]:
+    env = _load(request["entry_file"], request["entry_class"])
+    task = _generate(env, request, request["seed"], request["task_seed"])
     op = request["op"]
+    if request.get("canary_seed") is not None and op != "generate":
+        other = _generate(env, request, request["canary_seed"], request["canary_task_seed"])
+        task = {**other, "prompt": task["prompt"], "public": task.get("public", {})}
     if op == "generate":
         return {"prompt": task["prompt"], "public": task.get("public", {})}
     if op == "reference":

@@ -2,15 +2,19 @@
 environment's own verifier. A mutant whose answer differs from the reference's and still passes is a wrong
 answer the verifier accepts; the share of differing mutants it rejects is reported, not guessed.
 
-Mutations, each applied alone to the reference's source: an arithmetic or comparison operator flipped
-(``+``/``-``, ``*``/``//``, ``<``/``<=``, ``==``/``!=``, ...), a numeric constant moved by one (a boundary),
-and a branch dropped (an ``if`` whose body is skipped). A mutant that crashes or gives the reference's own
-answer on every task says nothing about the verifier and is not counted.
+Mutations, each applied alone to the source of ``reference`` or of ``generate`` (where an environment
+computes its hidden answer, as the example does): an arithmetic or comparison operator flipped (``+``/``-``,
+``*``/``//``, ``<``/``<=``, ``==``/``!=``, ...), a numeric constant moved by one (a boundary), a branch
+dropped (an ``if`` whose body is skipped), and a value of the ``hidden`` dict moved by one. A mutant counts
+on a task only where it poses the same public task as the original (a mutant that changed the question
+answers another one) and answers it differently; one that crashes or agrees everywhere says nothing about
+the verifier and is not counted.
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
 import copy
 import dataclasses
 from collections.abc import Iterator, Sequence
@@ -40,13 +44,40 @@ class Coverage:
         return self.killed / self.differing if self.differing else None
 
 
+_MUTATED = ("reference", "generate")
+_NUDGE = "_farm_nudged"
+_NUDGE_SOURCE = f"""
+
+def {_NUDGE}(value):
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, str):
+        return value + "x"
+    if isinstance(value, list) and value:
+        return value[:-1]
+    return value
+"""
+"""Moves a hidden value by one, whatever its type: what a reference that read the wrong field would give."""
+
+
 def _reference_nodes(tree: ast.Module, entry_class: str) -> list[ast.AST]:
-    """Every node inside the entry class's ``reference`` method."""
+    """Every node inside the entry class's ``reference`` and ``generate`` methods."""
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == entry_class:
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name == "reference":
-                    return list(ast.walk(item))
+            return [n for item in node.body if isinstance(item, ast.FunctionDef) and item.name in _MUTATED
+                    for n in ast.walk(item)]
+    return []
+
+
+def _hidden_values(node: ast.AST) -> list[ast.expr]:
+    """The values of a ``{"hidden": {...}}`` literal's inner dict, if ``node`` is one."""
+    if not isinstance(node, ast.Dict):
+        return []
+    for key, value in zip(node.keys, node.values, strict=True):
+        if isinstance(key, ast.Constant) and key.value == "hidden" and isinstance(value, ast.Dict):
+            return list(value.values)
     return []
 
 
@@ -67,6 +98,8 @@ def mutants(source: str, entry_class: str) -> Iterator[tuple[str, str]]:
             changes.append((f"line {node.lineno}: {node.value} -> {node.value + 1}", "const"))
         elif isinstance(node, ast.If):
             changes.append((f"line {node.lineno}: the if-branch dropped", "drop"))
+        line = getattr(node, "lineno", 0)
+        changes += [(f"line {line}: hidden value {i + 1} moved by one", i) for i in range(len(_hidden_values(node)))]
         for what, how in changes:
             mutated = copy.deepcopy(tree)
             target = _reference_nodes(mutated, entry_class)[index]
@@ -78,6 +111,14 @@ def mutants(source: str, entry_class: str) -> Iterator[tuple[str, str]]:
                 target.value = target.value + 1
             elif how == "drop" and isinstance(target, ast.If):
                 target.test = ast.Constant(False)
+            elif isinstance(how, int) and isinstance(target, ast.Dict):
+                hidden = target.values[[k.value if isinstance(k, ast.Constant) else None
+                                        for k in target.keys].index("hidden")]
+                assert isinstance(hidden, ast.Dict)
+                hidden.values[how] = ast.Call(ast.Name(_NUDGE, ast.Load()), [hidden.values[how]], [])
+                made += 1
+                yield what, ast.unparse(mutated) + _NUDGE_SOURCE
+                continue
             made += 1
             yield what, ast.unparse(mutated)
 
@@ -87,30 +128,35 @@ async def measure(original: BoxedEnvironment, keys: Sequence[tuple[int, int]]) -
     package = original.package
     m = package.manifest
     answers = {k: await original.reference(*k) for k in keys}
+    posed = {k: await original.generate(*k) for k in keys}
     source = package.files[m.entry_file].decode("utf-8", errors="replace")
     made = differing = killed = 0
     survivors: list[str] = []
     for what, mutated in mutants(source, m.entry_class):
         made += 1
-        variant = dataclasses.replace(package, files={**package.files, m.entry_file: mutated.encode()})
-        env = original.variant(variant)
-        differs = caught = False
-        for k in keys:
-            try:
-                answer = await env.reference(*k)
-            except ContributedError:
-                continue
-            if answer.strip() == answers[k].strip():
-                continue
-            differs = True
-            if not (await original.verify(*k, answer)).passed:
-                caught = True
-                break
-        differing += differs
-        killed += caught
-        if differs and not caught:
+        env = original.variant(dataclasses.replace(package, files={**package.files, m.entry_file: mutated.encode()}))
+        # A mutant's keys are independent: asked at once, and its differing answers judged at once.
+        given = await asyncio.gather(*[_answer(env, k, posed[k]) for k in keys])
+        wrong = [(k, a) for k, a in zip(keys, given, strict=True) if a is not None and a.strip() != answers[k].strip()]
+        if not wrong:
+            continue
+        differing += 1
+        verdicts = await asyncio.gather(*[original.verify(*k, a) for k, a in wrong])
+        if any(not v.passed for v in verdicts):
+            killed += 1
+        else:
             survivors.append(what)
     return Coverage(made, differing, killed, tuple(survivors))
+
+
+async def _answer(env: BoxedEnvironment, key: tuple[int, int], posed: object) -> str | None:
+    """The mutant's answer to ``key``, if it poses the same task and answers at all."""
+    try:
+        if await env.generate(*key) != posed:
+            return None  # it asks another question: its answer says nothing of this one's verifier
+        return await env.reference(*key)
+    except ContributedError:
+        return None
 
 
 def coverage_findings(coverage: Coverage) -> list[Finding]:

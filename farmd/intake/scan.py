@@ -1,6 +1,7 @@
 """Tier 1's static scan: what a contributed environment's source shows of a verifier that cannot be
 sound, before any of it runs. Each smell is a finding a contributor can act on; a smell is evidence, not
-proof (tier 2 and the reviewer weigh it), so the scan looks for shapes that are almost never right:
+proof, so it is a note (``blocking`` False) that tier 2's attacks and the reviewer weigh: what rejects a
+version is an attack that works. The scan looks for shapes that are almost never right:
 
 - ``verify`` returns the same verdict whatever it is given (no ``return`` depends on anything);
 - a verdict read from printed output (``"PASS" in stdout``): whatever the submission prints, it passes;
@@ -11,6 +12,7 @@ proof (tier 2 and the reviewer weigh it), so the scan looks for shapes that are 
 from __future__ import annotations
 
 import ast
+import dataclasses
 from collections.abc import Iterator
 
 from farmd.intake.checks import Finding
@@ -115,5 +117,5 @@ def scan_package(package: Package) -> list[Finding]:
             found.append(Finding("scan_parses", f"{path}:{exc.lineno}: {exc.msg}", "submit Python that parses"))
             continue
         for check in (_constant_verdict, _stdout_verdict, _broad_except_pass, _outside_files):
-            found += check(path, tree)
+            found += [dataclasses.replace(f, blocking=False) for f in check(path, tree)]
     return found

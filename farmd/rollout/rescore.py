@@ -10,11 +10,11 @@ sits below the store in the module table, so it names the calls it needs instead
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Protocol
 
 from farmd.envs import Attempt, VerifyContext, get, verify_safely
+from farmd.envs.catalog import EnvLookup
 from farmd.errors import FailedPrecondition
 from farmd.records import Trajectory
 
@@ -43,16 +43,18 @@ class Rescored:
     verifier_version: str
 
 
-async def rescore(scores: Scores, ctx: VerifyContext | None, env_name: str, limit: int | None = None) -> Rescored:
+async def rescore(scores: Scores, ctx: VerifyContext | None, env_name: str, limit: int | None = None, *,
+                  envs: EnvLookup = get) -> Rescored:
     """Verify ``env_name``'s stored trajectories with its current verifier, in stream order, until
-    ``limit`` have been counted (None: all of them), and add their scores.
+    ``limit`` have been counted (None: all of them), and add their scores. ``envs`` resolves the name
+    (the node's catalog, for environments added at run time; default: the built-ins).
 
     ``ctx`` None is a node that runs no boxes: it cannot verify, and says where to rescore instead.
     """
     if ctx is None:
         raise FailedPrecondition("this node runs no boxes (--workers 0), so it cannot verify: "
                                  "rescore on a worker node", reason="NO_WORKERS")
-    env = get(env_name)
+    env = envs(env_name)
     done = await scores.scored_versions(env.name)
     scored = already = errors = 0
     rows: list[ScoreRow] = []
@@ -66,9 +68,8 @@ async def rescore(scores: Scores, ctx: VerifyContext | None, env_name: str, limi
             if env.verifier_version in done.get(t.id, set()):
                 already += 1
                 continue
-            # Hidden test data is never stored: it is regenerated from (seed, difficulty), which for
-            # some environments (rg puzzles) takes long enough to hold up every call sharing the loop.
-            task = await asyncio.to_thread(env.generate, t.seed, t.difficulty)
+            # Hidden test data is never stored: it is regenerated from (seed, difficulty).
+            task = await env.make_task(t.seed, t.difficulty, ctx)
             attempt = Attempt(final=t.final, actions=[s.action for s in t.steps] if task.kind == "actions" else [])
             verdict = await verify_safely(env, task, attempt, ctx)
             if verdict.status == "error":

@@ -16,7 +16,6 @@ the record's bounds before it is stored (``Trajectory.sealed``, which repairs wh
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import fields
 
@@ -43,8 +42,7 @@ async def run_rollout(job: Job, env: Environment, agent: Agent, ctx: VerifyConte
     started_wall = time.time()
     started = time.monotonic()
     try:
-        # reasoning-gym can take a second to make a puzzle: off the event loop.
-        task = await asyncio.to_thread(env.generate, job.seed, job.difficulty)
+        task = await env.make_task(job.seed, job.difficulty, ctx)
     except FarmError as exc:
         raise InfraFailure(f"cannot make the task: {exc}") from exc
     made = time.monotonic()

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from farmd.agents import Agent, ClientPool, NamedEndpoint, PolicySource, TorchRuntime, make_agent
 from farmd.envs import VerifyContext, get
+from farmd.envs.catalog import EnvLookup
 from farmd.errors import EndpointError, InfraFailure
 from farmd.metrics import Metrics
 from farmd.records import Job, JobState, Trajectory
@@ -49,8 +50,11 @@ class Leases(Protocol):
 class Worker:
     def __init__(self, leases: Leases, ctx: VerifyContext, slots: int, lease_s: float, node: str | None = None,
                  metrics: Metrics | None = None, endpoints: tuple[NamedEndpoint, ...] = (),
-                 policies: PolicySource | None = None, owner: str | None = None) -> None:
+                 policies: PolicySource | None = None, owner: str | None = None, envs: EnvLookup = get) -> None:
         self.leases = leases
+        self.envs = envs
+        """Where jobs' environments are found, by name: the node's catalog (default: the built-ins); the
+        ``reference`` and ``skilled:`` agents look there too."""
         self.endpoints = endpoints
         """This node's configured model endpoints, which jobs' ``openai:MODEL@NAME`` specs resolve against."""
         self.policies = policies
@@ -126,7 +130,8 @@ class Worker:
         agent = self._agents.get(spec)
         if agent is None:
             agent = self._agents[spec] = make_agent(spec, endpoints=self.endpoints, clients=self._clients,
-                                                    policies=self.policies, torch=self._torch)
+                                                    policies=self.policies, torch=self._torch, envs=self.envs,
+                                                    ctx=self.ctx)
             if len(self._agents) > _AGENTS_KEPT:
                 self._agents.popitem(last=False)
         self._agents.move_to_end(spec)
@@ -157,7 +162,7 @@ class Worker:
 
     async def _run(self, job: Job) -> None:
         try:
-            env = get(job.env)
+            env = self.envs(job.env)
             agent = self._agent(job.agent)
             trajectory = await run_rollout(job, env, agent, self.ctx, self.node)
             self._done.append(trajectory)

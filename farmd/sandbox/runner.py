@@ -21,6 +21,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import itertools
 import logging
 import marshal
@@ -45,7 +46,7 @@ from farmd.sandbox.runtime import (
     default_site_dir,
     prepare_layout,
 )
-from farmd.sandbox.slots import SlotPool
+from farmd.sandbox.slots import Slot, SlotPool
 from farmd.sandbox.watch import Box, Run
 
 log = logging.getLogger("farmd.sandbox")
@@ -83,6 +84,8 @@ class Sandbox:
         self._pending: dict[Shape, int] = {}
         """Warm boxes of each shape being launched right now."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._launching: set[asyncio.Future[Box]] = set()
+        """Launches under way in the spawner threads: ``close`` waits for them, so none outlives it."""
         """Refills and teardowns in flight; close() waits for them."""
         self._live: set[Box] = set()
         self._all_gone = asyncio.Event()
@@ -139,6 +142,8 @@ class Sandbox:
         self._closing = True
         if self._slots is not None:
             await self._slots.stop()  # whoever waits for a slot gives up now
+        # A launch whose caller was cancelled ends in its thread; its box's teardown is a task of ours then.
+        await asyncio.gather(*list(self._launching), return_exceptions=True)
         # Refills stop at their next step (they check _closing); teardowns run to the end.
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
@@ -219,8 +224,16 @@ class Sandbox:
         slot = await self._slots.acquire()
         box_id = f"{os.getpid()}-{next(_BOX_IDS)}"
         loop = asyncio.get_running_loop()
+        launched = loop.run_in_executor(self._spawner, self._launcher.launch, box_id, slot, policy)
+        self._launching.add(launched)
+        launched.add_done_callback(self._launching.discard)
         try:
-            box = await loop.run_in_executor(self._spawner, self._launcher.launch, box_id, slot, policy)
+            box = await asyncio.shield(launched)
+        except asyncio.CancelledError:
+            # The launch goes on in its thread whatever happens here: the box it makes is torn down (and
+            # its slot freed) when it is made, never left running with nobody holding it.
+            launched.add_done_callback(functools.partial(self._orphaned, slot))
+            raise
         except BaseException:
             await self._slots.release(slot)
             raise
@@ -333,6 +346,17 @@ class Sandbox:
         # cgroup need not hold up the caller. close() waits for every teardown.
         self._background(self._destroy(box))
         return harvest
+
+    def _orphaned(self, slot: Slot, launched: asyncio.Future[Box]) -> None:
+        """A launch whose caller was cancelled has ended: destroy its box, or free its slot if it made none."""
+        if not launched.cancelled() and launched.exception() is None:
+            box = launched.result()
+            self._live.add(box)
+            self._all_gone.clear()
+            self._background(self._destroy(box))
+        else:
+            assert self._slots is not None
+            self._background(self._slots.release(slot))
 
     def _background(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -172,7 +172,7 @@ class Delivery:
                     trajectories, up_to = await self._whole_groups(sent, size, body, agent, envs)
                 else:
                     trajectories = await self.store.trajectories(after_seq=sent, limit=size, body=body, agent=agent,
-                                                                 envs=envs)
+                                                                 envs=envs, streamed=True)
                     up_to = trajectories[-1].seq if trajectories else sent
                 if up_to == sent:
                     await self.wait_for_more(seen, _POLL_S)
@@ -201,7 +201,8 @@ class Delivery:
 
     async def _whole_groups(self, after: int, size: int, body: bool, agent: str | None, envs: tuple[str, ...]
                             ) -> tuple[list[Trajectory], int]:
-        groups = await self.store.finished_groups(after, max(1, size // 2), agent=agent, envs=envs)
+        groups = await self.store.finished_groups(after, max(1, size // 2), agent=agent, envs=envs,
+                                                   streamed=True)
         picked: list[dict[str, Any]] = []
         total = 0
         for g in groups:  # whole groups only: stop before one would overflow the batch (but take at least one)

@@ -178,4 +178,114 @@ MIGRATIONS: tuple[str, ...] = (
     );
     INSERT INTO publications(name, version, at) SELECT name, version, created_at FROM policies ORDER BY version;
     """,
+    # 8: the intake funnel. A submission is one version of a contributed environment (its package kept
+    # whole, so an approved version can be served and re-checked); its findings and costs are kept per
+    # round (a re-review is another round). Reputation is an append-only ledger; a contributor row holds
+    # only what cannot be summed (a tanked reputation is for good). A quarantined environment's
+    # trajectories stay stored but leave trainer streams; each one withdrawn is a row consumers are told of.
+    """
+    CREATE TABLE submissions (
+        id INTEGER PRIMARY KEY,
+        contributor TEXT NOT NULL,
+        name TEXT NOT NULL,
+        version TEXT NOT NULL,
+        domain TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        levels INTEGER NOT NULL,
+        digest TEXT NOT NULL,
+        package BLOB NOT NULL,
+        bounty_id INTEGER NOT NULL DEFAULT 0,
+        state TEXT NOT NULL,
+        tier INTEGER NOT NULL DEFAULT 1,
+        detail TEXT NOT NULL DEFAULT '',
+        seeds INTEGER NOT NULL,
+        attack_budget INTEGER NOT NULL,
+        mutants INTEGER NOT NULL DEFAULT 0,
+        mutants_killed INTEGER NOT NULL DEFAULT 0,
+        rounds INTEGER NOT NULL DEFAULT 1,
+        reviewer TEXT NOT NULL DEFAULT '',
+        review_note TEXT NOT NULL DEFAULT '',
+        first_look_at REAL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        decided_at REAL,
+        UNIQUE (name, version)
+    );
+    CREATE INDEX submissions_by_state ON submissions(state, id);
+    CREATE INDEX submissions_by_contributor ON submissions(contributor, id);
+    CREATE TABLE findings (
+        submission_id INTEGER NOT NULL REFERENCES submissions(id),
+        round INTEGER NOT NULL,
+        tier INTEGER NOT NULL,
+        check_name TEXT NOT NULL,
+        evidence TEXT NOT NULL,
+        fix TEXT NOT NULL,
+        blocking INTEGER NOT NULL,
+        at REAL NOT NULL
+    );
+    CREATE INDEX findings_by_submission ON findings(submission_id, round);
+    CREATE TABLE intake_costs (
+        submission_id INTEGER NOT NULL REFERENCES submissions(id),
+        round INTEGER NOT NULL,
+        tier INTEGER NOT NULL,
+        box_cpu_s REAL NOT NULL DEFAULT 0,
+        box_wall_s REAL NOT NULL DEFAULT 0,
+        box_calls INTEGER NOT NULL DEFAULT 0,
+        attacker_tokens INTEGER NOT NULL DEFAULT 0,
+        review_s REAL NOT NULL DEFAULT 0,
+        at REAL NOT NULL
+    );
+    CREATE INDEX intake_costs_by_submission ON intake_costs(submission_id);
+    CREATE TABLE contributors (
+        name TEXT PRIMARY KEY,
+        tanked INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE ledger (
+        seq INTEGER PRIMARY KEY,
+        contributor TEXT NOT NULL,
+        delta REAL NOT NULL,
+        reason TEXT NOT NULL,
+        submission_id INTEGER NOT NULL DEFAULT 0,
+        at REAL NOT NULL
+    );
+    CREATE INDEX ledger_by_contributor ON ledger(contributor, seq);
+    CREATE TABLE bounties (
+        id INTEGER PRIMARY KEY,
+        domain TEXT NOT NULL,
+        requirements TEXT NOT NULL,
+        payout_min REAL NOT NULL,
+        payout_max REAL NOT NULL,
+        wanted INTEGER NOT NULL,
+        min_reputation REAL NOT NULL,
+        posted_by TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE claims (
+        bounty_id INTEGER NOT NULL REFERENCES bounties(id),
+        contributor TEXT NOT NULL,
+        at REAL NOT NULL,
+        PRIMARY KEY (bounty_id, contributor)
+    );
+    CREATE TABLE payouts (
+        submission_id INTEGER PRIMARY KEY REFERENCES submissions(id),
+        bounty_id INTEGER NOT NULL,
+        contributor TEXT NOT NULL,
+        usd REAL NOT NULL,
+        at REAL NOT NULL
+    );
+    CREATE TABLE quarantined_envs (
+        env TEXT PRIMARY KEY,
+        submission_id INTEGER NOT NULL,
+        reason TEXT NOT NULL,
+        at REAL NOT NULL
+    );
+    CREATE TABLE withdrawals (
+        seq INTEGER PRIMARY KEY,
+        trajectory_id INTEGER NOT NULL,
+        env TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        at REAL NOT NULL
+    );
+    """,
 )

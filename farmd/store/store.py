@@ -31,6 +31,7 @@ import aiosqlite
 from farmd.errors import CursorError, StoreError
 from farmd.private import create_file, make_dir
 from farmd.records import ChatMessage, Job, JobState, Policy, Score, Trajectory, Turn, from_plain
+from farmd.store.intake import IntakeRecords
 from farmd.store.policy_files import PolicyFiles, PolicyUpload
 from farmd.store.schema import MIGRATIONS
 from farmd.text import valid_text, valid_tree
@@ -63,9 +64,10 @@ def _consumer_rows(rows: list[Any]) -> list[dict[str, Any]]:
     return [{"name": n, "kind": k, "acked": int(a), "updated_at": float(t)} for n, k, a, t in rows]
 
 
-def _subscribed(agent: str | None, envs: Sequence[str]) -> tuple[str, list[object]]:
-    """SQL (starting with AND, or empty) and its parameters keeping only ``agent``'s rows of ``envs``."""
-    where, args = "", list[object]()
+def _subscribed(agent: str | None, envs: Sequence[str], *, streamed: bool = False) -> tuple[str, list[object]]:
+    """SQL (starting with AND, or empty) and its parameters keeping only ``agent``'s rows of ``envs``;
+    ``streamed``: and none of a quarantined environment (withdrawn: no trainer stream sends them)."""
+    where, args = " AND env NOT IN (SELECT env FROM quarantined_envs)" if streamed else "", list[object]()
     if agent:
         where += " AND agent = ?"
         args.append(agent)
@@ -257,6 +259,8 @@ class Store:
         self._write_lock = asyncio.Lock()
         self.path = path
         self._policies = PolicyFiles(path.parent)
+        self.intake = IntakeRecords(self)
+        """The intake funnel's rows (submissions, reputation, bounties, quarantines)."""
 
     @classmethod
     async def open(cls, path: Path) -> Store:
@@ -666,10 +670,10 @@ class Store:
         return totals[0], totals[1], totals[2], totals[3]
 
     async def finished_groups(self, after: int, limit: int, *, agent: str | None = None,
-                              envs: Sequence[str] = ()) -> list[dict[str, Any]]:
+                              envs: Sequence[str] = (), streamed: bool = False) -> list[dict[str, Any]]:
         """Groups that ended after done position ``after``, in the order they ended, with their rewards;
-        only ``agent``'s and only those of ``envs`` when given (a subscription)."""
-        where, args = _subscribed(agent, envs)
+        only ``agent``'s and only those of ``envs`` when given (a subscription); ``streamed``: none withdrawn."""
+        where, args = _subscribed(agent, envs, streamed=streamed)
         groups = await self._all(
             f"SELECT id, done_seq, env, seed, difficulty, agent, size FROM groups WHERE done_seq > ? {where} "
             "ORDER BY done_seq LIMIT ?", (after, *args, limit))
@@ -698,11 +702,11 @@ class Store:
     async def trajectories(self, *, after_seq: int = 0, limit: int = 100, env: str | None = None,
                            min_policy: int | None = None, newest_first: bool = False, body: bool = True,
                            before_seq: int | None = None, run_id: int = 0, agent: str | None = None,
-                           envs: Sequence[str] = ()) -> list[Trajectory]:
+                           envs: Sequence[str] = (), streamed: bool = False) -> list[Trajectory]:
         """Trajectories in stream order (or newest first), after ``after_seq`` and before ``before_seq``;
         ``body=False`` leaves out the bulk of the record (``BODY_FIELDS``: decompressing it is most of a
-        read's cost). ``agent`` and ``envs``: only those (a subscription)."""
-        subscribed, sub_args = _subscribed(agent, envs)
+        read's cost). ``agent`` and ``envs``: only those (a subscription); ``streamed``: none withdrawn."""
+        subscribed, sub_args = _subscribed(agent, envs, streamed=streamed)
         where: list[str] = [f"seq > ? {subscribed}"]
         args: list[object] = [after_seq, *sub_args]
         if before_seq is not None:
@@ -848,8 +852,8 @@ class Store:
     async def unconsumed(self, kind: str, position: int, agent: str | None, envs: Sequence[str]) -> int:
         """Stored trajectories of ``agent`` in ``envs`` past a cursor of ``kind`` at ``position`` (for
         ``groups``: the sizes of matching groups that finished after it). A scan of what lies past the
-        cursor: a subscribed consumer's backlog, which a trainer keeps short."""
-        where, args = _subscribed(agent, envs)
+        cursor: a subscribed consumer's backlog, which a trainer keeps short (withdrawn ones never come)."""
+        where, args = _subscribed(agent, envs, streamed=True)
         if _kind(kind) == "trajectories":
             row = await self._one(f"SELECT COUNT(*) FROM trajectories WHERE seq > ? {where}", (position, *args))
         else:

@@ -24,9 +24,9 @@ from __future__ import annotations
 import heapq
 import random
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from farmd.errors import TaskBankError
 from farmd.taskbank.posterior import BetaModel, Posterior
@@ -187,6 +187,8 @@ class TaskBank:
         self._model = self.config.model()
         self._version = 0
         self._envs: dict[str, _EnvState] = {}
+        self._resting: dict[str, Any] = {}
+        """Saved state of environments not served now, as JSON: kept, not forgotten."""
         for env, top in max_difficulty.items():
             if top < 1:
                 raise TaskBankError(f"{env}: max difficulty must be at least 1, got {top}")
@@ -368,25 +370,12 @@ class TaskBank:
         }
 
     def to_json(self) -> dict[str, Any]:
-        """The whole state as plain JSON values; ``from_json`` restores it exactly."""
+        """The whole state as plain JSON values; ``from_json`` restores it exactly. An environment the bank
+        stopped serving (``remove_env``) keeps its state here, for when it serves it again."""
         return {
             "schema": SCHEMA_VERSION,
             "policy_version": self._version,
-            "envs": {
-                name: {
-                    "level": st.level,
-                    "level_rate": st.level_rate,
-                    "level_groups": st.level_groups,
-                    "next_seed": [[d, s] for d, s in st.next_seed.items()],
-                    "tasks": [[seed, d, r.post.alpha, r.post.beta, r.post.version, r.groups, r.last_sampled]
-                              for (seed, d), r in st.tasks.items()],
-                    "recent_samples": list(st.recent_samples),
-                    "recent_groups": list(st.recent_groups),
-                    "sampled_total": st.sampled_total,
-                    "groups_total": st.groups_total,
-                }
-                for name, st in self._envs.items()
-            },
+            "envs": {**self._resting, **{name: _env_json(st) for name, st in self._envs.items()}},
         }
 
     @classmethod
@@ -402,30 +391,33 @@ class TaskBank:
             got = data.get("schema") if isinstance(data, Mapping) else type(data).__name__
             raise TaskBankError(f"saved task bank state has schema {got!r}; this farm reads {SCHEMA_VERSION}")
         bank = cls(max_difficulty, config)
-        try:
-            bank._version = int(data["policy_version"])
-            for name, saved in data["envs"].items():
-                st = bank._envs.get(name)
-                if st is None:
-                    continue
-                st.level = max(1, min(int(saved["level"]), st.max_difficulty))
-                st.level_rate = float(saved["level_rate"])
-                st.level_groups = int(saved["level_groups"])
-                # Tasks above a lowered maximum could no longer be generated: forget them.
-                st.next_seed = {int(d): int(s) for d, s in saved["next_seed"] if int(d) <= st.max_difficulty}
-                st.tasks = {
-                    (int(seed), int(d)): _Record(Posterior(float(a), float(b), int(v)), int(g),
-                                                 None if last is None else int(last))
-                    for seed, d, a, b, v, g, last in saved["tasks"]
-                    if int(d) <= st.max_difficulty
-                }
-                st.recent_samples.extend(None if s is None else bool(s) for s in saved["recent_samples"])
-                st.recent_groups.extend(bool(g) for g in saved["recent_groups"])
-                st.sampled_total = int(saved["sampled_total"])
-                st.groups_total = int(saved["groups_total"])
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise TaskBankError(f"saved task bank state is malformed: {type(exc).__name__}: {exc}") from exc
+        bank._version = _restored(lambda: int(data["policy_version"]))
+        envs = _restored(lambda: dict(data["envs"]))
+        for name, saved in envs.items():
+            st = bank._envs.get(name)
+            if st is None:
+                bank._resting[name] = saved  # not served now (a contributed version not yet loaded): kept
+            else:
+                _restored(lambda st=st, saved=saved: _load_env(st, saved))  # type: ignore[misc]
         return bank
+
+    def add_env(self, env: str, max_difficulty: int) -> None:
+        """Serve ``env`` from now on (an approved contributed version), with its saved state if it has one."""
+        if max_difficulty < 1:
+            raise TaskBankError(f"{env}: max difficulty must be at least 1, got {max_difficulty}")
+        if env in self._envs:
+            return
+        st = _EnvState(max_difficulty, self.config)
+        saved = self._resting.pop(env, None)
+        if saved is not None:
+            _restored(lambda: _load_env(st, saved))
+        self._envs[env] = st
+
+    def remove_env(self, env: str) -> None:
+        """Stop serving ``env`` (sample refuses it); its state rests in the saved state."""
+        st = self._envs.pop(env, None)
+        if st is not None:
+            self._resting[env] = _env_json(st)
 
     def _env(self, env: str) -> _EnvState:
         st = self._envs.get(env)
@@ -488,3 +480,46 @@ def _round(x: float, rng: random.Random) -> int:
 
 def _fraction(part: int, whole: int) -> float | None:
     return part / whole if whole else None
+
+
+def _env_json(st: _EnvState) -> dict[str, Any]:
+    return {
+        "level": st.level,
+        "level_rate": st.level_rate,
+        "level_groups": st.level_groups,
+        "next_seed": [[d, s] for d, s in st.next_seed.items()],
+        "tasks": [[seed, d, r.post.alpha, r.post.beta, r.post.version, r.groups, r.last_sampled]
+                  for (seed, d), r in st.tasks.items()],
+        "recent_samples": list(st.recent_samples),
+        "recent_groups": list(st.recent_groups),
+        "sampled_total": st.sampled_total,
+        "groups_total": st.groups_total,
+    }
+
+
+def _load_env(st: _EnvState, saved: Mapping[str, Any]) -> None:
+    st.level = max(1, min(int(saved["level"]), st.max_difficulty))
+    st.level_rate = float(saved["level_rate"])
+    st.level_groups = int(saved["level_groups"])
+    # Tasks above a lowered maximum could no longer be generated: forget them.
+    st.next_seed = {int(d): int(s) for d, s in saved["next_seed"] if int(d) <= st.max_difficulty}
+    st.tasks = {
+        (int(seed), int(d)): _Record(Posterior(float(a), float(b), int(v)), int(g), None if last is None else int(last))
+        for seed, d, a, b, v, g, last in saved["tasks"]
+        if int(d) <= st.max_difficulty
+    }
+    st.recent_samples.extend(None if s is None else bool(s) for s in saved["recent_samples"])
+    st.recent_groups.extend(bool(g) for g in saved["recent_groups"])
+    st.sampled_total = int(saved["sampled_total"])
+    st.groups_total = int(saved["groups_total"])
+
+
+_T = TypeVar("_T")
+
+
+def _restored(read: Callable[[], _T]) -> _T:
+    """``read()`` of saved state; whatever is malformed in it is a ``TaskBankError`` saying so."""
+    try:
+        return read()
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise TaskBankError(f"saved task bank state is malformed: {type(exc).__name__}: {exc}") from exc

@@ -101,7 +101,7 @@ def test_reflection_answers_under_v1_and_v1alpha(farm_in_process: Callable[..., 
             {"file_containing_symbol": f"grpc.reflection.{version}.ServerReflection"},
             {"file_containing_symbol": "farm.v1.NoSuchThing"}])
     assert {s.name for s in listed.list_services_response.service} == {
-        "farm.v1.FarmService", "farm.v1.NodeService", "grpc.health.v1.Health",
+        "farm.v1.FarmService", "farm.v1.NodeService", "farm.v1.IntakeService", "grpc.health.v1.Health",
         "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"}
 
     files = {}

@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
-from farm.v1 import farm_pb2, farm_pb2_grpc, node_pb2
+from farm.v1 import farm_pb2, farm_pb2_grpc, intake_pb2, node_pb2
 from farm_client import FarmClient
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
@@ -78,12 +78,14 @@ def refused(call: Callable[[], Any]) -> tuple[grpc.StatusCode, str, str]:
 
 
 def test_the_table_names_every_method_farm_serves() -> None:
-    served = {f"/{s.full_name}/{m.name}" for proto in (farm_pb2.DESCRIPTOR, node_pb2.DESCRIPTOR)
+    served = {f"/{s.full_name}/{m.name}" for proto in (farm_pb2.DESCRIPTOR, node_pb2.DESCRIPTOR, intake_pb2.DESCRIPTOR)
               for s in proto.services_by_name.values() for m in s.methods}
     assert served == set(METHOD_ROLES), "give every RPC its roles in farmd/api/auth.py"
     assert roles_for_method(f"{FARM}CreateRun") == {"operator"}
     assert roles_for_method(f"{FARM}GetPolicy") == {"operator", "trainer", "node"}
     assert roles_for_method("/farm.v1.NodeService/Work") == {"node"}
+    assert roles_for_method("/farm.v1.IntakeService/ReviewSubmission") == {"operator", "reviewer"}
+    assert roles_for_method("/farm.v1.IntakeService/Submit") == {"operator", "contributor"}
     assert roles_for_method("/grpc.health.v1.Health/Check") is None
     assert roles_for_method(f"{FARM}NoSuchMethod") is None, "not farm's: UNIMPLEMENTED, for those let in"
 

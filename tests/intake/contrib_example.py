@@ -27,3 +27,11 @@ def files(source: str = WORD_COUNT, manifest: str = MANIFEST_TEXT) -> dict[str, 
     return {"farm-env.toml": manifest, "env.py": source,
             "examples/good/1.json": f'{{"seed": 1, "difficulty": 1, "final": "{right}"}}',
             "examples/bad/1.json": f'{{"seed": 1, "difficulty": 1, "final": "{int(right) + 1}"}}'}
+
+
+def written(root: Path, source: str = WORD_COUNT) -> Path:
+    """The submission with ``source`` as its module, written under ``root`` as a contributor's directory."""
+    for rel, text in files(source).items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root

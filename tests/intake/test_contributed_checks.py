@@ -12,7 +12,7 @@ from farmd.intake.contributed_checks import run_tier1
 from farmd.intake.package import read_package
 from farmd.sandbox import Sandbox
 from farmd.verifier import VerifierKey
-from tests.intake.contrib_example import EXAMPLE, WORD_COUNT, files
+from tests.intake.contrib_example import EXAMPLE, WORD_COUNT, written
 
 pytestmark = [pytest.mark.sandbox]
 
@@ -20,11 +20,7 @@ KEY = VerifierKey(b"contributed-env-test-key-32bytes")
 
 
 def submission(tmp_path: Path, source: str = WORD_COUNT):  # type: ignore[no-untyped-def]
-    root = tmp_path / "wc"
-    for rel, text in files(source).items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    return read_package(root)
+    return read_package(written(tmp_path / "wc", source))
 
 
 async def test_the_shipped_example_passes_tier_1() -> None:

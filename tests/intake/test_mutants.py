@@ -42,11 +42,15 @@ def package(source: str) -> Package:
     return Package(manifest, {"env.py": source.encode()}, "test")
 
 
-def test_mutants_change_one_thing_in_the_reference_only() -> None:
+def test_mutants_change_one_thing_in_the_reference_or_the_generator_never_the_verifier() -> None:
     made = dict(mutants(ADD, "Add"))
-    assert set(made) == {"line 9: Gt -> GtE", "line 9: the if-branch dropped", "line 10: Add -> Sub", "line 11: Add -> Sub"}
-    assert all("def verify" in source and "10 ** difficulty" in source for source in made.values()), \
-        "the generator and the verifier are never mutated"
+    assert set(made) == {"line 9: Gt -> GtE", "line 9: the if-branch dropped", "line 10: Add -> Sub",
+                         "line 11: Add -> Sub", "line 4: 1 -> 2", "line 4: 10 -> 11",
+                         "line 5: hidden value 1 moved by one", "line 5: hidden value 2 moved by one"}
+    verify = ADD[ADD.index("    def verify"):]
+    assert all(verify.strip() in source or "def verify(self, task, final):" in source for source in made.values())
+    assert all(source.count("task['hidden']['a'] + task['hidden']['b']") == 1 for source in made.values()), \
+        "the verifier is never mutated"
 
 
 async def test_a_sound_verifier_kills_every_differing_mutant_and_a_partial_one_does_not() -> None:

@@ -434,3 +434,20 @@ def test_review_share_keeps_levels_below_in_the_mix_once_the_level_moved() -> No
     assert 70 <= reviewed <= 130 and all(k.difficulty in (1, 2) for k in keys)
     with pytest.raises(TaskBankError, match="review_share"):
         BankConfig(explore_share=0.5, recheck_share=0.3, review_share=0.3)
+
+
+def test_an_environment_added_later_is_served_and_one_removed_keeps_its_state() -> None:
+    bank = TaskBank({"py-func": 3})
+    with pytest.raises(TaskBankError):
+        bank.sample("contrib:wc@1.0.0", 1, random.Random(0))
+    bank.add_env("contrib:wc@1.0.0", 2)
+    [key] = bank.sample("contrib:wc@1.0.0", 1, random.Random(0))
+    bank.observe(key, [1.0, 0.0], 0)
+    bank.remove_env("contrib:wc@1.0.0")
+    with pytest.raises(TaskBankError):
+        bank.sample("contrib:wc@1.0.0", 1, random.Random(0))
+    # Saved while it rests, restored by a bank that does not serve it at first, then serves it again.
+    again = TaskBank.from_json(bank.to_json(), {"py-func": 3})
+    assert "contrib:wc@1.0.0" not in again.envs
+    again.add_env("contrib:wc@1.0.0", 2)
+    assert again.status()["envs"]["contrib:wc@1.0.0"]["groups"] == 1

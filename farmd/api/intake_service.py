@@ -1,0 +1,248 @@
+"""IntakeService: the funnel over gRPC. Who calls decides what they see: a contributor is the calling
+credential (never a name the request claims, when the farm has credentials) and sees only their own
+submissions; reviewers and operators see all. Everything a contributor sent comes back as valid text,
+bounded; escaping it for a terminal or a page is the client's (farmctl does)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import grpc
+from farm.v1 import intake_pb2, intake_pb2_grpc
+
+from farmd.api.auth import OPERATOR, REVIEWER, credential_for
+from farmd.api.errors import guarded
+from farmd.api.paging import make_token, read_token
+from farmd.config import ROLES, Credential
+from farmd.errors import BadRequest, NotFound
+from farmd.intake.funnel import Funnel
+from farmd.store.intake import STATES, BountyRow, CostRow, LedgerRow, SubmissionRow
+
+MAX_LIST = 500
+_ANONYMOUS = "anonymous"
+_NAME = re.compile(r"[A-Za-z0-9._@+-]{1,64}")
+
+
+class _Caller:
+    def __init__(self, name: str, roles: frozenset[str]) -> None:
+        self.name = name
+        self.roles = roles
+
+    @property
+    def sees_all(self) -> bool:
+        return bool(self.roles & {OPERATOR, REVIEWER})
+
+
+def _ts(message: Any, field: str, seconds: float | None) -> None:
+    if seconds:
+        getattr(message, field).FromNanoseconds(round(seconds * 1e9))
+
+
+class IntakeService(intake_pb2_grpc.IntakeServiceServicer):
+    def __init__(self, funnel: Funnel, credentials: Iterable[Credential]) -> None:
+        self._funnel = funnel
+        self._credentials = tuple(credentials)
+
+    def _caller(self, context: grpc.aio.ServicerContext[Any, Any], claimed: str = "") -> _Caller:
+        """The credential that called (the interceptor let it through); with no credentials at all, the
+        name the request gives (a loopback farm trusts its callers) with every role."""
+        if self._credentials:
+            credential = credential_for(self._credentials, tuple(context.invocation_metadata() or ()))
+            if credential is None:  # the interceptor refuses these first; here only if it was bypassed
+                raise BadRequest("no credential")
+            return _Caller(credential.name, credential.roles)
+        name = claimed.strip() or _ANONYMOUS
+        if not _NAME.fullmatch(name):
+            raise BadRequest("a contributor's name is 1 to 64 letters, digits, '.', '_', '@', '+' or '-'")
+        return _Caller(name, ROLES)
+
+    # -- submissions -------------------------------------------------------------------------------
+
+    async def Submit(self, request_iterator: AsyncIterator[intake_pb2.SubmitRequest],
+                     context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.SubmitResponse:
+        async def call() -> intake_pb2.SubmitResponse:
+            limit = self._funnel.config.max_package_bytes
+            data: list[bytes] = []
+            bounty_id, claimed, size = 0, "", 0
+            async for chunk in request_iterator:
+                if not data and not size:
+                    bounty_id, claimed = chunk.bounty_id, chunk.contributor
+                size += len(chunk.data)
+                if size > limit:  # bounded as it arrives: the rest is never read
+                    raise BadRequest(f"the package is over {limit} bytes", reason="PACKAGE_TOO_LARGE")
+                data.append(chunk.data)
+            caller = self._caller(context, claimed)
+            sub = await self._funnel.submit(caller.name, b"".join(data), bounty_id)
+            return intake_pb2.SubmitResponse(submission=self._submission_pb(sub))
+        return await guarded(context, call)
+
+    async def _visible(self, caller: _Caller, submission_id: int) -> SubmissionRow:
+        sub = await self._funnel.submission(submission_id)
+        if not caller.sees_all and sub.contributor != caller.name:
+            raise NotFound(f"no submission {submission_id}")  # another's: not even whether it exists
+        return sub
+
+    async def GetSubmission(self, request: intake_pb2.GetSubmissionRequest,
+                            context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.GetSubmissionResponse:
+        async def call() -> intake_pb2.GetSubmissionResponse:
+            caller = self._caller(context)
+            sub = await self._visible(caller, request.id)
+            if REVIEWER in caller.roles and sub.contributor != caller.name:
+                await self._funnel.looked_at(sub.id, caller.name)
+            return intake_pb2.GetSubmissionResponse(submission=self._submission_pb(sub))
+        return await guarded(context, call)
+
+    async def ListSubmissions(self, request: intake_pb2.ListSubmissionsRequest,
+                              context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.ListSubmissionsResponse:
+        async def call() -> intake_pb2.ListSubmissionsResponse:
+            caller = self._caller(context)
+            size = min(request.page_size or 50, MAX_LIST)
+            before = read_token("submissions", request.page_token)
+            state = _state_name(request.state)
+            contributor = request.contributor if caller.sees_all else caller.name
+            rows = await self._funnel.submissions(state=state, contributor=contributor or None,
+                                                  before_id=before or 0, limit=size + 1) if before != 0 else []
+            more = len(rows) > size
+            rows = rows[:size]
+            return intake_pb2.ListSubmissionsResponse(
+                submissions=[self._submission_pb(r) for r in rows],
+                next_page_token=make_token("submissions", rows[-1].id) if more else "")
+        return await guarded(context, call)
+
+    async def ReviewSubmission(self, request: intake_pb2.ReviewSubmissionRequest,
+                               context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.ReviewSubmissionResponse:
+        async def call() -> intake_pb2.ReviewSubmissionResponse:
+            caller = self._caller(context)
+            sub = await self._funnel.review(request.id, caller.name, approve=request.approve, note=request.note,
+                                            planted=request.planted, minutes=request.minutes)
+            return intake_pb2.ReviewSubmissionResponse(submission=self._submission_pb(sub))
+        return await guarded(context, call)
+
+    async def QuarantineSubmission(self, request: intake_pb2.QuarantineSubmissionRequest,
+                                   context: grpc.aio.ServicerContext[Any, Any]
+                                   ) -> intake_pb2.QuarantineSubmissionResponse:
+        async def call() -> intake_pb2.QuarantineSubmissionResponse:
+            caller = self._caller(context)
+            sub, withdrawn = await self._funnel.quarantine(request.id, caller.name, request.reason,
+                                                           planted=request.planted)
+            return intake_pb2.QuarantineSubmissionResponse(submission=self._submission_pb(sub), withdrawn=withdrawn)
+        return await guarded(context, call)
+
+    # -- bounties ----------------------------------------------------------------------------------
+
+    async def ListBounties(self, request: intake_pb2.ListBountiesRequest,
+                           context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.ListBountiesResponse:
+        async def call() -> intake_pb2.ListBountiesResponse:
+            return intake_pb2.ListBountiesResponse(
+                bounties=[_bounty_pb(b) for b in await self._funnel.bounties(request.open_only)])
+        return await guarded(context, call)
+
+    async def PostBounty(self, request: intake_pb2.PostBountyRequest,
+                         context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.PostBountyResponse:
+        async def call() -> intake_pb2.PostBountyResponse:
+            caller = self._caller(context)
+            bounty = await self._funnel.post_bounty(
+                caller.name, domain=request.domain, requirements=request.requirements, payout_min=request.payout_min,
+                payout_max=request.payout_max, wanted=request.wanted, min_reputation=request.min_reputation)
+            return intake_pb2.PostBountyResponse(bounty=_bounty_pb(bounty))
+        return await guarded(context, call)
+
+    async def ClaimBounty(self, request: intake_pb2.ClaimBountyRequest,
+                          context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.ClaimBountyResponse:
+        async def call() -> intake_pb2.ClaimBountyResponse:
+            caller = self._caller(context, request.contributor)
+            return intake_pb2.ClaimBountyResponse(bounty=_bounty_pb(await self._funnel.claim(request.id, caller.name)))
+        return await guarded(context, call)
+
+    # -- reputation and the funnel ---------------------------------------------------------------------
+
+    async def GetContributor(self, request: intake_pb2.GetContributorRequest,
+                             context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.GetContributorResponse:
+        async def call() -> intake_pb2.GetContributorResponse:
+            caller = self._caller(context, request.name if not self._credentials else "")
+            name = request.name.strip() or caller.name
+            if name != caller.name and not caller.sees_all:
+                raise NotFound(f"no contributor {name!r}")
+            found = await self._funnel.contributor(name)
+            trust = found["trust"]
+            states = found["states"]
+            contributor = intake_pb2.Contributor(
+                name=name, reputation=found["reputation"], trust=trust.name, tanked=found["tanked"], seeds=trust.seeds,
+                attack_budget=trust.attack_budget, max_payout=trust.max_payout, submitted=sum(states.values()),
+                accepted=states.get("approved", 0) + states.get("quarantined", 0), rejected=states.get("rejected", 0),
+                paid=found["paid"], ledger=_ledger_pb(found["ledger"], found["reputation"]))
+            return intake_pb2.GetContributorResponse(contributor=contributor)
+        return await guarded(context, call)
+
+    async def GetFunnel(self, request: intake_pb2.GetFunnelRequest,
+                        context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.GetFunnelResponse:
+        async def call() -> intake_pb2.GetFunnelResponse:
+            figures = await self._funnel.figures()
+            reply = intake_pb2.GetFunnelResponse(
+                states=figures["states"], tiers=[self._cost_pb(c) for c in figures["tiers"]],
+                accepted=figures["accepted"], payouts_usd=figures["payouts_usd"], total_usd=figures["total_usd"])
+            if figures["usd_per_accepted"] is not None:
+                reply.usd_per_accepted = figures["usd_per_accepted"]
+                reply.per_accepted.CopyFrom(self._cost_pb(figures["per_accepted"]))
+            return reply
+        return await guarded(context, call)
+
+    # -- messages ----------------------------------------------------------------------------------
+
+    def _cost_pb(self, cost: CostRow) -> intake_pb2.TierCost:
+        return intake_pb2.TierCost(tier=cost.tier, box_cpu_s=cost.box_cpu_s, box_wall_s=cost.box_wall_s,
+                                   box_calls=cost.box_calls, attacker_tokens=cost.attacker_tokens,
+                                   review_s=cost.review_s, usd=self._funnel.prices.usd(cost))
+
+    def _submission_pb(self, sub: SubmissionRow) -> intake_pb2.Submission:
+        message = intake_pb2.Submission(
+            id=sub.id, name=sub.name, version=sub.version, env=sub.env, contributor=sub.contributor, domain=sub.domain,
+            kind=sub.kind, levels=sub.levels, digest=sub.digest,
+            state=intake_pb2.SubmissionState.Value(f"SUBMISSION_STATE_{sub.state.upper()}"), tier=sub.tier,
+            detail=sub.detail,
+            findings=[intake_pb2.Finding(tier=f.tier, check=f.check, evidence=f.evidence, fix=f.fix, blocking=f.blocking)
+                      for f in sub.findings],
+            costs=[self._cost_pb(c) for c in sub.costs], mutants=sub.mutants, mutants_killed=sub.mutants_killed,
+            seeds=sub.seeds, attack_budget=sub.attack_budget, bounty_id=sub.bounty_id, reviewer=sub.reviewer,
+            review_note=sub.review_note, trajectories=sub.trajectories, withdrawn=sub.withdrawn, rounds=sub.rounds)
+        if sub.mutants:
+            message.mutation_share = sub.mutants_killed / sub.mutants
+        _ts(message, "created_at", sub.created_at)
+        _ts(message, "decided_at", sub.decided_at)
+        return message
+
+
+def _state_name(value: int) -> str | None:
+    if value == intake_pb2.SUBMISSION_STATE_UNSPECIFIED:
+        return None
+    try:
+        name = intake_pb2.SubmissionState.Name(value)  # type: ignore[arg-type]
+    except ValueError:
+        raise BadRequest(f"no submission state {value}") from None
+    state = name.removeprefix("SUBMISSION_STATE_").lower()
+    assert state in STATES
+    return state
+
+
+def _bounty_pb(b: BountyRow) -> intake_pb2.Bounty:
+    message = intake_pb2.Bounty(id=b.id, domain=b.domain, requirements=b.requirements, payout_min=b.payout_min,
+                                payout_max=b.payout_max, wanted=b.wanted, min_reputation=b.min_reputation,
+                                accepted=b.accepted, claimants=b.claimants, open=b.open, posted_by=b.posted_by,
+                                paid=b.paid)
+    _ts(message, "created_at", b.created_at)
+    return message
+
+
+def _ledger_pb(rows: list[LedgerRow], balance: float) -> list[intake_pb2.LedgerEntry]:
+    """Newest first, each with the balance after it (``balance``: after the newest)."""
+    out = []
+    for r in rows:
+        entry = intake_pb2.LedgerEntry(seq=r.seq, delta=r.delta, balance=balance, reason=r.reason,
+                                       submission_id=r.submission_id)
+        _ts(entry, "at", r.at)
+        out.append(entry)
+        balance -= r.delta
+    return out
+

@@ -1,0 +1,454 @@
+"""The intake funnel: a submitted environment goes through tier 1 (structure), tier 2 (attacks) and tier 3
+(a person), and only then serves tasks; bounties pay for accepted ones, reputation decides scrutiny, and a
+hack found later quarantines a version.
+
+States (``farmd.store.intake.STATES``): ``checking`` (tiers 1-2 running, or due after a restart) →
+``rejected`` (a blocking finding, or a reviewer) or ``in_review`` (the queue) → ``approved`` (served as
+``contrib:NAME@VERSION``) → ``quarantined``. A re-review (the author was caught planting an exploit) sends a
+version back to ``checking`` as a new round, under full scrutiny, and stops serving it meanwhile.
+
+The funnel runs the contributed code only through ``BoxedEnvironment``: every call a fresh box, bounded,
+with a per-task seed and never the farm's key. An infrastructure failure while checking (a box that will
+not start) is never a verdict: the submission stays ``checking`` and is tried again.
+
+Serving is the daemon's: the funnel calls ``serve(env, package)`` on approval and ``unserve(env)`` when a
+version stops serving, so intake never reaches into the scheduler or the task bank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from farmd.errors import BadRequest, Conflict, FailedPrecondition, FarmError, Forbidden, NotFound
+from farmd.intake import reputation
+from farmd.intake.attacker import Attacker
+from farmd.intake.boxed import BoxedEnvironment, Call
+from farmd.intake.checks import Finding
+from farmd.intake.contributed_checks import tier1_report
+from farmd.intake.package import Package, PackageError, read_package
+from farmd.intake.settings import IntakeConfig
+from farmd.intake.tier2 import run_tier2
+from farmd.sandbox import Sandbox
+from farmd.store import Store
+from farmd.store.intake import BountyRow, CostRow, FindingRow, SubmissionRow
+from farmd.text import clip, valid_text
+from farmd.verifier import VerifierKey
+
+log = logging.getLogger("farmd.intake")
+
+QUARANTINE_FLAGS = ("quarantined", "withdrawn")
+MAX_NOTE_CHARS = 4000
+MAX_FIELD_CHARS = 2000
+_SEED_SPACE = 1 << 31
+_REVIEW_CAP_S = 2 * 3600.0
+"""A reviewer's time taken from their first look is capped: a submission left open overnight is not work."""
+_SOUND_EVERY_S = 60.0
+
+Serve = Callable[[str, Package], Awaitable[None]]
+Unserve = Callable[[str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Prices:
+    box_cpu_hour_usd: float
+    attacker_usd_per_mtok: float
+    review_hour_usd: float
+
+    def usd(self, cost: CostRow) -> float:
+        return (cost.box_cpu_s / 3600 * self.box_cpu_hour_usd + cost.attacker_tokens / 1e6 * self.attacker_usd_per_mtok
+                + cost.review_s / 3600 * self.review_hour_usd)
+
+
+def _text(value: str, limit: int = MAX_FIELD_CHARS) -> str:
+    return clip(valid_text(value)[0], limit)[0]
+
+
+def _row(f: Finding, tier: int) -> FindingRow:
+    return FindingRow(tier, _text(f.check, 100), _text(f.evidence), _text(f.fix), getattr(f, "blocking", True))
+
+
+def _cost(tier: int, calls: Sequence[Call], tokens: int = 0) -> CostRow:
+    return CostRow(tier, sum(c.cpu_s for c in calls), sum(c.wall_s for c in calls), len(calls), tokens)
+
+
+class Funnel:
+    def __init__(self, store: Store, sandbox: Sandbox | None, key: VerifierKey, config: IntakeConfig, *,
+                 serve: Serve, unserve: Unserve, attacker: Attacker | None = None) -> None:
+        self._store = store
+        self._records = store.intake
+        self._sandbox = sandbox
+        self._key = key
+        self.config = config
+        self.prices = Prices(config.box_cpu_hour_usd, config.attacker_usd_per_mtok, config.review_hour_usd)
+        self._serve = serve
+        self._unserve = unserve
+        self._attacker = attacker
+        self._checking: dict[int, asyncio.Task[None]] = {}
+        self._one_at_a_time = asyncio.Semaphore(1)
+        """Checks share the node's boxes with rollouts: one submission at a time keeps intake a guest."""
+        self._sound: asyncio.Task[None] | None = None
+
+    # -- life ----------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Serve every approved version, and pick up the checks a restart interrupted."""
+        for sub in await self._records.submissions(state="approved", limit=1_000_000):
+            package = await self._package(sub.id)
+            await self._serve(sub.env, package)
+        if self._sandbox is not None:
+            for sid in await self._records.ids_in(["checking"]):
+                self._schedule(sid)
+        self._sound = asyncio.create_task(self._credit_sound_forever(), name="intake-sound")
+
+    async def stop(self) -> None:
+        tasks = [*self._checking.values(), *([self._sound] if self._sound else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._checking.clear()
+
+    async def idle(self) -> None:
+        """Until no check is running (tests and ``farmctl submit --wait`` poll; this is for in-process use)."""
+        while self._checking:
+            await asyncio.gather(*self._checking.values(), return_exceptions=True)
+
+    # -- submitting ----------------------------------------------------------------------------------
+
+    async def submit(self, contributor: str, data: bytes, bounty_id: int = 0) -> SubmissionRow:
+        if self._sandbox is None:
+            raise FailedPrecondition("this node runs no boxes (--workers 0), so it cannot check a submission: "
+                                     "submit to a node with workers", reason="NO_WORKERS")
+        if len(data) > self.config.max_package_bytes:
+            raise BadRequest(f"the package is {len(data)} bytes; at most {self.config.max_package_bytes}",
+                             reason="PACKAGE_TOO_LARGE")
+        try:
+            package = await asyncio.to_thread(read_package, data)
+        except PackageError as exc:
+            raise BadRequest("the package is not valid: " + "; ".join(exc.problems)[:1500],
+                             reason="INVALID_PACKAGE") from exc
+        m = package.manifest
+        owner = await self._records.owner_of(m.name)
+        if owner is not None and owner != contributor:
+            raise Forbidden(f"an environment called {m.name!r} is {owner!r}'s: choose another name",
+                            reason="NAME_TAKEN")
+        if bounty_id:
+            bounty = await self._bounty(bounty_id)
+            if not await self._records.claimed(bounty_id, contributor):
+                raise FailedPrecondition(f"bounty {bounty_id} is not claimed by {contributor!r}: claim it first",
+                                         reason="BOUNTY_NOT_CLAIMED")
+            if bounty.domain != m.domain:
+                raise BadRequest(f"bounty {bounty_id} wants domain {bounty.domain!r}; the manifest says {m.domain!r}")
+        standing = await self.standing(contributor)
+        sid = await self._records.add_submission(
+            contributor=contributor, name=m.name, version=m.version, domain=m.domain, kind=m.kind, levels=m.levels,
+            digest=package.digest, package=data, bounty_id=bounty_id, seeds=standing.seeds,
+            attack_budget=standing.attack_budget)
+        if sid is None:
+            raise Conflict(f"{m.name} {m.version} was submitted already: any change is a new version",
+                           reason="VERSION_EXISTS")
+        log.info("submission %d: %s %s from %s", sid, m.name, m.version, contributor,
+                 extra={"event": "submitted", "submission": sid, "contributor": contributor})
+        self._schedule(sid)
+        return await self.submission(sid)
+
+    async def submission(self, submission_id: int) -> SubmissionRow:
+        sub = await self._records.submission(submission_id)
+        if sub is None:
+            raise NotFound(f"no submission {submission_id}")
+        return sub
+
+    async def submissions(self, *, state: str | None = None, contributor: str | None = None, before_id: int = 0,
+                          limit: int = 50) -> list[SubmissionRow]:
+        return await self._records.submissions(state=state, contributor=contributor, before_id=before_id, limit=limit)
+
+    async def _package(self, submission_id: int) -> Package:
+        data = await self._records.package(submission_id)
+        if data is None:
+            raise NotFound(f"no submission {submission_id}")
+        return await asyncio.to_thread(read_package, data)
+
+    # -- tiers 1 and 2 -------------------------------------------------------------------------------
+
+    def _schedule(self, submission_id: int) -> None:
+        if submission_id in self._checking:
+            return
+        task = asyncio.create_task(self._check(submission_id), name=f"intake-check-{submission_id}")
+        self._checking[submission_id] = task
+        task.add_done_callback(lambda _t: self._checking.pop(submission_id, None))
+
+    async def _check(self, submission_id: int) -> None:
+        async with self._one_at_a_time:
+            try:
+                await self._run_tiers(submission_id)
+            except asyncio.CancelledError:
+                raise
+            except FarmError as exc:  # a box that would not start: no verdict, tried again on the next start
+                log.warning("submission %d: checking failed for the farm's reasons, not the submission's: %s",
+                            submission_id, exc, extra={"event": "intake_infra", "submission": submission_id})
+                await self._records.set_state(submission_id, "checking", expect=["checking"],
+                                              detail=f"checking was interrupted ({_text(str(exc), 300)}); "
+                                                     "it is tried again when farmd restarts")
+            except Exception:
+                log.exception("submission %d: checking crashed", submission_id)
+                await self._records.set_state(submission_id, "checking", expect=["checking"],
+                                              detail="checking crashed (farmd's fault, see its log); "
+                                                     "it is tried again when farmd restarts")
+
+    async def _run_tiers(self, submission_id: int) -> None:
+        sub = await self.submission(submission_id)
+        if sub.state != "checking":
+            return
+        assert self._sandbox is not None
+        env = BoxedEnvironment(await self._package(submission_id), self._sandbox, self._key)
+        rng = secrets.SystemRandom()
+        # Fresh seeds each round: an environment cannot tell a check from a rollout by its seed.
+        seeds = sorted(rng.randrange(_SEED_SPACE) for _ in range(sub.seeds))
+        await self._records.set_state(submission_id, "checking", tier=1, detail="tier 1: structural checks")
+        report = await tier1_report(env, seeds)
+        findings = [_row(f, 1) for f in report.findings]
+        cov = report.coverage
+        await self._records.record_tier(submission_id, sub.rounds, 1, findings, _cost(1, env.calls),
+                                        mutants=(cov.differing, cov.killed) if cov else None)
+        if _first_blocking(findings):
+            await self._reject(sub, 1, findings, reputation.REJECTED_TIER1)
+            return
+        await self._records.set_state(submission_id, "checking", tier=2, detail="tier 2: attacks")
+        done = len(env.calls)
+        levels = sub.levels
+        keys = [(rng.randrange(_SEED_SPACE), 1 + i % levels) for i in range(self.config.tier2_tasks)]
+        t2 = await run_tier2(env, keys, attacker=self._attacker, attack_budget=sub.attack_budget)
+        findings = [_row(f, 2) for f in t2.findings]
+        await self._records.record_tier(submission_id, sub.rounds, 2, findings,
+                                        _cost(2, env.calls[done:], t2.attacker_tokens))
+        if _first_blocking(findings):
+            await self._reject(sub, 2, findings, reputation.REJECTED_TIER2)
+            return
+        share = f"; the verifier rejected {cov.killed} of {cov.differing} differing mutants" if cov and cov.differing \
+            else ""
+        await self._records.set_state(submission_id, "in_review", tier=3, expect=["checking"],
+                                      detail=f"passed tiers 1 and 2 ({t2.tried} attacks, none rewarded{share}); "
+                                             "waiting for a reviewer")
+
+    async def _reject(self, sub: SubmissionRow, tier: int, findings: list[FindingRow], delta: float) -> None:
+        first = _first_blocking(findings)
+        assert first is not None
+        more = sum(f.blocking for f in findings) - 1
+        detail = f"rejected at tier {tier}: {first.check}" + (f" (and {more} more)" if more else "")
+        if await self._records.set_state(sub.id, "rejected", tier=tier, detail=detail, expect=["checking"],
+                                         decided=True):
+            await self._records.credit(sub.contributor, delta, f"submission {sub.id} ({sub.env}) {detail}", sub.id)
+
+    # -- tier 3 --------------------------------------------------------------------------------------
+
+    async def looked_at(self, submission_id: int, reviewer: str) -> None:
+        await self._records.first_look(submission_id, reviewer)
+
+    async def review(self, submission_id: int, reviewer: str, *, approve: bool, note: str, planted: bool = False,
+                     minutes: float = 0.0) -> SubmissionRow:
+        note = note.strip()
+        if not note:
+            raise BadRequest("a review needs a note: what you checked and what you saw")
+        if len(note) > MAX_NOTE_CHARS:
+            raise BadRequest(f"a note is at most {MAX_NOTE_CHARS} characters")
+        if approve and planted:
+            raise BadRequest("planted is a reason to reject, not to approve")
+        if not 0 <= minutes <= 24 * 60:
+            raise BadRequest("minutes is the reviewer's time: 0 to 1440")
+        sub = await self.submission(submission_id)
+        if sub.contributor == reviewer:
+            raise Forbidden("nobody reviews their own submission", reason="OWN_SUBMISSION")
+        if sub.state != "in_review":
+            raise FailedPrecondition(f"submission {submission_id} is {sub.state}, not in review",
+                                     reason="NOT_IN_REVIEW")
+        review_s = minutes * 60 if minutes else min(time.time() - (sub.first_look_at or time.time()), _REVIEW_CAP_S)
+        state = "approved" if approve else "rejected"
+        if not await self._records.set_state(submission_id, state, tier=3, expect=["in_review"], decided=True,
+                                             reviewer=reviewer, note=_text(note, MAX_NOTE_CHARS),
+                                             detail=f"{state} by {reviewer}"):
+            raise FailedPrecondition(f"submission {submission_id} was decided meanwhile", reason="NOT_IN_REVIEW")
+        await self._records.record_tier(submission_id, sub.rounds, 3, [], CostRow(3, review_s=review_s))
+        if approve:
+            await self._accept(sub)
+        elif planted:
+            await self._tank(sub, f"submission {sub.id} ({sub.env}) rejected by {reviewer} for a planted exploit")
+        else:
+            await self._records.credit(sub.contributor, reputation.REJECTED_REVIEW,
+                                       f"submission {sub.id} ({sub.env}) rejected by {reviewer}", sub.id)
+        return await self.submission(submission_id)
+
+    async def _accept(self, sub: SubmissionRow) -> None:
+        await self._serve(sub.env, await self._package(sub.id))
+        await self._records.credit(sub.contributor, reputation.ACCEPTED, f"submission {sub.id} ({sub.env}) accepted",
+                                   sub.id)
+        if sub.bounty_id:
+            await self._pay(sub)
+
+    async def _pay(self, sub: SubmissionRow) -> None:
+        """Paid on acceptance, while the bounty wants more: its floor, plus its range times the share of
+        mutants the verifier rejected (a stronger verifier is worth more)."""
+        bounty = await self._bounty(sub.bounty_id)
+        if not bounty.open:
+            return
+        share = sub.mutants_killed / sub.mutants if sub.mutants else 0.0
+        usd = round(bounty.payout_min + (bounty.payout_max - bounty.payout_min) * share, 2)
+        await self._records.pay(sub.id, sub.bounty_id, sub.contributor, usd)
+
+    # -- quarantine and tanking -------------------------------------------------------------------------
+
+    async def quarantine(self, submission_id: int, by: str, reason: str, *, planted: bool = False
+                         ) -> tuple[SubmissionRow, int]:
+        reason = reason.strip()
+        if not reason:
+            raise BadRequest("a quarantine needs a reason: the hack that was found")
+        sub = await self.submission(submission_id)
+        if sub.state != "approved":
+            raise FailedPrecondition(f"submission {submission_id} is {sub.state}: only an approved version is "
+                                     "quarantined", reason="NOT_APPROVED")
+        reason = _text(reason, MAX_NOTE_CHARS)
+        if not await self._records.set_state(submission_id, "quarantined", expect=["approved"],
+                                             detail=f"quarantined by {by}: {reason}"):
+            raise FailedPrecondition(f"submission {submission_id} changed meanwhile", reason="NOT_APPROVED")
+        await self._unserve(sub.env)
+        withdrawn = await self._records.quarantine(submission_id, sub.env, reason, QUARANTINE_FLAGS)
+        log.warning("quarantined %s (submission %d): %s; %d trajectories withdrawn", sub.env, sub.id, reason,
+                    withdrawn, extra={"event": "quarantined", "submission": sub.id, "withdrawn": withdrawn})
+        why = f"submission {sub.id} ({sub.env}) quarantined by {by}: {reason}"
+        if planted:
+            await self._tank(sub, why)
+        else:
+            await self._records.credit(sub.contributor, reputation.QUARANTINED, why, sub.id)
+        return await self.submission(submission_id), withdrawn
+
+    async def _tank(self, sub: SubmissionRow, why: str) -> None:
+        """For good: the reputation, and every pending or recently accepted version back to full review."""
+        await self._records.credit(sub.contributor, reputation.TANKED, why, sub.id, tank=True)
+        full = reputation.strictest(self.config)
+        since = time.time() - self.config.recent_days * 86400
+        again = [i for i in await self._records.ids_in(["checking", "in_review"], sub.contributor) if i != sub.id]
+        recent = [i for i in await self._records.approved_since(sub.contributor, since) if i != sub.id]
+        for sid in again + recent:
+            other = await self.submission(sid)
+            if sid in recent:
+                await self._unserve(other.env)
+            task = self._checking.pop(sid, None)
+            if task is not None:
+                task.cancel()
+            await self._records.start_round(sid, full.seeds, full.attack_budget,
+                                            f"sent back for full review: {_text(why, 300)}")
+            if self._sandbox is not None:
+                self._schedule(sid)
+
+    # -- reputation ------------------------------------------------------------------------------------
+
+    async def standing(self, name: str) -> reputation.Trust:
+        found = await self._records.contributor(name)
+        rep, tanked = (found["reputation"], found["tanked"]) if found else (0.0, False)
+        return reputation.trust(rep, tanked, self.config)
+
+    async def contributor(self, name: str) -> dict[str, Any]:
+        found = await self._records.contributor(name)
+        if found is None:
+            raise NotFound(f"no contributor {name!r}")
+        standing = reputation.trust(found["reputation"], found["tanked"], self.config)
+        return {**found, "trust": standing, "ledger": await self._records.ledger(name)}
+
+    async def credit_sound(self) -> int:
+        """Credit every accepted version that has served ``sound_after`` trajectories unquarantined; once each."""
+        credited = 0
+        for sub in await self._records.submissions(state="approved", limit=1_000_000):
+            reason = f"{sub.env} proved sound"
+            full = await self._records.submission(sub.id)
+            if full is None or full.trajectories < self.config.sound_after \
+                    or await self._records.credited(sub.contributor, reason):
+                continue
+            await self._records.credit(sub.contributor, reputation.PROVED_SOUND,
+                                       f"{reason} over {full.trajectories} trajectories", sub.id)
+            credited += 1
+        return credited
+
+    async def _credit_sound_forever(self) -> None:
+        while True:
+            await asyncio.sleep(_SOUND_EVERY_S)
+            try:
+                await self.credit_sound()
+            except Exception:
+                log.exception("crediting sound environments failed")
+
+    # -- bounties ----------------------------------------------------------------------------------------
+
+    async def post_bounty(self, by: str, *, domain: str, requirements: str, payout_min: float, payout_max: float,
+                          wanted: int, min_reputation: float) -> BountyRow:
+        domain, requirements = domain.strip(), requirements.strip()
+        if not domain or len(domain) > 64:
+            raise BadRequest("a bounty names its domain (1-64 characters)")
+        if not requirements or len(requirements) > MAX_NOTE_CHARS:
+            raise BadRequest(f"a bounty states its requirements (1-{MAX_NOTE_CHARS} characters)")
+        if not 0 <= payout_min <= payout_max <= 1_000_000:
+            raise BadRequest("the payout range is MIN-MAX with 0 <= MIN <= MAX <= 1000000")
+        if not 1 <= wanted <= 100_000:
+            raise BadRequest("wanted is how many environments: 1 to 100000")
+        if not -1e6 <= min_reputation <= 1e6:
+            raise BadRequest("min_reputation is out of range")
+        bid = await self._records.add_bounty(domain=_text(domain, 64), requirements=_text(requirements, MAX_NOTE_CHARS),
+                                             payout_min=payout_min, payout_max=payout_max, wanted=wanted,
+                                             min_reputation=min_reputation, posted_by=by)
+        return await self._bounty(bid)
+
+    async def bounties(self, open_only: bool = False) -> list[BountyRow]:
+        return [b for b in await self._records.bounties() if b.open or not open_only]
+
+    async def _bounty(self, bounty_id: int) -> BountyRow:
+        found = await self._records.bounties([bounty_id])
+        if not found:
+            raise NotFound(f"no bounty {bounty_id}")
+        return found[0]
+
+    async def claim(self, bounty_id: int, contributor: str) -> BountyRow:
+        bounty = await self._bounty(bounty_id)
+        if not bounty.open:
+            raise FailedPrecondition(f"bounty {bounty_id} has all the environments it wanted", reason="BOUNTY_CLOSED")
+        found = await self._records.contributor(contributor)
+        rep, tanked = (found["reputation"], found["tanked"]) if found else (0.0, False)
+        standing = reputation.trust(rep, tanked, self.config)
+        if rep < bounty.min_reputation or bounty.payout_max > standing.max_payout:
+            raise Forbidden(f"bounty {bounty_id} needs reputation {bounty.min_reputation:g} and pays up to "
+                            f"{bounty.payout_max:g}; {contributor!r} has {rep:g} ({standing.name}: bounties up to "
+                            f"{standing.max_payout:g})", reason="REPUTATION_TOO_LOW")
+        await self._records.add_contributor(contributor)
+        await self._records.claim(bounty_id, contributor)
+        return await self._bounty(bounty_id)
+
+    # -- the funnel's figures ------------------------------------------------------------------------------
+
+    async def figures(self) -> dict[str, Any]:
+        """Submissions by state, cost per tier and per accepted environment (the seed document's arithmetic:
+        every submission's checking cost and every payout, over the environments accepted)."""
+        raw = await self._records.funnel()
+        tiers: list[CostRow] = raw["tiers"]
+        total = CostRow(0)
+        for cost in tiers:
+            total = total + cost
+        total.tier = 0
+        checking_usd = sum(self.prices.usd(c) for c in tiers)
+        total_usd = checking_usd + raw["payouts_usd"]
+        accepted = raw["accepted"]
+        per = None
+        if accepted:
+            per = CostRow(0, total.box_cpu_s / accepted, total.box_wall_s / accepted, round(total.box_calls / accepted),
+                          round(total.attacker_tokens / accepted), total.review_s / accepted)
+        return {"states": raw["states"], "tiers": tiers, "accepted": accepted, "payouts_usd": raw["payouts_usd"],
+                "total_usd": total_usd, "usd_per_accepted": total_usd / accepted if accepted else None,
+                "per_accepted": per}
+
+
+def _first_blocking(findings: Sequence[FindingRow]) -> FindingRow | None:
+    return next((f for f in findings if f.blocking), None)

@@ -1,0 +1,103 @@
+"""An approved version of a contributed environment, served as an ordinary environment: rollouts, the
+``reference`` agent, rescoring and ``verify_safely`` use it as they use a built-in.
+
+Its generator, reference and verifier are the contributor's code, so each call runs in a box
+(``BoxedEnvironment``) and only the async ``make_task``/``make_reference`` can reach them: the sync
+``generate``/``reference`` refuse. It is named ``contrib:NAME@VERSION``, as the task bank and jobs name
+an approved version, so two versions can be served side by side and every trajectory says which one made
+its task.
+
+A verdict is the contributed verifier's, read strictly by ``BoxedEnvironment``. When that verifier fails
+(``ContributedError``: it raised, hit a bound, answered out of shape) the failure goes to
+``verify_safely``'s rule like any verifier bug: the attempt gets 0, flagged ``verifier_fault``, if the
+task's reference is still judged a pass, and it is an infrastructure error if not. ``ContributedError``
+is a ``FarmError``, which ``verify_safely`` would take for the farm's own failure (an error whatever the
+attempt did, so an attempt that breaks the verifier would escape its 0); ``verify`` re-raises it as
+``ContributedVerifierFailed``, which is not one. The farm's own failures (a box that cannot start) stay
+``FarmError``s: infrastructure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from farmd.envs.base import Attempt, SubmissionEnvironment, Task, VerifyContext
+from farmd.errors import TaskError
+from farmd.intake.boxed import MAX_FINAL_CHARS, BoxedEnvironment, ContributedError
+from farmd.intake.package import Package
+from farmd.verifier.verdict import Verdict, failed
+
+_DIGEST_CHARS = 12
+"""Of the package's digest in ``verifier_version``: enough to tell two packages apart."""
+
+
+class ContributedVerifierFailed(Exception):
+    """A contributed verifier failed while judging one attempt: deliberately not a ``FarmError``, so that
+    ``verify_safely`` judges the task's reference to decide whom to blame (see the module)."""
+
+
+class ContributedEnvironment(SubmissionEnvironment):
+    """``package`` (an approved version) as an environment; its boxes are the node's (``VerifyContext``)."""
+
+    def __init__(self, package: Package) -> None:
+        m = package.manifest
+        self.package = package
+        self.name = f"{m.env_name}@{m.version}"
+        self.version = m.version
+        # The digest too: a score row (and rescoring, which skips what a verifier version has scored)
+        # names the exact code that judged, even were other files ever approved under the same version.
+        self.verifier_version = f"{m.version}+{package.digest[:_DIGEST_CHARS]}"
+        self.max_difficulty = m.levels
+        self.exploit_kind = m.kind
+
+    def _boxed(self, ctx: VerifyContext) -> BoxedEnvironment:
+        return BoxedEnvironment(self.package, ctx.sandbox, ctx.key)
+
+    def generate(self, seed: int, difficulty: int) -> Task:
+        raise TaskError(f"{self.name} makes its tasks in boxes: ask make_task(seed, difficulty, ctx)")
+
+    def reference(self, task: Task) -> Attempt:
+        raise TaskError(f"{self.name} makes its references in boxes: ask make_reference(task, ctx)")
+
+    async def make_task(self, seed: int, difficulty: int, ctx: VerifyContext) -> Task:
+        self.check_difficulty(difficulty)  # before a box is spent on it
+        made = await self._boxed(ctx).generate(seed, difficulty)
+        return self.task(seed, difficulty, made.prompt, **_public_fields(made.public))
+
+    async def make_reference(self, task: Task, ctx: VerifyContext) -> Attempt:
+        self.check_difficulty(task.difficulty)
+        return Attempt(final=await self._boxed(ctx).reference(task.seed, task.difficulty))
+
+    async def verify(self, task: Task, attempt: Attempt, ctx: VerifyContext) -> Verdict:
+        v = self.verifier_version
+        self.check_difficulty(task.difficulty)
+        if len(attempt.final) > MAX_FINAL_CHARS:  # the box is handed at most this: never judge a cut answer
+            return failed(v, f"the answer is {len(attempt.final)} characters; at most {MAX_FINAL_CHARS}")
+        try:
+            judged = await self._boxed(ctx).verify(task.seed, task.difficulty, attempt.final)
+        except ContributedError as exc:
+            raise ContributedVerifierFailed(str(exc)) from exc
+        return Verdict(reward=judged.reward, passed=judged.passed, status="ok", verifier_version=v,
+                       reasons=list(judged.reasons))
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "digest": self.package.digest, "kind": self.exploit_kind}
+
+
+def _public_fields(public: dict[str, Any]) -> dict[str, Any]:
+    """A contributed task's ``public`` as ``Task`` fields: the ones ``Task`` names (of the right type, else
+    ``ContributedError``: a task of the wrong shape is never posed), the rest in ``metadata``."""
+    rest = dict(public)
+    fields: dict[str, Any] = {}
+    for key in ("entry_point", "answer_format"):
+        if key in rest:
+            value = rest.pop(key)
+            if not isinstance(value, str) or not value.strip():
+                raise ContributedError("generate", f"public {key} must be text")
+            fields[key] = value
+    if "examples" in rest:
+        examples = rest.pop("examples")
+        if not isinstance(examples, list) or not all(isinstance(e, dict) for e in examples):
+            raise ContributedError("generate", "public examples must be a list of objects")
+        fields["examples"] = examples
+    return {**fields, "metadata": rest}

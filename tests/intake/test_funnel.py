@@ -1,0 +1,277 @@
+"""The funnel end to end on a real store and real boxes: the shipped examples reach the review queue and,
+approved, are served; each bad environment of the issue's list is rejected at the tier that should catch
+it, with the finding that names what is wrong; reputation, bounties and quarantine follow the rules."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from farmd.errors import Conflict, FailedPrecondition, Forbidden
+from farmd.intake import reputation
+from farmd.intake.funnel import Funnel
+from farmd.intake.package import Package, pack, read_package
+from farmd.intake.settings import IntakeConfig
+from farmd.sandbox import Sandbox
+from farmd.store import Store
+from farmd.verifier import VerifierKey
+from tests.intake.contrib_example import EXAMPLE, written
+
+pytestmark = [pytest.mark.sandbox]
+
+KEY = VerifierKey(b"funnel-test-key-funnel-test-key!")
+RUNNING_MAX = EXAMPLE.parent / "running-max"
+CHEAP = IntakeConfig(seeds=(2, 2, 2), attack_budget=(2, 2, 2), tier2_tasks=1)
+"""Fewer seeds than a farm asks: the checks are the same, the test is cheaper."""
+
+
+@dataclass
+class Served:
+    now: set[str] = field(default_factory=set)
+    ever: list[str] = field(default_factory=list)
+
+    async def serve(self, env: str, package: Package) -> None:
+        assert package.manifest.env_name in env
+        self.now.add(env)
+        self.ever.append(env)
+
+    async def unserve(self, env: str) -> None:
+        self.now.discard(env)
+
+
+@dataclass
+class Intake:
+    funnel: Funnel
+    served: Served
+    store: Store
+
+
+@pytest.fixture
+async def intake(tmp_path: Path) -> AsyncIterator[Intake]:
+    store = await Store.open(tmp_path / "farm.db")
+    served = Served()
+    async with Sandbox() as sandbox:
+        funnel = Funnel(store, sandbox, KEY, CHEAP, serve=served.serve, unserve=served.unserve)
+        await funnel.start()
+        try:
+            yield Intake(funnel, served, store)
+        finally:
+            await funnel.stop()
+            await store.close()
+
+
+def tarball(root: Path, replace: tuple[str, str] | None = None, version: str | None = None) -> bytes:
+    content = {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    if replace is not None:
+        source = content["env.py"].decode()
+        assert replace[0] in source, replace[0]
+        content["env.py"] = source.replace(*replace).encode()
+    if version is not None:
+        content["farm-env.toml"] = content["farm-env.toml"].replace(b'version = "1.0.0"', f'version = "{version}"'.encode())
+    return pack(content.items())
+
+
+def word_count(tmp_path: Path, replace: tuple[str, str] | None = None, version: str | None = None) -> bytes:
+    return tarball(written(tmp_path / "wc-src"), replace, version)
+
+
+async def placed(intake: Intake, data: bytes, state: str, who: str = "ada"):  # type: ignore[no-untyped-def]
+    """A submission put in ``state`` without running its checks (tested elsewhere here): for the flows after."""
+    package = read_package(data)
+    m = package.manifest
+    sid = await intake.store.intake.add_submission(
+        contributor=who, name=m.name, version=m.version, domain=m.domain, kind=m.kind, levels=m.levels,
+        digest=package.digest, package=data, bounty_id=0, seeds=2, attack_budget=2)
+    assert sid is not None
+    await intake.store.intake.set_state(sid, state, tier=3, decided=state == "approved")
+    if state == "approved":
+        await intake.served.serve(f"contrib:{m.name}@{m.version}", package)
+    return await intake.funnel.submission(sid)
+
+
+async def checked(intake: Intake, data: bytes, who: str = "ada", bounty: int = 0):  # type: ignore[no-untyped-def]
+    sub = await intake.funnel.submit(who, data, bounty)
+    await intake.funnel.idle()
+    return await intake.funnel.submission(sub.id)
+
+
+async def test_the_examples_reach_review_and_an_approved_one_is_served_and_paid(intake: Intake, tmp_path: Path
+                                                                                ) -> None:
+    f = intake.funnel
+    bounty = await f.post_bounty("op", domain="text", requirements="counting tasks", payout_min=50, payout_max=100,
+                                 wanted=1, min_reputation=0)
+    await f.claim(bounty.id, "ada")
+    sub = await checked(intake, tarball(EXAMPLE), bounty=bounty.id)
+    assert sub.state == "in_review" and sub.tier == 3, sub.detail
+    assert not [x for x in sub.findings if x.blocking]
+    assert {c.tier for c in sub.costs} == {1, 2} and all(c.box_cpu_s > 0 and c.box_calls for c in sub.costs)
+    assert sub.mutants > 0 and sub.mutants_killed == sub.mutants, "the example's verifier kills every mutant"
+    assert sub.seeds == CHEAP.seeds[0], "a new contributor gets the most seeds"
+    with pytest.raises(Forbidden):
+        await f.review(sub.id, "ada", approve=True, note="mine")  # nobody reviews their own
+    done = await f.review(sub.id, "rita", approve=True, note="tasks vary; verifier exact", minutes=12)
+    assert done.state == "approved" and done.reviewer == "rita"
+    assert intake.served.now == {"contrib:word-count@1.0.0"}
+    assert [c.review_s for c in done.costs if c.tier == 3] == [720]
+    standing = await f.contributor("ada")
+    assert standing["reputation"] == reputation.ACCEPTED and standing["paid"] == 100.0  # every mutant killed: the top
+    [paid] = await f.bounties()
+    assert paid.accepted == 1 and not paid.open
+    figures = await f.figures()
+    assert figures["accepted"] == 1 and figures["usd_per_accepted"] > 100.0
+    # A code task's example reaches the queue too.
+    code = await checked(intake, tarball(RUNNING_MAX), who="grace")
+    assert code.state == "in_review", [str(x) for x in code.findings]
+
+
+WORD_COUNT_BAD = {
+    "an always-true verifier": (
+        ('ok = final.strip() == str(task["hidden"]["count"])', "ok = True"), 1, "check_rejects_wrong"),
+    "a generator that repeats one task": (
+        ("words = [rng.choice(WORDS) for _ in range(4 + 4 * difficulty)]\n        target = rng.choice(words)",
+         "words = WORDS[:4] * difficulty\n        target = words[0]"), 1, "check_seeds_distinct"),
+    "a reference that fails": (('return str(task["hidden"]["count"])', 'return "0"'), 1, "check_reference_passes"),
+    "a verifier that reads another environment's key": (
+        ("words = [rng.choice(WORDS)", "words = [open('/var/lib/farm/verifier.key').read()] + [rng.choice(WORDS)"),
+        1, "check_generates"),
+}
+_RM_VERIFY = RUNNING_MAX / "env.py"
+_IN_CHILD = '''        child = subprocess.run([sys.executable, "-I", "-S", "-c", CHECKER], capture_output=True, timeout=2,
+                               input=json.dumps({"code": final, "cases": [[xs, running_max(xs)] for xs in cases]}).encode())
+        ok = child.stdout.decode().strip().endswith("true")
+        return {"reward": float(ok), "passed": ok, "reasons": []}
+'''
+_CHECKER = '''CHECKER = r"""
+import json, sys
+request = json.loads(sys.stdin.read())
+scope = {}
+exec(request["code"], scope)
+ok = True
+for xs, expected in request["cases"]:
+    ok = ok and scope["running_max"](list(xs)) == expected
+print("PASS" if ok else "FAIL")
+print(json.dumps(ok))
+"""
+TIMEOUT_S = 2
+'''
+_VERIFY_START = "    def verify(self, task, final):\n        cases = task[\"hidden\"][\"cases\"]\n"
+RUNNING_MAX_BAD = {
+    "a verifier that calls the submission's __eq__": (
+        (_VERIFY_START, _VERIFY_START + "        try:\n            scope = {}\n            exec(final, scope)\n"
+         "            ok = all(scope['running_max'](list(xs)) == running_max(xs) for xs in cases)\n"
+         "        except Exception:\n            ok = False\n"
+         "        return {'reward': float(ok), 'passed': ok, 'reasons': []}\n"), "always-equal"),
+    "a verifier that hands the expected answers into the box": (
+        (_VERIFY_START, _VERIFY_START + _IN_CHILD), "walk-frames"),
+    "a verifier that parses stdout for PASS": (
+        (_VERIFY_START, _VERIFY_START + _IN_CHILD.replace('.strip().endswith("true")', ".count('PASS') > 0")),
+        "fake-report-stdout"),
+    "a verifier that scores a timeout as a pass": (
+        ('return {"reward": 0.0, "passed": False, "reasons": [f"timed out after {TIMEOUT_S} s"]}',
+         'return {"reward": 1.0, "passed": True, "reasons": ["slow but fine"]}'), "hang"),
+    "a verifier that hard-codes the public examples": (
+        (_VERIFY_START, "    def verify(self, task, final):\n        cases = [e['input'][0] for e in "
+                        "task['public']['examples']]\n"), "special-case-examples"),
+}
+
+
+@pytest.mark.parametrize("name", list(WORD_COUNT_BAD))
+async def test_a_bad_answer_environment_is_rejected_at_tier_1(intake: Intake, tmp_path: Path, name: str) -> None:
+    replace, tier, check = WORD_COUNT_BAD[name]
+    sub = await checked(intake, word_count(tmp_path, replace))
+    assert (sub.state, sub.tier) == ("rejected", tier), sub.detail
+    assert check in {x.check for x in sub.findings if x.blocking}, [str(x) for x in sub.findings]
+    assert sub.detail.startswith(f"rejected at tier {tier}")
+    ledger = (await intake.funnel.contributor("ada"))["ledger"]
+    assert [r.delta for r in ledger] == [reputation.REJECTED_TIER1]
+    assert not intake.served.ever
+
+
+@pytest.mark.parametrize("name", list(RUNNING_MAX_BAD))
+async def test_a_bad_code_environment_is_rejected_at_tier_2_by_the_exploit_it_allows(intake: Intake, name: str
+                                                                                     ) -> None:
+    (old, new), exploit = RUNNING_MAX_BAD[name]
+    replace = (old, new)
+    if "CHECKER" in new:  # the checker program the bad verifier runs, defined beside its own
+        source = _RM_VERIFY.read_text().replace(old, new).replace("TIMEOUT_S = 2\n", _CHECKER)
+        replace = (_RM_VERIFY.read_text(), source)
+    sub = await checked(intake, tarball(RUNNING_MAX, replace))
+    assert (sub.state, sub.tier) == ("rejected", 2), [sub.detail, *[str(x) for x in sub.findings]]
+    blocking = [x for x in sub.findings if x.blocking]
+    assert {x.check for x in blocking} == {"tier2_exploit"}
+    assert any(exploit in x.evidence for x in blocking), [x.evidence for x in blocking]
+    assert all("submitted" in x.evidence and "reward" in x.evidence for x in blocking), "the exploit is the evidence"
+
+
+async def test_an_environment_that_writes_outside_its_box_leaves_nothing_and_is_rejected(intake: Intake,
+                                                                                       tmp_path: Path) -> None:
+    escape = tmp_path / "escaped"
+    sub = await checked(intake, word_count(tmp_path, (
+        "words = [rng.choice(WORDS)", f"open({str(escape)!r}, 'w').write('out')\n        words = [rng.choice(WORDS)")))
+    assert (sub.state, sub.tier) == ("rejected", 1)
+    assert "check_generates" in {x.check for x in sub.findings}
+    assert "scan_outside_files" in {x.check for x in sub.findings if not x.blocking}, "the scan noted it too"
+    assert not escape.exists()
+
+
+async def test_a_version_is_checked_once_and_a_name_is_its_authors(intake: Intake, tmp_path: Path) -> None:
+    f = intake.funnel
+    await placed(intake, tarball(EXAMPLE), "in_review")
+    with pytest.raises(Conflict):
+        await f.submit("ada", tarball(EXAMPLE))
+    with pytest.raises(Forbidden):
+        await f.submit("mallory", tarball(EXAMPLE, version="9.9.9"))
+
+
+async def test_bounties_are_gated_by_reputation(intake: Intake) -> None:
+    f = intake.funnel
+    rich = await f.post_bounty("op", domain="text", requirements="hard ones", payout_min=200, payout_max=400,
+                               wanted=5, min_reputation=0)
+    gated = await f.post_bounty("op", domain="text", requirements="for the known", payout_min=10, payout_max=20,
+                                wanted=5, min_reputation=15)
+    with pytest.raises(Forbidden):  # a new contributor claims low-value bounties only
+        await f.claim(rich.id, "newbie")
+    with pytest.raises(Forbidden):
+        await f.claim(gated.id, "newbie")
+    await intake.store.intake.credit("vet", 35, "accepted environments earlier")
+    assert "vet" in (await f.claim(rich.id, "vet")).claimants
+    assert "vet" in (await f.claim(gated.id, "vet")).claimants
+    assert (await f.standing("vet")).name == "trusted" and (await f.standing("newbie")).name == "new"
+    with pytest.raises(FailedPrecondition):  # a submission under a bounty it did not claim
+        await f.submit("newbie", tarball(EXAMPLE), rich.id)
+
+
+async def test_a_planted_exploit_tanks_its_author_and_sends_their_other_versions_back(intake: Intake) -> None:
+    f = intake.funnel
+    first = await placed(intake, tarball(EXAMPLE), "approved")
+    second = await placed(intake, tarball(EXAMPLE, version="1.1.0"), "in_review")
+    planted = await placed(intake, tarball(EXAMPLE, version="1.2.0"), "in_review")
+    await f.review(planted.id, "rita", approve=False, planted=True, note="accepts any answer ending in ' please'")
+    standing = await f.contributor("ada")
+    assert standing["tanked"] and standing["trust"].name == "tanked" and standing["trust"].max_payout == 0
+    assert standing["ledger"][0].reason.endswith("for a planted exploit")
+    again = [await f.submission(first.id), await f.submission(second.id)]
+    assert all(s.state == "checking" and s.rounds == 2 and s.seeds == CHEAP.seeds[0] for s in again), \
+        "back for full review, from tier 1"
+    assert "contrib:word-count@1.0.0" not in intake.served.now, "not served while it is reviewed again"
+    await intake.store.intake.credit("ada", 5000, "a later good deed")
+    assert (await f.standing("ada")).name == "tanked", "for good"
+
+
+async def test_a_quarantine_stops_serving_and_costs_reputation(intake: Intake) -> None:
+    f = intake.funnel
+    sub = await placed(intake, tarball(EXAMPLE), "in_review")
+    with pytest.raises(FailedPrecondition):
+        await f.quarantine(sub.id, "rita", "too early")
+    await f.review(sub.id, "rita", approve=True, note="fine")
+    assert intake.served.now == {"contrib:word-count@1.0.0"}
+    quarantined, withdrawn = await f.quarantine(sub.id, "redteam", "a new exploit earns reward")
+    assert quarantined.state == "quarantined" and withdrawn == 0
+    assert not intake.served.now
+    ledger = (await f.contributor("ada"))["ledger"]
+    assert [r.delta for r in ledger] == [reputation.QUARANTINED, reputation.ACCEPTED]
+    assert json.dumps(await f.figures(), default=str)
