@@ -40,7 +40,7 @@ from farmd.errors import ConfigError, ForcedStop, IsolationUnavailable
 from farmd.fleet.joined import JoinedNode
 from farmd.intake.attacker import Attacker, AttackerConfig
 from farmd.intake.funnel import Funnel
-from farmd.intake.package import Package
+from farmd.intake.package import Package, PackageError, read_package
 from farmd.intake.served import ContributedEnvironment
 from farmd.metrics import GrpcMetrics, Metrics, MetricsServer
 from farmd.node import NodeInfo
@@ -56,6 +56,8 @@ from farmd.verifier import VerifierKey
 log = logging.getLogger("farmd.daemon")
 
 _MAX_SEND_BYTES = 64 * 1024 * 1024
+_INTAKE_BOXES = 3
+"""Boxes a coordinator without workers keeps for checking submissions (a check runs a few at once)."""
 
 
 class Daemon:
@@ -88,7 +90,7 @@ class Daemon:
 
     async def start(self) -> None:
         if self.config.join:
-            self.joined = JoinedNode(self.config, self.workers, self.metrics)  # config refuses --join --workers 0
+            self.joined = JoinedNode(self.config, self.workers, self.metrics, contributed=_contributed)  # config refuses --join --workers 0
             await self.joined.start(self._stopping)
             await self._start_metrics()
             return
@@ -121,6 +123,10 @@ class Daemon:
             self.worker = Worker(self.scheduler, ctx, slots=self.workers, lease_s=self.config.scheduler.lease_s,
                                  metrics=self.metrics, endpoints=self.config.endpoints, policies=self.scheduler.policies,
                                  envs=self.catalog.get)
+        if self.sandbox is None and not gaps:
+            # A coordinator runs no rollouts, but it checks submissions: the funnel's boxes are its own few.
+            self.sandbox = Sandbox(sandbox_for(self.config, _INTAKE_BOXES))
+            await self.sandbox.start()
         self._attacker = self._make_attacker()
         self.funnel = Funnel(self.store, self.sandbox, key, self.config.intake, serve=self._serve, unserve=self._unserve,
                              attacker=self._attacker)
@@ -302,6 +308,17 @@ class Daemon:
         log.info("farmd stopped: %(complete)d complete, %(failed)d failed, %(retried)d retried, %(in_flight)d in "
                  "flight (%(given_back)d of them given back unfinished)", counts,
                  extra={"event": "stopped", **counts})
+
+
+def _contributed(data: bytes, digest: str) -> ContributedEnvironment:
+    """A joined node's approved contributed version, from the package its coordinator sent (blocking)."""
+    try:
+        package = read_package(data)
+    except PackageError as exc:
+        raise ConfigError("; ".join(exc.problems)) from exc
+    if package.digest != digest:
+        raise ConfigError(f"the package's files have digest {package.digest[:12]}, not {digest[:12]} as approved")
+    return ContributedEnvironment(package)
 
 
 async def serve(config: Config) -> None:

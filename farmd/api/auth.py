@@ -61,6 +61,7 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = MappingProxyType({
     f"{_INTAKE}ClaimBounty": frozenset({OPERATOR, CONTRIBUTOR}),
     f"{_INTAKE}GetContributor": _ANYONE_IN_INTAKE,
     f"{_INTAKE}GetFunnel": frozenset({OPERATOR, REVIEWER}),
+    f"{_INTAKE}GetEnvironmentPackage": frozenset({OPERATOR, REVIEWER, NODE}),
 })
 """The roles that may call each method: the one place this is decided."""
 

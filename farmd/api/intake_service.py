@@ -6,14 +6,14 @@ bounded; escaping it for a terminal or a page is the client's (farmctl does)."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import Any
 
 import grpc
 from farm.v1 import intake_pb2, intake_pb2_grpc
 
 from farmd.api.auth import OPERATOR, REVIEWER, credential_for
-from farmd.api.errors import guarded
+from farmd.api.errors import guarded, guarded_stream
 from farmd.api.paging import make_token, read_token
 from farmd.config import ROLES, Credential
 from farmd.errors import BadRequest, NotFound
@@ -21,6 +21,7 @@ from farmd.intake.funnel import Funnel
 from farmd.store.intake import STATES, BountyRow, CostRow, LedgerRow, SubmissionRow
 
 MAX_LIST = 500
+PACKAGE_CHUNK_BYTES = 1 << 20
 _ANONYMOUS = "anonymous"
 _NAME = re.compile(r"[A-Za-z0-9._@+-]{1,64}")
 
@@ -188,6 +189,22 @@ class IntakeService(intake_pb2_grpc.IntakeServiceServicer):
                 reply.per_accepted.CopyFrom(self._cost_pb(figures["per_accepted"]))
             return reply
         return await guarded(context, call)
+
+    async def GetEnvironmentPackage(self, request: intake_pb2.GetEnvironmentPackageRequest,
+                                    context: grpc.aio.ServicerContext[Any, Any]
+                                    ) -> AsyncIterator[intake_pb2.GetEnvironmentPackageResponse]:
+        async for message in guarded_stream(context, self._package_chunks(request, context)):
+            yield message
+
+    async def _package_chunks(self, request: intake_pb2.GetEnvironmentPackageRequest,
+                              context: grpc.aio.ServicerContext[Any, Any]
+                              ) -> AsyncGenerator[intake_pb2.GetEnvironmentPackageResponse, None]:
+        caller = self._caller(context)
+        # A node runs only what is served; a reviewer reads whatever is submitted.
+        sub, data = await self._funnel.package_of(request.env, approved_only=not caller.sees_all)
+        for start in range(0, max(1, len(data)), PACKAGE_CHUNK_BYTES):
+            yield intake_pb2.GetEnvironmentPackageResponse(data=data[start:start + PACKAGE_CHUNK_BYTES],
+                                                           digest=sub.digest if start == 0 else "")
 
     # -- messages ----------------------------------------------------------------------------------
 

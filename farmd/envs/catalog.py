@@ -15,6 +15,9 @@ from farmd.envs import registry
 from farmd.envs.base import Environment
 from farmd.errors import Conflict, TaskError
 
+CONTRIBUTED_PREFIX = "contrib:"
+"""Contributed environments' names: ``contrib:NAME@VERSION`` for an approved version."""
+
 EnvLookup = Callable[[str], Environment]
 """The environment called by a name; TaskError if there is none."""
 

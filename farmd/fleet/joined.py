@@ -16,15 +16,17 @@ import os
 import platform
 import secrets
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
-from farm.v1 import farm_pb2, farm_pb2_grpc, node_pb2
+from farm.v1 import farm_pb2, farm_pb2_grpc, intake_pb2, intake_pb2_grpc, node_pb2
 
 from farmd import __version__
 from farmd.config import Config, sandbox_for
-from farmd.envs import VerifyContext
-from farmd.errors import ConfigError, InfraFailure, IsolationUnavailable
+from farmd.envs import Environment, VerifyContext
+from farmd.envs.catalog import CONTRIBUTED_PREFIX, Catalog
+from farmd.errors import ConfigError, FarmError, InfraFailure, IsolationUnavailable
 from farmd.fleet.link import Link
 from farmd.fleet.outbox import Outbox
 from farmd.fleet.policy_cache import PolicyCache
@@ -40,6 +42,8 @@ from farmd.verifier import VerifierKey
 log = logging.getLogger("farmd.fleet")
 
 MAX_POLICY_FETCH_BYTES = 1 << 30
+MAX_PACKAGE_FETCH_BYTES = 64 << 20
+"""Far above what intake accepts (``[intake] max_package_bytes``): a bound on a coordinator gone wrong."""
 
 
 def _read(path: Path | None) -> bytes | None:
@@ -59,10 +63,21 @@ def host_facts() -> dict[str, str]:
             "kernel": platform.release(), "python": platform.python_version(), "host": socket.gethostname()}
 
 
+ContributedMaker = Callable[[bytes, str], Environment]
+"""An approved contributed version's environment from its package's bytes and the digest it must have; a
+``FarmError`` if it is not that package (the daemon's: the fleet never imports intake, which would bring the
+funnel's store with it)."""
+
+
 class JoinedNode:
-    def __init__(self, config: Config, workers: int, metrics: Metrics | None = None) -> None:
+    def __init__(self, config: Config, workers: int, metrics: Metrics | None = None,
+                 contributed: ContributedMaker | None = None) -> None:
         assert config.join is not None
         self.config = config
+        self.catalog = Catalog()
+        """The built-ins, and the approved contributed versions this node has fetched for its jobs."""
+        self._contributed = contributed
+        self._fetching_env = asyncio.Lock()
         self.workers = workers
         self.metrics = metrics
         self.name = config.node_name or socket.gethostname().split(".")[0]
@@ -124,7 +139,7 @@ class JoinedNode:
         lease_s = min(welcome.lease_s, 3 * welcome.heartbeat_s) if welcome.heartbeat_s > 0 else welcome.lease_s
         self.worker = Worker(self.remote, VerifyContext(sandbox=self.sandbox, key=key), slots=self.workers,
                              lease_s=lease_s, node=self.name, metrics=self.metrics, endpoints=config.endpoints,
-                             policies=policies, owner=self.owner)
+                             policies=policies, owner=self.owner, envs=self.catalog.get, prepare=self._prepare_env)
         await self.worker.start()
         write_file(config.data_dir / "farmd.json",
                    json.dumps({"pid": os.getpid(), "node": self.name, "coordinator": config.join}).encode())
@@ -157,6 +172,45 @@ class JoinedNode:
         finally:
             await channel.close(None)
         return bytes(data)
+
+    async def _prepare_env(self, env: str) -> None:
+        """A job's contributed environment, fetched from the coordinator the first time one comes: its package
+        as approved, checked against the digest the submission recorded, then run like any environment."""
+        if not env.startswith(CONTRIBUTED_PREFIX) or self._contributed is None:
+            return
+        async with self._fetching_env:  # jobs of one new version arrive together: one fetch for all
+            if env in self.catalog.names():
+                return
+            data, digest = await self._fetch_package(env)
+            try:
+                served = await asyncio.to_thread(self._contributed, data, digest)
+            except FarmError as exc:
+                raise InfraFailure(f"the package of {env} does not load: {exc}", transient=False) from exc
+            if served.name != env:
+                raise InfraFailure(f"the coordinator sent a package that is not {env} as approved", transient=False)
+            self.catalog.add(served)
+            log.info("fetched %s from the coordinator", env, extra={"event": "env_fetched", "env": env})
+
+    async def _fetch_package(self, env: str) -> tuple[bytes, str]:
+        assert self.link is not None
+        data, digest = bytearray(), ""
+        channel = self.link.channel()
+        try:
+            stub = intake_pb2_grpc.IntakeServiceStub(channel)
+            call = stub.GetEnvironmentPackage(intake_pb2.GetEnvironmentPackageRequest(env=env),
+                                              metadata=self.link.metadata, timeout=120)
+            async for chunk in call:
+                digest = digest or chunk.digest
+                data += chunk.data
+                if len(data) > MAX_PACKAGE_FETCH_BYTES:
+                    raise InfraFailure(f"{env}'s package is larger than {MAX_PACKAGE_FETCH_BYTES} bytes",
+                                       transient=False)
+        except grpc.aio.AioRpcError as exc:
+            gone = exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED)
+            raise InfraFailure(f"fetching {env}: {exc.code().name}: {exc.details()}", transient=not gone) from exc
+        finally:
+            await channel.close(None)
+        return bytes(data), digest
 
     async def stop(self, grace_s: float) -> None:
         if self.worker is not None:

@@ -125,8 +125,8 @@ class Funnel:
 
     async def submit(self, contributor: str, data: bytes, bounty_id: int = 0) -> SubmissionRow:
         if self._sandbox is None:
-            raise FailedPrecondition("this node runs no boxes (--workers 0), so it cannot check a submission: "
-                                     "submit to a node with workers", reason="NO_WORKERS")
+            raise FailedPrecondition("this coordinator's host cannot isolate untrusted code (farmctl doctor says "
+                                     "why), so it checks no submission", reason="NO_ISOLATION")
         if len(data) > self.config.max_package_bytes:
             raise BadRequest(f"the package is {len(data)} bytes; at most {self.config.max_package_bytes}",
                              reason="PACKAGE_TOO_LARGE")
@@ -169,6 +169,17 @@ class Funnel:
     async def submissions(self, *, state: str | None = None, contributor: str | None = None, before_id: int = 0,
                           limit: int = 50) -> list[SubmissionRow]:
         return await self._records.submissions(state=state, contributor=contributor, before_id=before_id, limit=limit)
+
+    async def package_of(self, env: str, *, approved_only: bool = True) -> tuple[SubmissionRow, bytes]:
+        """The submission named ``contrib:NAME@VERSION`` and its package as submitted (NotFound if there is no
+        such version, or, with ``approved_only``, it is not served)."""
+        name, _, version = env.removeprefix("contrib:").partition("@")
+        sid = await self._records.named(name, version) if env.startswith("contrib:") and version else None
+        sub = await self._records.submission(sid) if sid is not None else None
+        data = await self._records.package(sid) if sid is not None else None
+        if sub is None or data is None or (approved_only and sub.state != "approved"):
+            raise NotFound(f"no {'approved ' if approved_only else ''}contributed environment {env!r}")
+        return sub, data
 
     async def _package(self, submission_id: int) -> Package:
         data = await self._records.package(submission_id)

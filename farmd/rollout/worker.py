@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from farmd.agents import Agent, ClientPool, NamedEndpoint, PolicySource, TorchRuntime, make_agent
@@ -50,9 +51,13 @@ class Leases(Protocol):
 class Worker:
     def __init__(self, leases: Leases, ctx: VerifyContext, slots: int, lease_s: float, node: str | None = None,
                  metrics: Metrics | None = None, endpoints: tuple[NamedEndpoint, ...] = (),
-                 policies: PolicySource | None = None, owner: str | None = None, envs: EnvLookup = get) -> None:
+                 policies: PolicySource | None = None, owner: str | None = None, envs: EnvLookup = get,
+                 prepare: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.leases = leases
         self.envs = envs
+        self._prepare = prepare
+        """Makes a job's environment known before it is looked up (a joined node fetches an approved
+        contributed version from its coordinator); its failure is the job's infrastructure failure."""
         """Where jobs' environments are found, by name: the node's catalog (default: the built-ins); the
         ``reference`` and ``skilled:`` agents look there too."""
         self.endpoints = endpoints
@@ -162,6 +167,8 @@ class Worker:
 
     async def _run(self, job: Job) -> None:
         try:
+            if self._prepare is not None:
+                await self._prepare(job.env)
             env = self.envs(job.env)
             agent = self._agent(job.agent)
             trajectory = await run_rollout(job, env, agent, self.ctx, self.node)

@@ -174,6 +174,11 @@ class IntakeRecords:
         sub.trajectories, sub.withdrawn = int(counts[0]), int(counts[1])
         return sub
 
+    async def named(self, name: str, version: str) -> int | None:
+        """The submission of ``name`` at ``version``, if any."""
+        row = await self._store._one("SELECT id FROM submissions WHERE name=? AND version=?", (name, version))
+        return int(row[0]) if row else None
+
     async def package(self, submission_id: int) -> bytes | None:
         row = await self._store._one("SELECT package FROM submissions WHERE id=?", (submission_id,))
         return bytes(row[0]) if row else None
@@ -277,9 +282,9 @@ class IntakeRecords:
                 await db.execute("UPDATE contributors SET tanked=1 WHERE name=?", (contributor,))
 
     async def credited(self, contributor: str, reason: str) -> bool:
-        """Whether the ledger already holds this reason for them (a credit given once)."""
-        return await self._store._one("SELECT 1 FROM ledger WHERE contributor=? AND reason=?",
-                                      (contributor, reason)) is not None
+        """Whether the ledger already holds a reason starting with ``reason`` for them (a credit given once)."""
+        return await self._store._one("SELECT 1 FROM ledger WHERE contributor=? AND substr(reason, 1, ?) = ?",
+                                      (contributor, len(reason), reason)) is not None
 
     async def contributor(self, name: str) -> dict[str, Any] | None:
         row = await self._store._one("SELECT tanked, created_at FROM contributors WHERE name=?", (name,))

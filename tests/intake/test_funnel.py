@@ -275,3 +275,24 @@ async def test_a_quarantine_stops_serving_and_costs_reputation(intake: Intake) -
     ledger = (await f.contributor("ada"))["ledger"]
     assert [r.delta for r in ledger] == [reputation.QUARANTINED, reputation.ACCEPTED]
     assert json.dumps(await f.figures(), default=str)
+
+
+async def test_an_accepted_version_that_serves_soundly_earns_reputation_once(intake: Intake) -> None:
+    import dataclasses
+
+    from tests.store.test_store import traj
+
+    f = intake.funnel
+    sub = await placed(intake, tarball(EXAMPLE), "in_review")
+    await f.review(sub.id, "rita", approve=True, note="fine")
+    sound = Funnel(intake.store, None, KEY, dataclasses.replace(CHEAP, sound_after=2), serve=intake.served.serve,
+                   unserve=intake.served.unserve)
+    assert await sound.credit_sound() == 0, "not yet: nothing served"
+    (group,) = await intake.store.enqueue([(sub.env, 1, 1, "reference", 2)])
+    jobs = await intake.store.lease("w", 2, 30, policy_version=0)
+    await intake.store.complete([("w", dataclasses.replace(traj(j.id, group), env=sub.env)) for j in jobs])
+    assert await sound.credit_sound() == 1
+    assert await sound.credit_sound() == 0, "once"
+    standing = await f.contributor("ada")
+    assert standing["reputation"] == reputation.ACCEPTED + reputation.PROVED_SOUND
+    assert standing["ledger"][0].reason.startswith(f"{sub.env} proved sound over 2 trajectories")
