@@ -69,10 +69,14 @@ async def _each(calls: Sequence[Awaitable[T]]) -> list[T]:
             task.add_done_callback(functools.partial(_close, call))
     try:
         return list(await asyncio.gather(*tasks))
-    finally:
+    except asyncio.CancelledError:
+        await asyncio.gather(*tasks, return_exceptions=True)  # gather cancelled them once: let them clean up
+        raise
+    except BaseException:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _close(call: Coroutine[Any, Any, Any], _done: object) -> None:

@@ -32,6 +32,7 @@ from farmd.intake.attacker import Attacker
 from farmd.intake.boxed import BoxedEnvironment, Call
 from farmd.intake.checks import Finding
 from farmd.intake.contributed_checks import tier1_report
+from farmd.intake.exploits import fingerprint
 from farmd.intake.package import Package, PackageError, read_package
 from farmd.intake.settings import IntakeConfig
 from farmd.intake.tier2 import run_tier2
@@ -105,6 +106,9 @@ class Funnel:
         if self._sandbox is not None:
             for sid in await self._records.ids_in(["checking"]):
                 self._schedule(sid)
+            for sub in await self._records.submissions(state="approved", limit=1_000_000):
+                if sub.library != fingerprint(sub.kind):
+                    self._schedule(sub.id, recheck=True)
         self._sound = asyncio.create_task(self._credit_sound_forever(), name="intake-sound")
 
     async def stop(self) -> None:
@@ -189,17 +193,17 @@ class Funnel:
 
     # -- tiers 1 and 2 -------------------------------------------------------------------------------
 
-    def _schedule(self, submission_id: int) -> None:
+    def _schedule(self, submission_id: int, *, recheck: bool = False) -> None:
         if submission_id in self._checking:
             return
-        task = asyncio.create_task(self._check(submission_id), name=f"intake-check-{submission_id}")
+        task = asyncio.create_task(self._check(submission_id, recheck), name=f"intake-check-{submission_id}")
         self._checking[submission_id] = task
         task.add_done_callback(lambda _t: self._checking.pop(submission_id, None))
 
-    async def _check(self, submission_id: int) -> None:
+    async def _check(self, submission_id: int, recheck: bool = False) -> None:
         async with self._one_at_a_time:
             try:
-                await self._run_tiers(submission_id)
+                await (self._recheck(submission_id) if recheck else self._run_tiers(submission_id))
             except asyncio.CancelledError:
                 raise
             except FarmError as exc:  # a box that would not start: no verdict, tried again on the next start
@@ -240,6 +244,7 @@ class Funnel:
         findings = [_row(f, 2) for f in t2.findings]
         await self._records.record_tier(submission_id, sub.rounds, 2, findings,
                                         _cost(2, env.calls[done:], t2.attacker_tokens))
+        await self._records.set_library(submission_id, fingerprint(sub.kind))
         if _first_blocking(findings):
             await self._reject(sub, 2, findings, reputation.REJECTED_TIER2)
             return
@@ -248,6 +253,25 @@ class Funnel:
         await self._records.set_state(submission_id, "in_review", tier=3, expect=["checking"],
                                       detail=f"passed tiers 1 and 2 ({t2.tried} attacks, none rewarded{share}); "
                                              "waiting for a reviewer")
+
+    async def _recheck(self, submission_id: int) -> None:
+        """An accepted version attacked again by a library that has grown since: an exploit that earns reward
+        now quarantines it (its author is not blamed for good: the hole may be an honest one)."""
+        sub = await self.submission(submission_id)
+        if sub.state != "approved":
+            return
+        assert self._sandbox is not None
+        env = BoxedEnvironment(await self._package(submission_id), self._sandbox, self._key)
+        rng = secrets.SystemRandom()
+        keys = [(rng.randrange(_SEED_SPACE), 1 + i % sub.levels) for i in range(self.config.tier2_tasks)]
+        library = fingerprint(sub.kind)
+        t2 = await run_tier2(env, keys, canaries=0)
+        findings = [_row(f, 2) for f in t2.findings]
+        await self._records.record_tier(submission_id, sub.rounds, 2, findings, _cost(2, env.calls))
+        await self._records.set_library(submission_id, library)
+        first = _first_blocking(findings)
+        if first is not None:
+            await self.quarantine(submission_id, "the exploit library", _text(first.evidence, 1000))
 
     async def _reject(self, sub: SubmissionRow, tier: int, findings: list[FindingRow], delta: float) -> None:
         first = _first_blocking(findings)

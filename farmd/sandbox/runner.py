@@ -212,7 +212,9 @@ class Sandbox:
             self.outcomes[res.outcome] += 1
             return res
         except BaseException:
-            await self._destroy(box)
+            # Shielded: a second cancellation (a caller tearing down a group of runs) must not leave the
+            # box's teardown half done and its processes running with nobody holding them.
+            await asyncio.shield(self._destroy(box))
             raise
 
     # -- launching ----------------------------------------------------------------------------

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 STATES = ("checking", "rejected", "in_review", "approved", "quarantined")
 
 _SUBMISSION_COLUMNS = ("id, contributor, name, version, domain, kind, levels, digest, bounty_id, state, tier, detail, "
-                       "seeds, attack_budget, mutants, mutants_killed, rounds, reviewer, review_note, first_look_at, "
-                       "created_at, updated_at, decided_at")
+                       "seeds, attack_budget, mutants, mutants_killed, rounds, library, reviewer, review_note, "
+                       "first_look_at, created_at, updated_at, decided_at")
 
 
 @dataclass
@@ -67,6 +67,8 @@ class SubmissionRow:
     mutants: int
     mutants_killed: int
     rounds: int
+    library: str
+    """The exploit library's fingerprint when tier 2 last attacked it."""
     reviewer: str
     review_note: str
     first_look_at: float | None
@@ -257,6 +259,10 @@ class IntakeRecords:
             if mutants is not None:
                 await db.execute("UPDATE submissions SET mutants=?, mutants_killed=? WHERE id=?",
                                  (mutants[0], mutants[1], submission_id))
+
+    async def set_library(self, submission_id: int, library: str) -> None:
+        async with self._store._write() as db:
+            await db.execute("UPDATE submissions SET library=? WHERE id=?", (library, submission_id))
 
     async def first_look(self, submission_id: int, reviewer: str) -> None:
         """A reviewer opened it: their time on it counts from here unless they say otherwise."""

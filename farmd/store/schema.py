@@ -203,6 +203,8 @@ MIGRATIONS: tuple[str, ...] = (
         mutants INTEGER NOT NULL DEFAULT 0,
         mutants_killed INTEGER NOT NULL DEFAULT 0,
         rounds INTEGER NOT NULL DEFAULT 1,
+        library TEXT NOT NULL DEFAULT '',
+        -- the exploit library tier 2 ran (a fingerprint): an accepted version is attacked again when it grows
         reviewer TEXT NOT NULL DEFAULT '',
         review_note TEXT NOT NULL DEFAULT '',
         first_look_at REAL,

@@ -18,6 +18,7 @@ from farmd.intake.package import Package, pack, read_package
 from farmd.intake.settings import IntakeConfig
 from farmd.sandbox import Sandbox
 from farmd.store import Store
+from farmd.store.intake import CostRow
 from farmd.verifier import VerifierKey
 from tests.intake.contrib_example import EXAMPLE, written
 
@@ -48,6 +49,7 @@ class Intake:
     funnel: Funnel
     served: Served
     store: Store
+    sandbox: Sandbox
 
 
 @pytest.fixture
@@ -58,7 +60,7 @@ async def intake(tmp_path: Path) -> AsyncIterator[Intake]:
         funnel = Funnel(store, sandbox, KEY, CHEAP, serve=served.serve, unserve=served.unserve)
         await funnel.start()
         try:
-            yield Intake(funnel, served, store)
+            yield Intake(funnel, served, store, sandbox)
         finally:
             await funnel.stop()
             await store.close()
@@ -79,13 +81,13 @@ def word_count(tmp_path: Path, replace: tuple[str, str] | None = None, version: 
     return tarball(written(tmp_path / "wc-src"), replace, version)
 
 
-async def placed(intake: Intake, data: bytes, state: str, who: str = "ada"):  # type: ignore[no-untyped-def]
+async def placed(intake: Intake, data: bytes, state: str, who: str = "ada", bounty: int = 0):  # type: ignore[no-untyped-def]
     """A submission put in ``state`` without running its checks (tested elsewhere here): for the flows after."""
     package = read_package(data)
     m = package.manifest
     sid = await intake.store.intake.add_submission(
         contributor=who, name=m.name, version=m.version, domain=m.domain, kind=m.kind, levels=m.levels,
-        digest=package.digest, package=data, bounty_id=0, seeds=2, attack_budget=2)
+        digest=package.digest, package=data, bounty_id=bounty, seeds=2, attack_budget=2)
     assert sid is not None
     await intake.store.intake.set_state(sid, state, tier=3, decided=state == "approved")
     if state == "approved":
@@ -99,18 +101,23 @@ async def checked(intake: Intake, data: bytes, who: str = "ada", bounty: int = 0
     return await intake.funnel.submission(sub.id)
 
 
-async def test_the_examples_reach_review_and_an_approved_one_is_served_and_paid(intake: Intake, tmp_path: Path
-                                                                                ) -> None:
+async def test_the_code_example_reaches_review(intake: Intake) -> None:
+    """(The answer example's tiers: test_contributed_checks, test_tier2, and through farmd test_intake_farm.)"""
+    sub = await checked(intake, tarball(RUNNING_MAX), who="grace")
+    assert sub.state == "in_review" and sub.tier == 3, [sub.detail, *[str(x) for x in sub.findings]]
+    assert not [x for x in sub.findings if x.blocking]
+    assert {c.tier for c in sub.costs} == {1, 2} and all(c.box_cpu_s > 0 and c.box_calls for c in sub.costs)
+    assert sub.seeds == CHEAP.seeds[0] and sub.library, "a new contributor gets the most seeds"
+
+
+async def test_an_approved_version_is_served_and_its_bounty_paid(intake: Intake) -> None:
     f = intake.funnel
     bounty = await f.post_bounty("op", domain="text", requirements="counting tasks", payout_min=50, payout_max=100,
                                  wanted=1, min_reputation=0)
     await f.claim(bounty.id, "ada")
-    sub = await checked(intake, tarball(EXAMPLE), bounty=bounty.id)
-    assert sub.state == "in_review" and sub.tier == 3, sub.detail
-    assert not [x for x in sub.findings if x.blocking]
-    assert {c.tier for c in sub.costs} == {1, 2} and all(c.box_cpu_s > 0 and c.box_calls for c in sub.costs)
-    assert sub.mutants > 0 and sub.mutants_killed == sub.mutants, "the example's verifier kills every mutant"
-    assert sub.seeds == CHEAP.seeds[0], "a new contributor gets the most seeds"
+    data = tarball(EXAMPLE)
+    sub = await placed(intake, data, "in_review", bounty=bounty.id)
+    await intake.store.intake.record_tier(sub.id, 1, 1, [], CostRow(1, box_cpu_s=1.0, box_calls=10), mutants=(4, 3))
     with pytest.raises(Forbidden):
         await f.review(sub.id, "ada", approve=True, note="mine")  # nobody reviews their own
     done = await f.review(sub.id, "rita", approve=True, note="tasks vary; verifier exact", minutes=12)
@@ -118,14 +125,13 @@ async def test_the_examples_reach_review_and_an_approved_one_is_served_and_paid(
     assert intake.served.now == {"contrib:word-count@1.0.0"}
     assert [c.review_s for c in done.costs if c.tier == 3] == [720]
     standing = await f.contributor("ada")
-    assert standing["reputation"] == reputation.ACCEPTED and standing["paid"] == 100.0  # every mutant killed: the top
+    assert standing["reputation"] == reputation.ACCEPTED
+    assert standing["paid"] == 87.5, "the floor, and the range times the share of mutants killed"
     [paid] = await f.bounties()
     assert paid.accepted == 1 and not paid.open
     figures = await f.figures()
-    assert figures["accepted"] == 1 and figures["usd_per_accepted"] > 100.0
-    # A code task's example reaches the queue too.
-    code = await checked(intake, tarball(RUNNING_MAX), who="grace")
-    assert code.state == "in_review", [str(x) for x in code.findings]
+    assert figures["accepted"] == 1 and figures["payouts_usd"] == 87.5
+    assert figures["usd_per_accepted"] == pytest.approx(87.5 + 1 / 3600 * CHEAP.box_cpu_hour_usd + 0.2 * 60)
 
 
 WORD_COUNT_BAD = {
@@ -296,3 +302,20 @@ async def test_an_accepted_version_that_serves_soundly_earns_reputation_once(int
     standing = await f.contributor("ada")
     assert standing["reputation"] == reputation.ACCEPTED + reputation.PROVED_SOUND
     assert standing["ledger"][0].reason.startswith(f"{sub.env} proved sound over 2 trajectories")
+
+
+async def test_an_accepted_version_is_attacked_again_when_the_library_grows_and_quarantined_if_it_falls(
+        intake: Intake) -> None:
+    hedge = tarball(EXAMPLE, ('ok = final.strip() == str(task["hidden"]["count"])',
+                              'ok = str(task["hidden"]["count"]) in final'))
+    sub = await placed(intake, hedge, "approved")  # accepted before the library knew the hedges, say
+    assert sub.library == ""
+    again = Funnel(intake.store, intake.sandbox, KEY, CHEAP, serve=intake.served.serve,
+                   unserve=intake.served.unserve)
+    await again.start()
+    await again.idle()
+    await again.stop()
+    after = await intake.funnel.submission(sub.id)
+    assert after.state == "quarantined" and "quarantined by the exploit library" in after.detail, after.detail
+    assert any(f.check == "tier2_exploit" and f.blocking for f in after.findings)
+    assert sub.env not in intake.served.now
