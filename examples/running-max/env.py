@@ -28,7 +28,7 @@ for xs in request["cases"]:
         outputs.append(None)
 sys.stdout.write("\n" + json.dumps(outputs, default=repr) + "\n")
 """
-TIMEOUT_S = 2
+TIMEOUT_S = 1
 
 
 def running_max(xs):

@@ -136,8 +136,8 @@ async def measure(original: BoxedEnvironment, keys: Sequence[tuple[int, int]]) -
         made += 1
         env = original.variant(dataclasses.replace(package, files={**package.files, m.entry_file: mutated.encode()}))
         # A mutant's keys are independent: asked at once, and its differing answers judged at once.
-        given = await asyncio.gather(*[_answer(env, k, posed[k]) for k in keys])
-        wrong = [(k, a) for k, a in zip(keys, given, strict=True) if a is not None and a.strip() != answers[k].strip()]
+        given = await asyncio.gather(*[_answer(env, k, posed[k], answers[k]) for k in keys])
+        wrong = [(k, a) for k, a in zip(keys, given, strict=True) if a is not None]
         if not wrong:
             continue
         differing += 1
@@ -149,12 +149,15 @@ async def measure(original: BoxedEnvironment, keys: Sequence[tuple[int, int]]) -
     return Coverage(made, differing, killed, tuple(survivors))
 
 
-async def _answer(env: BoxedEnvironment, key: tuple[int, int], posed: object) -> str | None:
-    """The mutant's answer to ``key``, if it poses the same task and answers at all."""
+async def _answer(env: BoxedEnvironment, key: tuple[int, int], posed: object, expected: str) -> str | None:
+    """The mutant's answer to ``key``, if it differs from ``expected`` and answers the same question."""
     try:
+        answer = await env.reference(*key)
+        if answer.strip() == expected.strip():
+            return None  # the same answer says nothing, whatever the question (and costs no second box)
         if await env.generate(*key) != posed:
             return None  # it asks another question: its answer says nothing of this one's verifier
-        return await env.reference(*key)
+        return answer
     except ContributedError:
         return None
 

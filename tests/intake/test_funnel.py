@@ -66,7 +66,8 @@ async def intake(tmp_path: Path) -> AsyncIterator[Intake]:
             await store.close()
 
 
-def tarball(root: Path, replace: tuple[str, str] | None = None, version: str | None = None) -> bytes:
+def tarball(root: Path, replace: tuple[str, str] | None = None, version: str | None = None,
+            levels: int | None = None) -> bytes:
     content = {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
     if replace is not None:
         source = content["env.py"].decode()
@@ -74,6 +75,8 @@ def tarball(root: Path, replace: tuple[str, str] | None = None, version: str | N
         content["env.py"] = source.replace(*replace).encode()
     if version is not None:
         content["farm-env.toml"] = content["farm-env.toml"].replace(b'version = "1.0.0"', f'version = "{version}"'.encode())
+    if levels is not None:
+        content["farm-env.toml"] = content["farm-env.toml"].replace(b"levels = 3", f"levels = {levels}".encode())
     return pack(content.items())
 
 
@@ -141,12 +144,20 @@ WORD_COUNT_BAD = {
         ("words = [rng.choice(WORDS) for _ in range(4 + 4 * difficulty)]\n        target = rng.choice(words)",
          "words = WORDS[:4] * difficulty\n        target = words[0]"), 1, "check_seeds_distinct"),
     "a reference that fails": (('return str(task["hidden"]["count"])', 'return "0"'), 1, "check_reference_passes"),
+    "a generator that is not deterministic": (
+        ("words = [rng.choice(WORDS)", "import random as r\n        words = [r.choice(WORDS)"), 1, "check_generates"),
+    "an answer in the public task": (
+        ('"public": {"target": target}', '"public": {"target": target, "expected": words.count(target)}'), 1,
+        "check_reference_passes"),
+    "a verifier that gives credit for hedging": (
+        ('ok = final.strip() == str(task["hidden"]["count"])', 'ok = str(task["hidden"]["count"]) in final'), 1,
+        "check_rejects_wrong"),
     "a verifier that reads another environment's key": (
         ("words = [rng.choice(WORDS)", "words = [open('/var/lib/farm/verifier.key').read()] + [rng.choice(WORDS)"),
         1, "check_generates"),
 }
 _RM_VERIFY = RUNNING_MAX / "env.py"
-_IN_CHILD = '''        child = subprocess.run([sys.executable, "-I", "-S", "-c", CHECKER], capture_output=True, timeout=2,
+_IN_CHILD = '''        child = subprocess.run([sys.executable, "-I", "-S", "-c", CHECKER], capture_output=True, timeout=1,
                                input=json.dumps({"code": final, "cases": [[xs, running_max(xs)] for xs in cases]}).encode())
         ok = child.stdout.decode().strip().endswith("true")
         return {"reward": float(ok), "passed": ok, "reasons": []}
@@ -162,7 +173,7 @@ for xs, expected in request["cases"]:
 print("PASS" if ok else "FAIL")
 print(json.dumps(ok))
 """
-TIMEOUT_S = 2
+TIMEOUT_S = 1
 '''
 _VERIFY_START = "    def verify(self, task, final):\n        cases = task[\"hidden\"][\"cases\"]\n"
 RUNNING_MAX_BAD = {
@@ -203,9 +214,9 @@ async def test_a_bad_code_environment_is_rejected_at_tier_2_by_the_exploit_it_al
     (old, new), exploit = RUNNING_MAX_BAD[name]
     replace = (old, new)
     if "CHECKER" in new:  # the checker program the bad verifier runs, defined beside its own
-        source = _RM_VERIFY.read_text().replace(old, new).replace("TIMEOUT_S = 2\n", _CHECKER)
+        source = _RM_VERIFY.read_text().replace(old, new).replace("TIMEOUT_S = 1\n", _CHECKER)
         replace = (_RM_VERIFY.read_text(), source)
-    sub = await checked(intake, tarball(RUNNING_MAX, replace))
+    sub = await checked(intake, tarball(RUNNING_MAX, replace, levels=2))  # two levels: the same faults, cheaper
     assert (sub.state, sub.tier) == ("rejected", 2), [sub.detail, *[str(x) for x in sub.findings]]
     blocking = [x for x in sub.findings if x.blocking]
     assert {x.check for x in blocking} == {"tier2_exploit"}
