@@ -29,5 +29,11 @@ TRUNCATED = "truncated"
 attempt judged is the reply as kept), or a stored field over the trajectory record's bounds (the
 verdict was given on the whole attempt, only the record is cut)."""
 
+QUARANTINED = "quarantined"
+"""A later score: the environment version that judged this attempt was quarantined (a hack was found in its
+verifier), so its reward is withdrawn (0) whatever it first was."""
+WITHDRAWN = "withdrawn"
+"""No trainer stream sends this trajectory again; consumers were told it was taken back."""
+
 ALL = (SANDBOX_VIOLATION, SUSPECTED_HACK, TIMEOUT, NO_ANSWER, UNPARSEABLE, INVALID_TEXT, VERIFIER_FAULT,
-       TRUNCATED)
+       TRUNCATED, QUARANTINED, WITHDRAWN)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from farmd.errors import BadRequest, Conflict, FailedPrecondition, FarmError, Forbidden, NotFound
+from farmd.flags import QUARANTINED, WITHDRAWN
 from farmd.intake import reputation
 from farmd.intake.attacker import Attacker
 from farmd.intake.boxed import BoxedEnvironment, Call
@@ -44,7 +45,7 @@ from farmd.verifier import VerifierKey
 
 log = logging.getLogger("farmd.intake")
 
-QUARANTINE_FLAGS = ("quarantined", "withdrawn")
+QUARANTINE_FLAGS = (QUARANTINED, WITHDRAWN)
 MAX_NOTE_CHARS = 4000
 MAX_FIELD_CHARS = 2000
 _SEED_SPACE = 1 << 31

@@ -79,7 +79,8 @@ def test_a_contributed_environment_goes_from_bounty_to_rollouts_to_quarantine(ru
         assert {w.trajectory_id for w in told.withdrawn} == taken, "and the trainer is told which it had"
         assert all("hedge" in w.reason for w in told.withdrawn)
         record = trainer.trajectory(min(taken))
-        assert any(s.verifier_version.endswith("+quarantined") and s.reward == 0 for s in record.scores)
+        assert any(s.verifier_version.endswith("+quarantined") and s.reward == 0 and set(s.flags) == {"quarantined", "withdrawn"}
+                   for s in record.scores)
 
     ada = as_(farm, "ada", "contributor", "show", "--json")
     assert ada["reputation"] == -10 and ada["paid"] == 100.0, ada
