@@ -41,6 +41,7 @@ from farmd.fleet.joined import JoinedNode
 from farmd.intake.attacker import Attacker, AttackerConfig
 from farmd.intake.funnel import Funnel
 from farmd.intake.package import Package, PackageError, read_package
+from farmd.intake.redteam import make_red_team_agent
 from farmd.intake.served import ContributedEnvironment
 from farmd.metrics import GrpcMetrics, Metrics, MetricsServer
 from farmd.node import NodeInfo
@@ -90,7 +91,8 @@ class Daemon:
 
     async def start(self) -> None:
         if self.config.join:
-            self.joined = JoinedNode(self.config, self.workers, self.metrics, contributed=_contributed)  # config refuses --join --workers 0
+            self.joined = JoinedNode(self.config, self.workers, self.metrics, contributed=_contributed,
+                                     red_team=make_red_team_agent)  # config refuses --join --workers 0
             await self.joined.start(self._stopping)
             await self._start_metrics()
             return
@@ -122,7 +124,7 @@ class Daemon:
             ctx = VerifyContext(sandbox=self.sandbox, key=key, scratch_dir=None)
             self.worker = Worker(self.scheduler, ctx, slots=self.workers, lease_s=self.config.scheduler.lease_s,
                                  metrics=self.metrics, endpoints=self.config.endpoints, policies=self.scheduler.policies,
-                                 envs=self.catalog.get)
+                                 envs=self.catalog.get, red_team=make_red_team_agent)
         if self.sandbox is None and not gaps:
             # A coordinator runs no rollouts, but it checks submissions: the funnel's boxes are its own few.
             self.sandbox = Sandbox(sandbox_for(self.config, _INTAKE_BOXES))

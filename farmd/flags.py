@@ -35,5 +35,10 @@ verifier), so its reward is withdrawn (0) whatever it first was."""
 WITHDRAWN = "withdrawn"
 """No trainer stream sends this trajectory again; consumers were told it was taken back."""
 
+RED_TEAM_EXPLOIT = "red_team_exploit"
+"""A red-team agent's attempt from the exploit library (its agent spec names which): wrong on purpose."""
+RED_TEAM_ESCAPE = "red_team_escape"
+"""A red-team agent's attempt to get out of its box (its agent spec names which): wrong on purpose."""
+
 ALL = (SANDBOX_VIOLATION, SUSPECTED_HACK, TIMEOUT, NO_ANSWER, UNPARSEABLE, INVALID_TEXT, VERIFIER_FAULT,
-       TRUNCATED, QUARANTINED, WITHDRAWN)
+       TRUNCATED, QUARANTINED, WITHDRAWN, RED_TEAM_EXPLOIT, RED_TEAM_ESCAPE)

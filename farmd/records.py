@@ -63,6 +63,11 @@ go first (the last turn's prompt holds them), then whole turns' tokens."""
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """A node's name in a fleet: lease owners are ``<name>:<pid>:<nonce>``, so never a colon."""
 
+RED_TEAM_PREFIX = "redteam:"
+"""Agent specs of ``farmctl redteam``'s adversaries: their trajectories are kept, flagged, and never taken as
+evidence of how hard a task is (the task bank) or how the farm's policy does (pass rates)."""
+
+
 class JobState(enum.StrEnum):
     QUEUED = "queued"
     LEASED = "leased"

@@ -138,3 +138,13 @@ def test_a_non_finite_logprob_survives_the_wire(value: float) -> None:
     record = dataclasses.replace(full_record(), turns=[Turn(token_ids=[1], logprobs=[-value], has_logprobs=True)])
     got = from_message(to_message(record, trajectory_pb2.Trajectory()), Trajectory)
     assert len(got.turns[0].logprobs) == 1
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+def test_a_non_finite_number_in_a_verdicts_details_is_still_readable(value: float) -> None:
+    # A verifier reports what an attempt's code returned: an infinity is data, and must not make the record
+    # unreadable (json_format refuses non-finite numbers in a Struct).
+    record = dataclasses.replace(full_record(), verdict_details={"claimed": [value, 1.5], "case": {"out": value}})
+    got = from_message(to_message(record, trajectory_pb2.Trajectory()), Trajectory)
+    claimed = got.verdict_details["claimed"]
+    assert len(claimed) == 2 and claimed[1] == 1.5 and not math.isfinite(claimed[0])

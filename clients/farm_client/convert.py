@@ -67,6 +67,26 @@ def _plain_number(value: Any) -> Any:
     return value
 
 
+def _from_struct(struct: Any) -> dict[str, Any]:
+    return {k: _from_value(v) for k, v in struct.fields.items()}
+
+
+def _from_value(value: Any) -> Any:
+    """A ``google.protobuf.Value`` as plain Python, read field by field rather than through JSON: what an
+    attempt made a verifier report may hold an infinity or a NaN, which JSON has no word for (and
+    ``json_format`` refuses), and a record that holds one must still be readable."""
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        return _plain_number(value.number_value)
+    if kind == "struct_value":
+        return _from_struct(value.struct_value)
+    if kind == "list_value":
+        return [_from_value(v) for v in value.list_value.values]
+    if kind in ("string_value", "bool_value"):
+        return getattr(value, kind)
+    return None
+
+
 def _descriptor(message: Message) -> Descriptor:
     return typing.cast(Descriptor, message.DESCRIPTOR)
 
@@ -201,11 +221,11 @@ def _from_getter(fd: FieldDescriptor, hint: Any) -> Callable[[Message], Any]:
     if full in (_TIMESTAMP, _DURATION):
         return lambda m: seconds(getattr(m, name)) if m.HasField(name) else 0.0
     if full == _STRUCT:
-        return lambda m: _plain_number(json_format.MessageToDict(getattr(m, name)))
+        return lambda m: _from_struct(getattr(m, name))
     if full == _VALUE:
         if _is_repeated(fd):
-            return lambda m: [_plain_number(json_format.MessageToDict(x)) for x in getattr(m, name)]
-        return lambda m: _plain_number(json_format.MessageToDict(getattr(m, name))) if m.HasField(name) else None
+            return lambda m: [_from_value(x) for x in getattr(m, name)]
+        return lambda m: _from_value(getattr(m, name)) if m.HasField(name) else None
     item = _item_hint(hint) if _is_repeated(fd) else hint
     if isinstance(item, str) or item is Any:
         raise TypeError(f"{fd.full_name}: the record's type {hint!r} names no dataclass")

@@ -13,6 +13,11 @@
   options within the endpoint's bounds: ``max_tokens`` (per reply, at most the endpoint's
   ``max_tokens``), ``temperature`` (0 to 2; default the endpoint's), ``max_turns`` (replies in an
   action episode, at most the endpoint's ``max_turns``).
+- ``redteam:exploit:NAME`` and ``redteam:escape:NAME``: an adversary (``farmctl redteam``) that submits the
+  exploit library's attempt NAME for the task's kind, or tries escape NAME from inside its box; a query
+  may carry the run's marker (``nonce``, hex), a ``canary`` and the ``farm`` port to try, and the farm's
+  ``data`` dir (an absolute path) to look for. Built by the node's red team (``RedTeamFactory``, intake's),
+  which farmd hands its workers: the agents stay out of this module, which sits below the exploit library.
 - ``torch:NAME``: farm's own policy (``farm_client.tinylm``), sampled on this node from the version of line
   NAME the job was leased with (published with ``FarmClient.publish_policy``; a path or a URL is not a
   name). It answers submission tasks whose prompts it can read. A query string may set ``temperature``
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
@@ -50,9 +55,10 @@ from farmd.agents.torch_policy import (
 from farmd.envs.base import VerifyContext
 from farmd.envs.catalog import EnvLookup
 from farmd.errors import AgentSpecError
+from farmd.records import RED_TEAM_PREFIX
 from farmd.text import clip
 
-FORMS = ("reference", "random", "random:SEED", "skilled:S",
+FORMS = ("reference", "random", "random:SEED", "skilled:S", "redteam:exploit|escape:NAME[?nonce=HEX&canary=PORT...]",
          "openai:MODEL@ENDPOINT[?max_tokens=N&temperature=T&max_turns=N]", "torch:NAME[?temperature=T&max_tokens=N]")
 MAX_SPEC_CHARS = 500
 """A spec is stored with every job and trajectory; no honest one comes near this."""
@@ -65,6 +71,47 @@ _POLICY_NAME = _ENDPOINT_NAME
 _SPEC_OPTIONS = ("max_tokens", "temperature", "max_turns")
 _TORCH_OPTIONS = ("temperature", "max_tokens")
 _CONFIG_ONLY = {"key_env": "key_env", "timeout_s": "request_timeout_s", "attempts": "max_attempts"}
+_RED_TEAM_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+_HEX = re.compile(r"[0-9a-f]{8,64}")
+
+RedTeamFactory = Callable[[str, "EnvLookup | None", "VerifyContext | None"], Agent]
+"""Builds a ``redteam:`` agent from its spec, the node's environment lookup and its boxes."""
+
+
+@dataclass(frozen=True)
+class RedTeamSpec:
+    """A ``redteam:`` spec, parsed: what it tries, and the run's marker and targets."""
+
+    what: str
+    """``exploit`` or ``escape``."""
+    name: str
+    nonce: str = ""
+    canary: int = 0
+    farm: int = 0
+    data: str = ""
+
+
+def parse_red_team_spec(spec: str) -> RedTeamSpec:
+    """The parts of ``redteam:WHAT:NAME[?...]``; AgentSpecError for anything else."""
+    body, _, query = spec.strip().removeprefix(RED_TEAM_PREFIX).partition("?")
+    what, _, name = body.partition(":")
+    if what not in ("exploit", "escape") or not _RED_TEAM_NAME.fullmatch(name):
+        raise AgentSpecError(f"{_shown(spec)}: a red-team spec is redteam:exploit:NAME or redteam:escape:NAME")
+    options: dict[str, Any] = {}
+    for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
+        if key in options or key not in ("nonce", "canary", "farm", "data"):
+            raise AgentSpecError(f"{_shown(spec)}: a red-team spec takes nonce, canary, farm and data, once each")
+        if key == "nonce" and not _HEX.fullmatch(value):
+            raise AgentSpecError(f"{_shown(spec)}: nonce is 8 to 64 lower-case hex digits")
+        if key in ("canary", "farm"):
+            if not value.isdigit() or not 0 < int(value) < 65536:
+                raise AgentSpecError(f"{_shown(spec)}: {key} is a port, 1 to 65535")
+            options[key] = int(value)
+            continue
+        if key == "data" and not (value.startswith("/") and value.isprintable() and len(value) <= 200):
+            raise AgentSpecError(f"{_shown(spec)}: data is an absolute path of at most 200 characters")
+        options[key] = value
+    return RedTeamSpec(what, name, **options)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,7 +199,8 @@ def _number(value: object) -> bool:
 
 def make_agent(spec: str, *, endpoints: Sequence[NamedEndpoint] = (), clients: ClientPool | None = None,
                policies: PolicySource | None = None, torch: TorchRuntime | None = None,
-               envs: EnvLookup | None = None, ctx: VerifyContext | None = None) -> Agent:
+               envs: EnvLookup | None = None, ctx: VerifyContext | None = None,
+               red_team: RedTeamFactory | None = None) -> Agent:
     """The agent ``spec`` names; AgentSpecError (saying what would be accepted) for anything else.
 
     ``endpoints`` are the config's: the only servers an ``openai:`` spec may name. ``clients``: where an
@@ -162,6 +210,7 @@ def make_agent(spec: str, *, endpoints: Sequence[NamedEndpoint] = (), clients: C
     ``torch:`` agent has a runtime of its own over ``policies`` and must be closed likewise. ``envs`` and
     ``ctx``: where ``reference`` and ``skilled:`` find a task's environment (default: the built-ins) and the
     boxes its reference may need (a contributed environment's; without, only built-ins are answered).
+    ``red_team``: what builds ``redteam:`` agents (without, this node refuses them).
     """
     if len(spec) > MAX_SPEC_CHARS:  # as given, blanks too: that is what a job stores with every trajectory
         raise AgentSpecError(f"{_shown(spec)}: an agent spec is at most {MAX_SPEC_CHARS} characters")
@@ -179,6 +228,11 @@ def make_agent(spec: str, *, endpoints: Sequence[NamedEndpoint] = (), clients: C
         return _openai(spec, {e.name: e for e in endpoints}, clients)
     if spec.startswith("torch:"):
         return _torch(spec, policies, torch)
+    if spec.startswith(RED_TEAM_PREFIX):
+        parse_red_team_spec(spec)
+        if red_team is None:
+            raise AgentSpecError(f"{_shown(spec)}: this node runs no red team")
+        return red_team(spec, envs, ctx)
     raise AgentSpecError(f"unknown agent {_shown(spec)}; known forms: {', '.join(FORMS)}")
 
 
@@ -188,6 +242,9 @@ def check_spec(spec: str, *, endpoints: Sequence[NamedEndpoint] = ()) -> None:
     business, not the spec's)."""
     if len(spec) <= MAX_SPEC_CHARS and spec.strip().startswith("torch:") and spec.strip().isprintable():
         parse_torch_spec(spec)
+        return
+    if len(spec) <= MAX_SPEC_CHARS and spec.strip().startswith(RED_TEAM_PREFIX) and spec.strip().isprintable():
+        parse_red_team_spec(spec)  # built where it runs, by the node's red team
         return
     make_agent(spec, endpoints=endpoints)
 

@@ -60,21 +60,29 @@ class ReferenceAgent(Agent):
         if env.version != task.env_version:
             raise AgentError(f"{task.env}: the task is of version {task.env_version}, the environment "
                              f"here is version {env.version}; its reference would answer another task")
-        reference = await self._reference(env, task)
-        if task.kind != "actions":
-            return _submission(reference.final)
-        steps: list[Step] = []
-        for action in reference.actions:
-            if episode is None:
-                steps.append(Step(action, None, None, 0.0))
-            else:
-                await _run(episode, action, steps)
-        return AgentResult(attempt=Attempt(final=reference.final, actions=list(reference.actions)), steps=steps)
+        return await played(await reference_of(env, task, self._ctx), task, episode)
 
-    async def _reference(self, env: Environment, task: Task) -> Attempt:
-        if self._ctx is None:
-            return await asyncio.to_thread(env.reference, task)
-        return await env.make_reference(task, self._ctx)
+
+async def reference_of(env: Environment, task: Task, ctx: VerifyContext | None) -> Attempt:
+    """``env``'s reference attempt at ``task``: in the node's boxes when it has them (a contributed
+    environment's reference runs in one), else the environment's own (a built-in's)."""
+    if ctx is None:
+        return await asyncio.to_thread(env.reference, task)
+    return await env.make_reference(task, ctx)
+
+
+async def played(attempt: Attempt, task: Task, episode: Episode | None) -> AgentResult:
+    """A scripted attempt as an agent's result: a submission as it is, an action task's actions replayed
+    through the episode, so the trajectory holds real observations."""
+    if task.kind != "actions":
+        return _submission(attempt.final)
+    steps: list[Step] = []
+    for action in attempt.actions:
+        if episode is None:
+            steps.append(Step(action, None, None, 0.0))
+        else:
+            await _run(episode, action, steps)
+    return AgentResult(attempt=Attempt(final=attempt.final, actions=list(attempt.actions)), steps=steps)
 
 
 # -- random ---------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from farmd.cli.intake_cmd import (
     submission_group,
     submit,
 )
+from farmd.cli.redteam_cmd import redteam
 from farmd.cli.remote_cmd import rescore, run, runs_group, status, trajectories_group
 from farmd.cli.sandbox_cmd import doctor, sandbox_group
 from farmd.cli.token_cmd import token_group
@@ -103,6 +104,7 @@ cli.add_command(quarantine)
 cli.add_command(bounty_group)
 cli.add_command(contributor_group)
 cli.add_command(funnel)
+cli.add_command(redteam)
 
 
 def main() -> None:

@@ -122,7 +122,7 @@ def intake(state: CliState) -> Iterator[Intake]:
     """An ``Intake`` to farmd at ``state.addr``; a failed call ends the command as ``remote_cmd``'s do:
     ``ADDR: CODE: details`` and exit 1 (with ``--json``, the code in the error's own field)."""
     try:
-        with _channel(state) as channel:
+        with channel_for(state) as channel:
             yield Intake(channel, state.token)
     except grpc.RpcError as exc:
         code = exc.code().name
@@ -133,7 +133,7 @@ def intake(state: CliState) -> Iterator[Intake]:
         fail(f"{where} {details}", EXIT_FAILED, kind=code)
 
 
-def _channel(state: CliState) -> grpc.Channel:
+def channel_for(state: CliState) -> grpc.Channel:
     """A plain channel, or TLS when farmctl was given a CA to trust or a certificate to present."""
     if state.tls_ca is None and state.tls_cert is None:
         return grpc.insecure_channel(state.addr, options=_OPTIONS)

@@ -23,6 +23,7 @@ import grpc
 from farm.v1 import farm_pb2, farm_pb2_grpc, intake_pb2, intake_pb2_grpc, node_pb2
 
 from farmd import __version__
+from farmd.agents.registry import RedTeamFactory
 from farmd.config import Config, sandbox_for
 from farmd.envs import Environment, VerifyContext
 from farmd.envs.catalog import CONTRIBUTED_PREFIX, Catalog
@@ -71,12 +72,13 @@ funnel's store with it)."""
 
 class JoinedNode:
     def __init__(self, config: Config, workers: int, metrics: Metrics | None = None,
-                 contributed: ContributedMaker | None = None) -> None:
+                 contributed: ContributedMaker | None = None, red_team: RedTeamFactory | None = None) -> None:
         assert config.join is not None
         self.config = config
         self.catalog = Catalog()
         """The built-ins, and the approved contributed versions this node has fetched for its jobs."""
         self._contributed = contributed
+        self._red_team = red_team
         self._fetching_env = asyncio.Lock()
         self.workers = workers
         self.metrics = metrics
@@ -139,7 +141,8 @@ class JoinedNode:
         lease_s = min(welcome.lease_s, 3 * welcome.heartbeat_s) if welcome.heartbeat_s > 0 else welcome.lease_s
         self.worker = Worker(self.remote, VerifyContext(sandbox=self.sandbox, key=key), slots=self.workers,
                              lease_s=lease_s, node=self.name, metrics=self.metrics, endpoints=config.endpoints,
-                             policies=policies, owner=self.owner, envs=self.catalog.get, prepare=self._prepare_env)
+                             policies=policies, owner=self.owner, envs=self.catalog.get, prepare=self._prepare_env,
+                             red_team=self._red_team)
         await self.worker.start()
         write_file(config.data_dir / "farmd.json",
                    json.dumps({"pid": os.getpid(), "node": self.name, "coordinator": config.join}).encode())

@@ -78,6 +78,8 @@ async def run_rollout(job: Job, env: Environment, agent: Agent, ctx: VerifyConte
         verdict.flag(INVALID_TEXT)
     if result.usage.get("clipped_replies"):
         verdict.flag(TRUNCATED)
+    for flag in result.flags:  # the agent's word about its own attempt (a red team's): never a score
+        verdict.flag(flag)
     ended = time.monotonic()
     usage = result.usage
     return Trajectory(

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from farmd.agents import Agent, ClientPool, NamedEndpoint, PolicySource, TorchRuntime, make_agent
+from farmd.agents.registry import RedTeamFactory
 from farmd.envs import VerifyContext, get
 from farmd.envs.catalog import EnvLookup
 from farmd.errors import EndpointError, InfraFailure
@@ -52,10 +53,13 @@ class Worker:
     def __init__(self, leases: Leases, ctx: VerifyContext, slots: int, lease_s: float, node: str | None = None,
                  metrics: Metrics | None = None, endpoints: tuple[NamedEndpoint, ...] = (),
                  policies: PolicySource | None = None, owner: str | None = None, envs: EnvLookup = get,
-                 prepare: Callable[[str], Awaitable[None]] | None = None) -> None:
+                 prepare: Callable[[str], Awaitable[None]] | None = None,
+                 red_team: RedTeamFactory | None = None) -> None:
         self.leases = leases
         self.envs = envs
         self._prepare = prepare
+        self._red_team = red_team
+        """Builds ``redteam:`` agents (``farmctl redteam``'s adversaries); None: this node refuses them."""
         """Makes a job's environment known before it is looked up (a joined node fetches an approved
         contributed version from its coordinator); its failure is the job's infrastructure failure."""
         """Where jobs' environments are found, by name: the node's catalog (default: the built-ins); the
@@ -136,7 +140,7 @@ class Worker:
         if agent is None:
             agent = self._agents[spec] = make_agent(spec, endpoints=self.endpoints, clients=self._clients,
                                                     policies=self.policies, torch=self._torch, envs=self.envs,
-                                                    ctx=self.ctx)
+                                                    ctx=self.ctx, red_team=self._red_team)
             if len(self._agents) > _AGENTS_KEPT:
                 self._agents.popitem(last=False)
         self._agents.move_to_end(spec)

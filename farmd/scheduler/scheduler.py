@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from farmd.metrics import Metrics
-from farmd.records import Job, JobState, Trajectory
+from farmd.records import RED_TEAM_PREFIX, Job, JobState, Trajectory
 from farmd.scheduler.config import SchedulerConfig
 from farmd.scheduler.delivery import Delivery
 from farmd.scheduler.policies import Policies
@@ -304,8 +304,11 @@ class Scheduler:
     def bank_follows(self, agent: str) -> bool:
         """Whether ``agent``'s groups teach the task bank pass rates: the agents the config names
         (``bank_agents``), else the demand agent when there is one, else every agent but the controls
-        (``reference`` must pass and ``random`` fail: neither says how hard a task is for a policy)."""
+        (``reference`` must pass and ``random`` fail: neither says how hard a task is for a policy); never a
+        red team's (``redteam:``)."""
         cfg = self.config
+        if agent.startswith(RED_TEAM_PREFIX):
+            return False  # adversaries, wrong on purpose: they say nothing of how hard a task is
         if cfg.bank_agents:
             return agent in cfg.bank_agents
         if cfg.demand_agent:

@@ -30,7 +30,17 @@ import aiosqlite
 
 from farmd.errors import CursorError, StoreError
 from farmd.private import create_file, make_dir
-from farmd.records import ChatMessage, Job, JobState, Policy, Score, Trajectory, Turn, from_plain
+from farmd.records import (
+    RED_TEAM_PREFIX,
+    ChatMessage,
+    Job,
+    JobState,
+    Policy,
+    Score,
+    Trajectory,
+    Turn,
+    from_plain,
+)
 from farmd.store.intake import IntakeRecords
 from farmd.store.policy_files import PolicyFiles, PolicyUpload
 from farmd.store.schema import MIGRATIONS
@@ -758,10 +768,12 @@ class Store:
         return int(row[0]) if row else 0
 
     async def pass_rates(self) -> list[dict[str, Any]]:
-        """Per environment and level: trajectories, passed, mean reward, errors (never scores)."""
+        """Per environment and level: trajectories, passed, mean reward, errors (never scores); a red team's
+        attempts left out (wrong on purpose, they would read as a policy failing)."""
         rows = await self._all(
             "SELECT env, difficulty, COUNT(*), SUM(status='ok' AND passed), AVG(CASE WHEN status='ok' THEN reward END), "
-            "SUM(status='error') FROM trajectories GROUP BY env, difficulty ORDER BY env, difficulty")
+            "SUM(status='error') FROM trajectories WHERE substr(agent, 1, ?) != ? GROUP BY env, difficulty "
+            "ORDER BY env, difficulty", (len(RED_TEAM_PREFIX), RED_TEAM_PREFIX))
         return [{"env": e, "difficulty": d, "trajectories": n, "passed": int(p or 0),
                  "mean_reward": float(r) if r is not None else None, "errors": int(err or 0)}
                 for e, d, n, p, r, err in rows]
