@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from farmd.errors import BadRequest, Conflict, FailedPrecondition, FarmError, Forbidden, NotFound
-from farmd.flags import QUARANTINED, WITHDRAWN
 from farmd.intake import reputation
 from farmd.intake.attacker import Attacker
 from farmd.intake.boxed import BoxedEnvironment, Call
@@ -45,7 +44,6 @@ from farmd.verifier import VerifierKey
 
 log = logging.getLogger("farmd.intake")
 
-QUARANTINE_FLAGS = (QUARANTINED, WITHDRAWN)
 MAX_NOTE_CHARS = 4000
 MAX_FIELD_CHARS = 2000
 _SEED_SPACE = 1 << 31
@@ -354,7 +352,7 @@ class Funnel:
                                              detail=f"quarantined by {by}: {reason}"):
             raise FailedPrecondition(f"submission {submission_id} changed meanwhile", reason="NOT_APPROVED")
         await self._unserve(sub.env)
-        withdrawn = await self._records.quarantine(submission_id, sub.env, reason, QUARANTINE_FLAGS)
+        withdrawn = await self._records.quarantine(submission_id, sub.env, reason)
         log.warning("quarantined %s (submission %d): %s; %d trajectories withdrawn", sub.env, sub.id, reason,
                     withdrawn, extra={"event": "quarantined", "submission": sub.id, "withdrawn": withdrawn})
         why = f"submission {sub.id} ({sub.env}) quarantined by {by}: {reason}"

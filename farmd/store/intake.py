@@ -14,6 +14,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import aiosqlite
+
+from farmd.flags import QUARANTINED, WITHDRAWN
+
 if TYPE_CHECKING:
     from farmd.store.store import Store
 
@@ -366,9 +370,9 @@ class IntakeRecords:
 
     # -- quarantine and withdrawals ----------------------------------------------------------------
 
-    async def quarantine(self, submission_id: int, env: str, reason: str, flags: Sequence[str]) -> int:
+    async def quarantine(self, submission_id: int, env: str, reason: str) -> int:
         """Quarantine ``env`` for good: its queued jobs are cancelled, its trajectories get a withdrawn
-        score (reward 0, ``flags``) and a withdrawal row each. Returns how many were withdrawn."""
+        score (reward 0, flagged) and a withdrawal row each. Returns how many were withdrawn."""
         now = time.time()
         async with self._store._write() as db:
             await db.execute("INSERT OR IGNORE INTO quarantined_envs(env, submission_id, reason, at) VALUES (?,?,?,?)",
@@ -378,16 +382,7 @@ class IntakeRecords:
             groups = [int(g[0]) for g in await db.execute_fetchall(
                 "SELECT DISTINCT group_id FROM jobs WHERE env=? AND state='cancelled'", (env,))]
             await self._store._finish_groups(db, groups)
-            await db.execute(
-                "INSERT OR IGNORE INTO scores(trajectory_id, verifier_version, reward, passed, status, reasons, flags, "
-                "scored_at) SELECT id, verifier_version || '+quarantined', 0, 0, 'ok', ?, ?, ? FROM trajectories "
-                "WHERE env=?", (json.dumps([f"withdrawn: {reason}"]), json.dumps(list(flags)), now, env))
-            before = db.total_changes
-            await db.execute(
-                "INSERT INTO withdrawals(trajectory_id, env, reason, at) SELECT t.id, t.env, ?, ? FROM trajectories t "
-                "WHERE t.env=? AND NOT EXISTS (SELECT 1 FROM withdrawals w WHERE w.trajectory_id = t.id) ORDER BY t.seq",
-                (reason, now, env))
-            return db.total_changes - before
+            return await withdraw(db, "t.env = ?", [env], now)
 
     async def quarantined_envs(self) -> set[str]:
         return {str(r[0]) for r in await self._store._all("SELECT env FROM quarantined_envs")}
@@ -397,3 +392,22 @@ class IntakeRecords:
         return [WithdrawalRow(int(s), int(t), e, r) for s, t, e, r in await self._store._all(
             f"SELECT seq, trajectory_id, env, reason FROM withdrawals WHERE seq > ? {where} ORDER BY seq LIMIT ?",
             (after, *envs, limit))]
+
+
+async def withdraw(db: aiosqlite.Connection, where: str, params: Sequence[object], now: float) -> int:
+    """In the caller's transaction: the trajectories matching ``where`` (over ``trajectories t``) whose
+    environment is quarantined get a withdrawn score (reward 0, flagged) and a withdrawal row, once each.
+    Returns how many were withdrawn now. The store calls it too, for a rollout that was running when its
+    environment was quarantined and is stored after."""
+    flags = json.dumps([QUARANTINED, WITHDRAWN])
+    await db.execute(
+        "INSERT OR IGNORE INTO scores(trajectory_id, verifier_version, reward, passed, status, reasons, flags, "
+        "scored_at) SELECT t.id, t.verifier_version || '+quarantined', 0, 0, 'ok', json_array('withdrawn: ' || "
+        f"q.reason), ?, ? FROM trajectories t JOIN quarantined_envs q ON q.env = t.env WHERE {where}",
+        (flags, now, *params))
+    before = db.total_changes
+    await db.execute(
+        "INSERT INTO withdrawals(trajectory_id, env, reason, at) SELECT t.id, t.env, q.reason, ? FROM trajectories t "
+        f"JOIN quarantined_envs q ON q.env = t.env WHERE {where} AND NOT EXISTS "
+        "(SELECT 1 FROM withdrawals w WHERE w.trajectory_id = t.id) ORDER BY t.seq", (now, *params))
+    return db.total_changes - before

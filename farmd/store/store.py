@@ -41,7 +41,7 @@ from farmd.records import (
     Turn,
     from_plain,
 )
-from farmd.store.intake import IntakeRecords
+from farmd.store.intake import IntakeRecords, withdraw
 from farmd.store.policy_files import PolicyFiles, PolicyUpload
 from farmd.store.schema import MIGRATIONS
 from farmd.text import valid_text, valid_tree
@@ -58,6 +58,8 @@ _COLUMN_INDEX = tuple(i for i, c in enumerate(_TRAJ_COLUMNS.split(",")) if c.str
 
 
 _MAX_VARS = 10_000
+CONTRIBUTED_ENV_PREFIX = "contrib:"
+"""Only a contributed environment can be quarantined: only its trajectories are looked at for withdrawal."""
 
 
 CURSOR_KINDS = ("trajectories", "groups")
@@ -598,6 +600,9 @@ class Store:
                 [(t.id, t.seq, t.group_id, t.env, t.env_version, t.seed, t.difficulty, t.agent, t.policy_version,
                   t.reward, int(t.passed), t.status, _json(t.reasons), _json(t.flags), t.verifier_version,
                   bodies[t.id], t.node, t.finished_at, t.run_id) for _, t in keep])
+            late = [t.id for _, t in keep if t.env.startswith(CONTRIBUTED_ENV_PREFIX)]
+            if late:  # running when its environment was quarantined: withdrawn as it is stored
+                await withdraw(db, f"t.id IN ({','.join('?' * len(late))})", late, now)
             await self._finish_groups(db, group_ids)
         return [t.id for _, t in keep]
 

@@ -85,9 +85,9 @@ async def test_a_quarantine_withdraws_trajectories_from_streams_and_cancels_queu
                          [("w1", traj(j.id, other)) for j in theirs])
     sid = await _submit(store)
     assert sid is not None
-    withdrawn = await store.intake.quarantine(sid, ENV, "a hedge passes", ["quarantined", "withdrawn"])
+    withdrawn = await store.intake.quarantine(sid, ENV, "a hedge passes")
     assert withdrawn == 2
-    assert await store.intake.quarantine(sid, ENV, "again", ["quarantined"]) == 0  # each told of once
+    assert await store.intake.quarantine(sid, ENV, "again") == 0  # each told of once
     streamed = await store.trajectories(streamed=True)
     assert {t.env for t in streamed} == {"py-func"}
     assert {t.env for t in await store.trajectories()} == {ENV, "py-func"}  # kept for operators
@@ -101,3 +101,18 @@ async def test_a_quarantine_withdraws_trajectories_from_streams_and_cancels_queu
     assert score.reward == 0 and not score.passed and "withdrawn" in score.flags
     assert (await store.job_counts()).get("cancelled") == 1
     assert queued not in [g["id"] for g in await store.finished_groups(0, 10, streamed=True)]
+
+
+
+async def test_a_rollout_stored_after_its_environment_was_quarantined_is_withdrawn_as_it_lands(store: Store) -> None:
+    (group,) = await store.enqueue([(ENV, 1, 1, "reference", 1)])
+    [job] = await store.lease("w1", 1, 30, policy_version=0)
+    sid = await _submit(store)
+    assert sid is not None
+    assert await store.intake.quarantine(sid, ENV, "found while it ran") == 0
+    assert await store.complete([("w1", dataclasses.replace(traj(job.id, group), env=ENV))]) == [job.id]
+    [told] = await store.intake.withdrawals(0)
+    assert told.trajectory_id == job.id and told.reason == "found while it ran"
+    record = await store.trajectory(job.id)
+    assert record is not None and any(s.reward == 0 and "withdrawn" in s.flags for s in record.scores)
+    assert await store.trajectories(streamed=True) == []
