@@ -30,6 +30,9 @@ _AGENT_FORMS = (
     ("torch:NAME[?temperature=T&max_tokens=N]", "torch:tiny",
      "the newest version of the policy a trainer published as NAME (farm_client.tinylm), sampled on the "
      "worker in batches"),
+    ("redteam:exploit|escape:NAME", "redteam:exploit:no-tags",
+     "an adversary (farmctl redteam queues these): the exploit library's attempt NAME, or escape NAME tried from "
+     "inside its box; flagged, and never counted in the task bank or the pass rates"),
 )
 _OPENAI = "a model behind an OpenAI-compatible API, at the endpoint farm.toml names [endpoints.{name}]"
 
