@@ -72,7 +72,7 @@ _SPEC_OPTIONS = ("max_tokens", "temperature", "max_turns")
 _TORCH_OPTIONS = ("temperature", "max_tokens")
 _CONFIG_ONLY = {"key_env": "key_env", "timeout_s": "request_timeout_s", "attempts": "max_attempts"}
 _RED_TEAM_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
-_HEX = re.compile(r"[0-9a-f]{8,64}")
+_HEX = re.compile(r"[0-9a-f]{16,64}")
 
 RedTeamFactory = Callable[[str, "EnvLookup | None", "VerifyContext | None"], Agent]
 """Builds a ``redteam:`` agent from its spec, the node's environment lookup and its boxes."""
@@ -102,7 +102,7 @@ def parse_red_team_spec(spec: str) -> RedTeamSpec:
         if key in options or key not in ("nonce", "canary", "farm", "data"):
             raise AgentSpecError(f"{_shown(spec)}: a red-team spec takes nonce, canary, farm and data, once each")
         if key == "nonce" and not _HEX.fullmatch(value):
-            raise AgentSpecError(f"{_shown(spec)}: nonce is 8 to 64 lower-case hex digits")
+            raise AgentSpecError(f"{_shown(spec)}: nonce is 16 to 64 lower-case hex digits")
         if key in ("canary", "farm"):
             if not value.isdigit() or not 0 < int(value) < 65536:
                 raise AgentSpecError(f"{_shown(spec)}: {key} is a port, 1 to 65535")
