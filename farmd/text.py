@@ -76,6 +76,11 @@ def clip(text: str, max_chars: int) -> tuple[str, bool]:
     return text[:keep] + marker[: max_chars - keep], True
 
 
+
+def bounded(text: str, max_chars: int) -> str:
+    """``text`` as farm keeps what it did not write: valid UTF-8, and at most ``max_chars`` characters."""
+    return clip(valid_text(text)[0], max_chars)[0]
+
 def _visible(match: re.Match[str]) -> str:
     code = ord(match.group())
     if code < 0x100:

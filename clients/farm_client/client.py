@@ -152,6 +152,12 @@ class FarmClient:
                                  _pem(tls_key, "FARM_TLS_KEY"), tls_server_name)
         self._stub = farm_pb2_grpc.FarmServiceStub(self._channel)
 
+    @property
+    def channel(self) -> grpc.Channel:
+        """The channel to farmd (TLS and options as set up here), for a service this client has no calls for
+        (``farmctl``'s intake commands use it for ``IntakeService``)."""
+        return self._channel
+
     def close(self) -> None:
         self._channel.close()
 

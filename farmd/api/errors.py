@@ -37,7 +37,7 @@ from farmd.errors import (
     SandboxError,
     TaskError,
 )
-from farmd.text import clip, valid_text
+from farmd.text import bounded
 
 log = logging.getLogger("farmd.api")
 
@@ -96,7 +96,7 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
 
 def clean_detail(text: str) -> str:
     """``text`` as a status message: valid UTF-8 (grpc refuses to send anything else), and short."""
-    return clip(valid_text(text)[0], MAX_DETAIL_CHARS)[0]
+    return bounded(text, MAX_DETAIL_CHARS)
 
 
 def status_trailer(code: grpc.StatusCode, detail: str, reason: str) -> tuple[tuple[str, bytes], ...]:

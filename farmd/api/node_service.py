@@ -26,7 +26,7 @@ from farmd.api.errors import Refused, guarded_stream
 from farmd.errors import BadRequest, FailedPrecondition, FarmError
 from farmd.records import JobState, Trajectory
 from farmd.scheduler.nodes import MAX_CHECKS, MAX_FACT_CHARS, MAX_FACTS, Hello, Node, Nodes
-from farmd.text import clip, valid_text
+from farmd.text import bounded
 
 log = logging.getLogger("farmd.api.nodes")
 
@@ -39,7 +39,7 @@ MAX_JOB_IDS = 8192
 
 
 def _text(value: str, limit: int) -> str:
-    return clip(valid_text(value)[0], limit)[0]
+    return bounded(value, limit)
 
 
 def _hello(message: node_pb2.NodeHello, address: str) -> Hello:

@@ -43,6 +43,7 @@ from farmd.cli.intake_view import (
     submissions_table,
     to_json,
 )
+from farmd.cli.remote_cmd import farm_client
 from farmd.cli.shown import plain
 from farmd.intake.package import Package, PackageError, pack, read_package
 
@@ -52,7 +53,6 @@ POLL_S = 0.5
 """How often ``submit --wait`` asks where a submission stands."""
 CALL_TIMEOUT_S = 30.0
 SUBMIT_TIMEOUT_S = 300.0
-_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_reconnect_backoff_ms", 2000)]
 _CHECKING = intake_pb2.SUBMISSION_STATE_CHECKING
 _REJECTED = intake_pb2.SUBMISSION_STATE_REJECTED
 _IN_REVIEW = intake_pb2.SUBMISSION_STATE_IN_REVIEW
@@ -122,8 +122,8 @@ def intake(state: CliState) -> Iterator[Intake]:
     """An ``Intake`` to farmd at ``state.addr``; a failed call ends the command as ``remote_cmd``'s do:
     ``ADDR: CODE: details`` and exit 1 (with ``--json``, the code in the error's own field)."""
     try:
-        with channel_for(state) as channel:
-            yield Intake(channel, state.token)
+        with farm_client(state) as c:
+            yield Intake(c.channel, state.token)
     except grpc.RpcError as exc:
         code = exc.code().name
         details = exc.details() or ""
@@ -131,20 +131,6 @@ def intake(state: CliState) -> Iterator[Intake]:
             details = f"this farmd has no intake service (a farmd older than this farmctl?): {details}"
         where = f"{state.addr}:" if wants_json() else f"{state.addr}: {code}:"
         fail(f"{where} {details}", EXIT_FAILED, kind=code)
-
-
-def channel_for(state: CliState) -> grpc.Channel:
-    """A plain channel, or TLS when farmctl was given a CA to trust or a certificate to present."""
-    if state.tls_ca is None and state.tls_cert is None:
-        return grpc.insecure_channel(state.addr, options=_OPTIONS)
-    try:
-        credentials = grpc.ssl_channel_credentials(
-            root_certificates=state.tls_ca.read_bytes() if state.tls_ca else None,
-            private_key=state.tls_key.read_bytes() if state.tls_key else None,
-            certificate_chain=state.tls_cert.read_bytes() if state.tls_cert else None)
-    except OSError as exc:
-        fail(f"cannot read a TLS file: {exc}", EXIT_USAGE, kind="CONFIG_ERROR")
-    return grpc.secure_channel(state.addr, credentials, options=_OPTIONS)
 
 
 def _required(value: str, option: str) -> str:

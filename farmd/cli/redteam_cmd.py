@@ -25,7 +25,7 @@ from rich.table import Table
 
 from farmd.cli.common import EXIT_FAILED, CliState, console, emit_json, fail, json_option
 from farmd.cli.redteam_host import Breach, Canary, leftovers, secrets_in
-from farmd.cli.remote_cmd import client
+from farmd.cli.remote_cmd import client, farm_client
 from farmd.cli.shown import joined, text
 from farmd.envs.catalog import CONTRIBUTED_PREFIX
 from farmd.envs.registry import get, names
@@ -104,11 +104,11 @@ def _contributed_kinds(state: CliState) -> dict[str, str]:
     import grpc
     from farm.v1 import intake_pb2
 
-    from farmd.cli.intake_cmd import Intake, channel_for
+    from farmd.cli.intake_cmd import Intake
 
     try:
-        with channel_for(state) as channel:
-            approved = Intake(channel, state.token).submissions(intake_pb2.SUBMISSION_STATE_APPROVED, "", 10_000)
+        with farm_client(state) as c:
+            approved = Intake(c.channel, state.token).submissions(intake_pb2.SUBMISSION_STATE_APPROVED, "", 10_000)
     except grpc.RpcError:
         return {}
     return {s.env: s.kind for s in approved}

@@ -29,13 +29,18 @@ from farmd.cli.status_view import status_view
 from farmd.records import SUMMARY_FIELDS
 
 
-@contextlib.contextmanager
-def client(state: CliState) -> Iterator[Any]:
+def farm_client(state: CliState) -> Any:
+    """A ``FarmClient`` to the farmd farmctl was pointed at, with its token and TLS files."""
     from farm_client import FarmClient
 
+    return FarmClient(state.addr, token=state.token, tls_ca=state.tls_ca, tls_cert=state.tls_cert,
+                      tls_key=state.tls_key)
+
+
+@contextlib.contextmanager
+def client(state: CliState) -> Iterator[Any]:
     try:
-        with FarmClient(state.addr, token=state.token, tls_ca=state.tls_ca, tls_cert=state.tls_cert,
-                        tls_key=state.tls_key) as c:
+        with farm_client(state) as c:
             yield c
     except grpc.RpcError as exc:
         code = exc.code().name

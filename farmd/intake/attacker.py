@@ -27,7 +27,7 @@ from farmd.agents.endpoint import EndpointConfig, OpenAIClient
 from farmd.errors import EndpointError, FarmError
 from farmd.intake.boxed import MAX_FINAL_CHARS, ContributedTask
 from farmd.intake.package import MANIFEST, Package
-from farmd.text import clip, valid_text
+from farmd.text import bounded, clip
 
 MAX_BUDGET = 32
 MAX_WHY_CHARS = 500
@@ -144,7 +144,7 @@ class Attacker:
             reply = await self._client.chat(payload)
         except EndpointError as exc:
             raise AttackerError(f"the attacker's endpoint gave no reply: {exc}") from None
-        text = clip(valid_text(reply.choices[0].text)[0], cfg.max_reply_chars)[0]
+        text = bounded(reply.choices[0].text, cfg.max_reply_chars)
         usage = reply.usage
         if "prompt_tokens" in usage or "completion_tokens" in usage:
             tokens = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
@@ -229,6 +229,6 @@ def _proposals(value: Any) -> list[Proposal]:
         final, why = (item, "") if isinstance(item, str) else (
             (item.get("final"), item.get("why", "")) if isinstance(item, dict) else (None, ""))
         if isinstance(final, str):
-            found.append(Proposal(clip(valid_text(final)[0], MAX_FINAL_CHARS)[0],
-                                  clip(valid_text(str(why))[0], MAX_WHY_CHARS)[0]))
+            found.append(Proposal(bounded(final, MAX_FINAL_CHARS),
+                                  bounded(str(why), MAX_WHY_CHARS)))
     return found

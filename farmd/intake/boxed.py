@@ -28,7 +28,7 @@ from typing import Any
 from farmd.errors import FarmError
 from farmd.intake.package import Package
 from farmd.sandbox import BoxResult, Sandbox, SandboxPolicy
-from farmd.text import clip, decode, valid_text
+from farmd.text import bounded, clip, decode, valid_text
 from farmd.verifier import VerifierKey
 
 RUNNER_SOURCE = (Path(__file__).parent / "env_runner.py").read_bytes()
@@ -129,7 +129,7 @@ class BoxedEnvironment:
 
     async def verify(self, seed: int, difficulty: int, final: str, *,
                      canary_seed: int | None = None) -> ContributedVerdict:
-        text = clip(valid_text(final)[0], MAX_FINAL_CHARS)[0]
+        text = bounded(final, MAX_FINAL_CHARS)
         value = await self._call("verify", seed, difficulty, canary_seed, final=text)
         reward, passed, reasons = value.get("reward"), value.get("passed"), value.get("reasons", [])
         if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward) \
@@ -140,7 +140,7 @@ class BoxedEnvironment:
         if not isinstance(reasons, list):
             raise ContributedError("verify", "reasons must be a list of text")
         return ContributedVerdict(float(reward), passed,
-                                  [clip(valid_text(str(r))[0], 500)[0] for r in reasons[:MAX_REASONS]])
+                                  [bounded(str(r), 500) for r in reasons[:MAX_REASONS]])
 
 
 def _read_result(op: str, result: BoxResult, nonce: str) -> dict[str, Any]:
@@ -162,7 +162,7 @@ def _read_result(op: str, result: BoxResult, nonce: str) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise ContributedError(op, "a result that is not an object")
     if not record.get("ok"):
-        raise ContributedError(op, clip(valid_text(str(record.get("error", "it failed")))[0], 2000)[0])
+        raise ContributedError(op, bounded(str(record.get("error", "it failed")), 2000))
     value = record.get("value")
     if not isinstance(value, dict):
         raise ContributedError(op, "a result without a value")

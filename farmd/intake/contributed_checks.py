@@ -251,7 +251,7 @@ async def tier1_report(env: BoxedEnvironment, seeds: Sequence[int] = SEEDS, *, s
     found += await check_examples(env)
     if stop_early and _blocking(found):
         return Tier1Report(found, None)
-    coverage = await measure(env, keys[:3])
+    coverage = await measure(env, keys[:3], answers=answers, posed=tasks)
     return Tier1Report(found + coverage_findings(coverage), coverage)
 
 

@@ -39,7 +39,7 @@ from farmd.intake.tier2 import run_tier2
 from farmd.sandbox import Sandbox
 from farmd.store import Store
 from farmd.store.intake import BountyRow, CostRow, FindingRow, SubmissionRow
-from farmd.text import clip, valid_text
+from farmd.text import bounded
 from farmd.verifier import VerifierKey
 
 log = logging.getLogger("farmd.intake")
@@ -66,12 +66,9 @@ class Prices:
                 + cost.review_s / 3600 * self.review_hour_usd)
 
 
-def _text(value: str, limit: int = MAX_FIELD_CHARS) -> str:
-    return clip(valid_text(value)[0], limit)[0]
-
-
 def _row(f: Finding, tier: int) -> FindingRow:
-    return FindingRow(tier, _text(f.check, 100), _text(f.evidence), _text(f.fix), getattr(f, "blocking", True))
+    return FindingRow(tier, bounded(f.check, 100), bounded(f.evidence, MAX_FIELD_CHARS), bounded(f.fix, MAX_FIELD_CHARS),
+                      getattr(f, "blocking", True))
 
 
 def _cost(tier: int, calls: Sequence[Call], tokens: int = 0) -> CostRow:
@@ -209,7 +206,7 @@ class Funnel:
                 log.warning("submission %d: checking failed for the farm's reasons, not the submission's: %s",
                             submission_id, exc, extra={"event": "intake_infra", "submission": submission_id})
                 await self._records.set_state(submission_id, "checking", expect=["checking"],
-                                              detail=f"checking was interrupted ({_text(str(exc), 300)}); "
+                                              detail=f"checking was interrupted ({bounded(str(exc), 300)}); "
                                                      "it is tried again when farmd restarts")
             except Exception:
                 log.exception("submission %d: checking crashed", submission_id)
@@ -270,7 +267,7 @@ class Funnel:
         await self._records.set_library(submission_id, library)
         first = _first_blocking(findings)
         if first is not None:
-            await self.quarantine(submission_id, "the exploit library", _text(first.evidence, 1000))
+            await self.quarantine(submission_id, "the exploit library", bounded(first.evidence, 1000))
 
     async def _reject(self, sub: SubmissionRow, tier: int, findings: list[FindingRow], delta: float) -> None:
         first = _first_blocking(findings)
@@ -306,7 +303,7 @@ class Funnel:
         review_s = minutes * 60 if minutes else min(time.time() - (sub.first_look_at or time.time()), _REVIEW_CAP_S)
         state = "approved" if approve else "rejected"
         if not await self._records.set_state(submission_id, state, tier=3, expect=["in_review"], decided=True,
-                                             reviewer=reviewer, note=_text(note, MAX_NOTE_CHARS),
+                                             reviewer=reviewer, note=bounded(note, MAX_NOTE_CHARS),
                                              detail=f"{state} by {reviewer}"):
             raise FailedPrecondition(f"submission {submission_id} was decided meanwhile", reason="NOT_IN_REVIEW")
         await self._records.record_tier(submission_id, sub.rounds, 3, [], CostRow(3, review_s=review_s))
@@ -347,7 +344,7 @@ class Funnel:
         if sub.state != "approved":
             raise FailedPrecondition(f"submission {submission_id} is {sub.state}: only an approved version is "
                                      "quarantined", reason="NOT_APPROVED")
-        reason = _text(reason, MAX_NOTE_CHARS)
+        reason = bounded(reason, MAX_NOTE_CHARS)
         if not await self._records.set_state(submission_id, "quarantined", expect=["approved"],
                                              detail=f"quarantined by {by}: {reason}"):
             raise FailedPrecondition(f"submission {submission_id} changed meanwhile", reason="NOT_APPROVED")
@@ -377,7 +374,7 @@ class Funnel:
             if task is not None:
                 task.cancel()
             await self._records.start_round(sid, full.seeds, full.attack_budget,
-                                            f"sent back for full review: {_text(why, 300)}")
+                                            f"sent back for full review: {bounded(why, 300)}")
             if self._sandbox is not None:
                 self._schedule(sid)
 
@@ -432,7 +429,7 @@ class Funnel:
             raise BadRequest("wanted is how many environments: 1 to 100000")
         if not -1e6 <= min_reputation <= 1e6:
             raise BadRequest("min_reputation is out of range")
-        bid = await self._records.add_bounty(domain=_text(domain, 64), requirements=_text(requirements, MAX_NOTE_CHARS),
+        bid = await self._records.add_bounty(domain=bounded(domain, 64), requirements=bounded(requirements, MAX_NOTE_CHARS),
                                              payout_min=payout_min, payout_max=payout_max, wanted=wanted,
                                              min_reputation=min_reputation, posted_by=by)
         return await self._bounty(bid)

@@ -17,9 +17,9 @@ import ast
 import asyncio
 import copy
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
-from farmd.intake.boxed import BoxedEnvironment, ContributedError
+from farmd.intake.boxed import BoxedEnvironment, ContributedError, ContributedTask
 from farmd.intake.checks import Finding
 
 MAX_MUTANTS = 12
@@ -123,12 +123,16 @@ def mutants(source: str, entry_class: str) -> Iterator[tuple[str, str]]:
             yield what, ast.unparse(mutated)
 
 
-async def measure(original: BoxedEnvironment, keys: Sequence[tuple[int, int]]) -> Coverage:
-    """Run each mutant's reference on ``keys`` and judge its answers with the original verifier."""
+async def measure(original: BoxedEnvironment, keys: Sequence[tuple[int, int]], *,
+                  answers: Mapping[tuple[int, int], str] | None = None,
+                  posed: Mapping[tuple[int, int], ContributedTask] | None = None) -> Coverage:
+    """Run each mutant's reference on ``keys`` and judge its answers with the original verifier. ``answers``
+    and ``posed``: the original's references and tasks for ``keys`` where the caller has them already (tier 1
+    does), so they are not asked of boxes again."""
     package = original.package
     m = package.manifest
-    answers = {k: await original.reference(*k) for k in keys}
-    posed = {k: await original.generate(*k) for k in keys}
+    answers = {k: answers[k] if answers and k in answers else await original.reference(*k) for k in keys}
+    posed = {k: posed[k] if posed and k in posed else await original.generate(*k) for k in keys}
     source = package.files[m.entry_file].decode("utf-8", errors="replace")
     made = differing = killed = 0
     survivors: list[str] = []

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from farmd.sandbox import BoxResult, Sandbox, SandboxPolicy
-from farmd.text import clip, decode, valid_text
+from farmd.text import bounded, decode, valid_text
 from farmd.verifier import judge
 from farmd.verifier.verdict import SANDBOX_VIOLATION, SUSPECTED_HACK, TIMEOUT, UNPARSEABLE, Verdict, failed
 
@@ -193,7 +193,7 @@ def _int(value: object) -> int:
 def _text(value: object, limit: int = MAX_TEXT_CHARS) -> str:
     if type(value) is not str:
         raise _Garbled
-    return clip(valid_text(value)[0], limit)[0]
+    return bounded(value, limit)
 
 
 def _seconds(value: object) -> float:
