@@ -11,7 +11,7 @@ PIP := $(BIN)/pip install --disable-pip-version-check -q
 # anything that pulls an unpinned torch first would download a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: setup test test-sweeps test-fast run tour lint bench protos clean doctor
+.PHONY: setup test test-sweeps test-fast run tour lint bench protos clean doctor browser
 
 setup: $(STAMP)
 
@@ -33,8 +33,19 @@ protos:
 		--plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc --mypy_grpc_out=clients $(PROTOS)
 	touch clients/farm/__init__.py $(GEN)/__init__.py
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest -q
+
+# The console's tests drive Debian's Chromium through its chromedriver (selenium comes with the dev extra).
+# As root (CI), installed here when missing; otherwise the line to run is printed.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      chromium chromium-driver >/dev/null; \
+	  else \
+	    echo "the console's tests need Chromium: sudo apt-get install chromium chromium-driver" >&2; exit 1; \
+	  fi; }
 
 # Reference sweeps over every seed they name (make test takes a quarter of them).
 test-sweeps: setup
@@ -46,8 +57,10 @@ test-fast: setup
 # The main job: a small LM learns through the farm. MINUTES (default 5) and DATA (default farm-data).
 MINUTES ?= 5
 DATA ?= farm-data
+# CONSOLE: where the web console listens while it runs (default: any free port on 127.0.0.1; "off": none).
+CONSOLE ?= 127.0.0.1:0
 run: setup
-	$(BIN)/python -m farmd.cli.main_job --minutes $(MINUTES) --data $(DATA)
+	$(BIN)/python -m farmd.cli.main_job --minutes $(MINUTES) --data $(DATA) --http $(CONSOLE)
 
 # Every environment once over, with scripted agents: a smoke test of a whole farm.
 tour: setup

@@ -107,6 +107,9 @@ class Config:
     """The model servers jobs may name (``openai:MODEL@NAME``), from farm.toml's ``[endpoints.NAME]``."""
     metrics_listen: str | None = None
     """HOST:PORT for Prometheus metrics over HTTP (None: off; port 0: any free port)."""
+    http_listen: str | None = None
+    """HOST:PORT for the web console (None: off; port 0: any free port): the same services and credentials
+    as the gRPC API, over HTTP."""
     max_concurrent_calls: int = 256
     """API calls open at once (health checks and reflection aside); a trainer's stream counts for as
     long as it is open. One more is refused (RESOURCE_EXHAUSTED) before its request is read."""

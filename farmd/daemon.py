@@ -25,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from farmd import __version__
 from farmd.api.auth import RoleInterceptor
+from farmd.api.console import ConsoleServer, Gateway
 from farmd.api.farm_service import FarmService
 from farmd.api.intake_service import IntakeService
 from farmd.api.limits import CallLimits, server_bound, server_options
@@ -50,6 +51,7 @@ from farmd.rollout import Worker
 from farmd.sandbox import Sandbox, check_host
 from farmd.sandbox.host import missing
 from farmd.scheduler import Scheduler
+from farmd.scheduler.history import History
 from farmd.scheduler.nodes import Nodes
 from farmd.store import Store
 from farmd.verifier import VerifierKey
@@ -82,6 +84,9 @@ class Daemon:
         self.metrics = Metrics(endpoints=[e.name for e in config.endpoints]) if config.metrics_listen else None
         """None unless metrics are served: nobody pays for figures nobody scrapes."""
         self._metrics_server: MetricsServer | None = None
+        self._console: ConsoleServer | None = None
+        self.history: History | None = None
+        """The farm's status sampled every few seconds, for the console's plots (GetHistory)."""
 
     @property
     def workers(self) -> int:
@@ -91,6 +96,9 @@ class Daemon:
 
     async def start(self) -> None:
         if self.config.join:
+            if self.config.http_listen:
+                raise ConfigError("a joined node serves no console: --http goes to its coordinator, which sees the "
+                                  "whole fleet")
             self.joined = JoinedNode(self.config, self.workers, self.metrics, contributed=_contributed,
                                      red_team=make_red_team_agent)  # config refuses --join --workers 0
             await self.joined.start(self._stopping)
@@ -139,6 +147,8 @@ class Daemon:
                            local=self.worker.node if self.worker is not None else None,
                            local_status=self._local_node if self.worker is not None else None)
         await self.nodes.start()
+        self.history = History(self.scheduler, self.nodes)
+        await self.history.start()
 
         node = NodeInfo(workers=self.workers, max_boxes=self.config.sandbox.boxes, isolation=checks)
         # In this order: every call is counted, refusals too; no token, nothing read; then the call counts
@@ -157,9 +167,11 @@ class Daemon:
             maximum_concurrent_rpcs=server_bound(max_calls),
         )
         service = FarmService(node, self.store, self.scheduler, ctx, endpoints=self.config.endpoints,
-                              max_policy_bytes=self.config.max_policy_bytes, nodes=self.nodes, envs=self.catalog.get)
+                              max_policy_bytes=self.config.max_policy_bytes, nodes=self.nodes, envs=self.catalog.get,
+                              history=self.history)
+        intake = IntakeService(self.funnel, self.config.credentials)
         farm_pb2_grpc.add_FarmServiceServicer_to_server(service, server)
-        intake_pb2_grpc.add_IntakeServiceServicer_to_server(IntakeService(self.funnel, self.config.credentials), server)
+        intake_pb2_grpc.add_IntakeServiceServicer_to_server(intake, server)
         node_pb2_grpc.add_NodeServiceServicer_to_server(NodeService(
             self.nodes, verifier_key=key.material(), version=__version__, lease_s=self.config.scheduler.lease_s,
             peer_name=peer_common_name if self.config.tls_ca else None), server)
@@ -183,10 +195,14 @@ class Daemon:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         host = self.config.listen.rsplit(":", 1)[0]
         metrics_addr = await self._start_metrics()
-        self._write_runfile(f"{host}:{self.port}", metrics_addr)
+        console_addr = await self._start_console({"FarmService": service, "IntakeService": intake})
+        self._write_runfile(f"{host}:{self.port}", metrics_addr, console_addr)
         log.info("farmd listening on %s:%d (workers=%d, data=%s)", host, self.port, self.workers,
                  self.config.data_dir, extra={"event": "listening", "addr": f"{host}:{self.port}",
-                                              "metrics": metrics_addr, "workers": self.workers})
+                                              "metrics": metrics_addr, "console": console_addr,
+                                              "workers": self.workers})
+        if console_addr:
+            log.info("web console at http://%s/", console_addr, extra={"event": "console", "addr": console_addr})
 
     def _make_attacker(self) -> Attacker | None:
         """The LLM attacker ``[intake] attacker = "MODEL@NAME"`` names (config checked NAME exists)."""
@@ -238,10 +254,24 @@ class Daemon:
         metrics_host = self.config.metrics_listen.rsplit(":", 1)[0] or "127.0.0.1"
         return f"{metrics_host}:{self._metrics_server.port}"
 
-    def _write_runfile(self, addr: str, metrics_addr: str | None) -> None:
+    @property
+    def console_address(self) -> str | None:
+        """HOST:PORT of the web console, once it serves; None when it does not."""
+        return self._console.address if self._console is not None else None
+
+    async def _start_console(self, services: dict[str, Any]) -> str | None:
+        """Serve the web console when asked to; returns where."""
+        if not self.config.http_listen:
+            return None
+        self._console = ConsoleServer(Gateway(services, self.config.credentials), self.config.http_listen)
+        await self._console.start()
+        return self._console.address
+
+    def _write_runfile(self, addr: str, metrics_addr: str | None, console_addr: str | None = None) -> None:
         """Where a local farmctl or a test finds this farmd when it listens on port 0."""
         write_file(self.config.data_dir / "farmd.json",
-                   json.dumps({"pid": os.getpid(), "addr": addr, "metrics": metrics_addr}).encode())
+                   json.dumps({"pid": os.getpid(), "addr": addr, "metrics": metrics_addr,
+                               "console": console_addr}).encode())
 
     def _remove_runfile(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -278,6 +308,10 @@ class Daemon:
             await self._server.stop(grace_s)
         if self._metrics_server is not None:
             await self._metrics_server.stop()
+        if self._console is not None:
+            await self._console.stop()
+        if self.history is not None:
+            await self.history.stop()
         if self.joined is not None:
             await self.joined.stop(grace_s)
         if self.nodes is not None:

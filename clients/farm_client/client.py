@@ -218,13 +218,16 @@ class FarmClient:
         return _run(reply.run)
 
     def trajectory_pages(self, env: str = "", *, page_size: int = 1000, newest_first: bool = False,
-                         full: bool = False, run_id: int = 0) -> Iterator[list[Trajectory]]:
-        """Every stored trajectory, a page at a time (``full`` for whole records, else summaries)."""
+                         full: bool = False, run_id: int = 0, **where: Any) -> Iterator[list[Trajectory]]:
+        """Every stored trajectory, a page at a time (``full`` for whole records, else summaries). ``where``
+        narrows them: ``agent``, ``policy_version``, ``min_reward``, ``max_reward``, ``flag`` (a flag's name,
+        e.g. ``"timeout"``), ``node``; None or absent: any."""
+        narrowed = _trajectory_filter(where)
         token = ""
         while True:
             reply = self._stub.ListTrajectories(
                 farm_pb2.ListTrajectoriesRequest(env=env, page_size=page_size, page_token=token,
-                                                 newest_first=newest_first, full=full, run_id=run_id),
+                                                 newest_first=newest_first, full=full, run_id=run_id, **narrowed),
                 metadata=self._metadata, timeout=self._timeout)
             if reply.trajectories:
                 yield [_trajectory(t) for t in reply.trajectories]
@@ -233,11 +236,12 @@ class FarmClient:
                 return
 
     def trajectories(self, env: str = "", limit: int = 50, *, newest_first: bool = False, full: bool = False,
-                     run_id: int = 0) -> list[Trajectory]:
-        """Up to ``limit`` stored trajectories; ``full`` for whole records, else summaries."""
+                     run_id: int = 0, **where: Any) -> list[Trajectory]:
+        """Up to ``limit`` stored trajectories; ``full`` for whole records, else summaries; ``where`` as in
+        ``trajectory_pages``."""
         out: list[Trajectory] = []
         for page in self.trajectory_pages(env, page_size=min(limit, 1000), newest_first=newest_first, full=full,
-                                          run_id=run_id):
+                                          run_id=run_id, **where):
             out.extend(page[:limit - len(out)])
             if len(out) >= limit:
                 break
@@ -379,6 +383,20 @@ class FarmClient:
             uri = uri or chunk.uri
             data += chunk.data
         return version, bytes(data), uri
+
+
+_FILTERS = frozenset({"agent", "policy_version", "min_reward", "max_reward", "flag", "node"})
+
+
+def _trajectory_filter(where: dict[str, Any]) -> dict[str, Any]:
+    """``trajectory_pages``' filters as ListTrajectoriesRequest fields (a flag by its name in the record)."""
+    unknown = set(where) - _FILTERS
+    if unknown:
+        raise TypeError(f"unknown trajectory filters {sorted(unknown)}; known: {sorted(_FILTERS)}")
+    fields = {k: v for k, v in where.items() if v is not None and v != ""}
+    if "flag" in fields:
+        fields["flag"] = trajectory_pb2.Flag.Value(f"FLAG_{str(fields['flag']).upper()}")
+    return fields
 
 
 def status_dict(reply: farm_pb2.GetStatusResponse) -> dict[str, Any]:

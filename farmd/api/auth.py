@@ -49,6 +49,8 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = MappingProxyType({
     f"{_FARM}PublishPolicy": frozenset({OPERATOR, TRAINER}),
     f"{_FARM}GetPolicy": frozenset({OPERATOR, TRAINER, NODE}),
     f"{_FARM}Rescore": frozenset({OPERATOR}),
+    f"{_FARM}GetHistory": frozenset({OPERATOR, TRAINER}),
+    f"{_FARM}GetLearningCurve": frozenset({OPERATOR, TRAINER}),
     f"{_NODE_SERVICE}Work": frozenset({NODE}),
     # What a contributor sees of others' work is narrowed by the service itself (their own submissions).
     f"{_INTAKE}Submit": frozenset({OPERATOR, CONTRIBUTOR}),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -12,6 +13,7 @@ from farm.v1 import farm_pb2, farm_pb2_grpc
 
 from farmd.agents import NamedEndpoint
 from farmd.agents.registry import MAX_SPEC_CHARS, check_spec
+from farmd.api import history
 from farmd.api.errors import Refused, guarded, guarded_stream
 from farmd.api.limits import POLICY_CHUNK_BYTES
 from farmd.api.paging import make_token, page_size, read_token
@@ -23,6 +25,7 @@ from farmd.node import NodeInfo
 from farmd.rollout import rescore
 from farmd.scheduler import PolicyChunk, Scheduler
 from farmd.scheduler.delivery import Subscription
+from farmd.scheduler.history import History
 from farmd.scheduler.nodes import Nodes
 from farmd.store import Store, StoreError
 
@@ -39,7 +42,9 @@ MAX_POLICY_BYTES = 4 << 30
 class FarmService(farm_pb2_grpc.FarmServiceServicer):
     def __init__(self, node: NodeInfo, store: Store, scheduler: Scheduler, verify_ctx: VerifyContext | None,
                  *, max_policy_bytes: int = MAX_POLICY_BYTES, endpoints: tuple[NamedEndpoint, ...] = (),
-                 nodes: Nodes | None = None, envs: EnvLookup = get) -> None:
+                 nodes: Nodes | None = None, envs: EnvLookup = get, history: History | None = None) -> None:
+        self._history = history
+        """The farm's status sampled since farmd started (GetHistory)."""
         self._envs = envs
         """The environments this farm serves: the built-ins and approved contributed versions."""
         self._nodes = nodes
@@ -143,7 +148,8 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
             before, after = (position, 0) if request.newest_first else (None, position or 0)
             rows = await self._store.trajectories(limit=size + 1, env=request.env or None, run_id=request.run_id,
                                                   newest_first=request.newest_first, body=request.full,
-                                                  before_seq=before, after_seq=after)
+                                                  before_seq=before, after_seq=after,
+                                                  where=history.trajectory_filter(request))
             sent = await asyncio.to_thread(fitting, rows[:size])  # a page of whole records: tens of ms of protos
             more = len(rows) > len(sent)
             return farm_pb2.ListTrajectoriesResponse(
@@ -158,6 +164,32 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
             if traj is None:
                 raise NotFound(f"no trajectory {request.id}")
             return farm_pb2.GetTrajectoryResponse(trajectory=trajectory_pb(traj))
+        return await guarded(context, call)
+
+    async def GetHistory(self, request: farm_pb2.GetHistoryRequest, context: grpc.aio.ServicerContext[Any, Any]
+                         ) -> farm_pb2.GetHistoryResponse:
+        async def call() -> farm_pb2.GetHistoryResponse:
+            window, count = history.window_s(request), history.buckets(request)
+            since = time.time() - window
+            bucket_s = window / count
+            activity = await self._store.activity.buckets(since, bucket_s)
+            samples = self._history.since(since) if self._history is not None else []
+            every = self._history.every_s if self._history is not None else 0.0
+            # Thousands of samples are tens of milliseconds of protos: off the event loop.
+            return await asyncio.to_thread(history.history_pb, samples, activity, since=since, bucket_s=bucket_s,
+                                           sample_every_s=every)
+        return await guarded(context, call)
+
+    async def GetLearningCurve(self, request: farm_pb2.GetLearningCurveRequest,
+                               context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.GetLearningCurveResponse:
+        async def call() -> farm_pb2.GetLearningCurveResponse:
+            agents = await self._store.activity.policy_agents()
+            agent = request.agent or (agents[0] if agents else "")
+            if len(agent) > MAX_SPEC_CHARS or len(request.env) > MAX_SPEC_CHARS:
+                raise BadRequest(f"agent and env are at most {MAX_SPEC_CHARS} characters")
+            curve = await self._store.activity.learning_curve(agent, request.env or None, history.points(request)) \
+                if agent else []
+            return history.curve_pb(agent, curve, agents)
         return await guarded(context, call)
 
     async def StreamTrajectories(self, request: farm_pb2.StreamTrajectoriesRequest,
@@ -278,6 +310,8 @@ def _consumer_pb(c: dict[str, Any]) -> farm_pb2.ConsumerStatus:
         state=farm_pb2.ConsumerState.Value(f"CONSUMER_STATE_{c['state'].upper()}"))
     if c.get("acked_at"):
         message.acked_at.FromNanoseconds(round(c["acked_at"] * 1e9))
+    if c.get("staleness") is not None:
+        message.staleness = c["staleness"]
     return message
 
 

@@ -41,6 +41,8 @@ class LocalFarmd:
         self.proc = subprocess.Popen([FARMD, "serve", *where, "--data", str(data_dir), *flags],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.addr = ""
+        self.console = ""
+        """Where its web console is (``--http``), once started; empty when it serves none."""
         if wait:
             self.wait_started(start_timeout_s)
 
@@ -56,6 +58,7 @@ class LocalFarmd:
                 info = json.loads(self._runfile.read_text())
                 if info.get("pid") == self.proc.pid:
                     self.addr = "" if self._joined else str(info["addr"])
+                    self.console = str(info.get("console") or "")
                     return
             except (OSError, ValueError, KeyError):
                 pass

@@ -177,8 +177,9 @@ def _pct(x: float | None) -> str:
 
 
 def run_loop(data_dir: Path, minutes: float, *, sampling: str = "band", console: Console | None = None,
-             trainer_args: tuple[str, ...] = (), workers: int = 512) -> Summary:
-    """Run the loop for ``minutes`` on ``data_dir`` and return its summary (the report is written too)."""
+             trainer_args: tuple[str, ...] = (), workers: int = 512, http: str | None = None) -> Summary:
+    """Run the loop for ``minutes`` on ``data_dir`` and return its summary (the report is written too).
+    ``http``: where farmd serves its web console (HOST:PORT; None: no console)."""
     from farm_client import FarmClient
 
     files = LoopFiles(data_dir)
@@ -186,7 +187,7 @@ def run_loop(data_dir: Path, minutes: float, *, sampling: str = "band", console:
     make_dir(files.report_dir)
     config = data_dir / "farm.toml"
     config.write_text(loop_toml(sampling, workers))
-    farmd = LocalFarmd(data_dir, "--config", str(config))
+    farmd = LocalFarmd(data_dir, "--config", str(config), *(("--http", http) if http else ()))
     trainer: subprocess.Popen[bytes] | None = None
     log: IO[bytes] | None = None
     budget_s = max(60.0, minutes * 60)
@@ -194,6 +195,9 @@ def run_loop(data_dir: Path, minutes: float, *, sampling: str = "band", console:
         if console is not None:
             console.print(Text.assemble(("farm", "bold"), f": farmd {farmd.proc.pid} at ", text(farmd.addr),
                                         ", data in ", text(data_dir), ", log in ", text(farmd.log_path)))
+            if farmd.console:
+                console.print(Text.assemble(("console", "bold"), ": ", (f"http://{farmd.console}/", "underline"),
+                                            "  (the farm, trajectories, training and intake, live)"))
         fd = os.open(data_dir / "trainer.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
         log = os.fdopen(fd, "ab")
         trainer = subprocess.Popen(
@@ -261,10 +265,14 @@ def main() -> None:
     parser.add_argument("--sampling", choices=("band", "uniform"), default="band",
                         help="how the task bank picks tasks (uniform: the baseline make bench compares with)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object at the end")
+    parser.add_argument("--http", default=os.environ.get("CONSOLE") or "127.0.0.1:0", metavar="HOST:PORT",
+                        help="where farmd serves its web console while the loop runs (default %(default)s: any free "
+                             "port on this host; 'off': none)")
     args = parser.parse_args()
     console = Console(highlight=False, emoji=False, stderr=args.json)
     try:
-        summary = run_loop(args.data, args.minutes, sampling=args.sampling, console=console)
+        summary = run_loop(args.data, args.minutes, sampling=args.sampling, console=console,
+                           http=None if args.http == "off" else args.http)
     except (FarmdFailed, LoopFailed) as exc:
         console.print(text(exc, "red", inline=False))
         sys.exit(1)
@@ -279,7 +287,8 @@ def main() -> None:
         console.print(Text(f"report: {plain(report / 'learning-curve.png')}, {plain(report / 'summary.txt')}\n"
                            f"the farm's data stays in {shown}; try:\n"
                            f"  .venv/bin/farmctl export --data {shown} --format jsonl --out farm.jsonl\n"
-                           f"  .venv/bin/farmd serve --data {shown}   # and then .venv/bin/farmctl status"))
+                           f"  .venv/bin/farmd serve --data {shown} --http 127.0.0.1:8780   # then .venv/bin/farmctl "
+                           "status, or the console at http://127.0.0.1:8780/"))
 
 
 if __name__ == "__main__":

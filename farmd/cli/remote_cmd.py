@@ -14,6 +14,7 @@ import grpc
 from rich.table import Table
 from rich.text import Text
 
+from farmd import flags
 from farmd.cli.common import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -196,14 +197,25 @@ def trajectories_group() -> None:
 
 @trajectories_group.command("list")
 @click.option("--env", "env_name", default="", help="Only this environment.")
+@click.option("--agent", default=None, help="Only this agent's (the spec exactly as queued).")
+@click.option("--policy-version", type=click.IntRange(min=0), default=None, help="Only those this version produced.")
+@click.option("--min-reward", type=float, default=None, help="Only those scored at least this.")
+@click.option("--max-reward", type=float, default=None, help="Only those scored at most this.")
+@click.option("--flag", type=click.Choice(flags.ALL), default=None,
+              help="Only those carrying this flag (in the first verdict or a later score).")
+@click.option("--node", default=None, help="Only those run on this node.")
 @click.option("--limit", type=click.IntRange(min=1, max=1000), default=20)
 @json_option
 @click.pass_obj
-def trajectories_list(state: CliState, env_name: str, limit: int, as_json: bool) -> None:
-    """The newest trajectories."""
+def trajectories_list(state: CliState, env_name: str, agent: str | None, policy_version: int | None,
+                      min_reward: float | None, max_reward: float | None, flag: str | None, node: str | None,
+                      limit: int, as_json: bool) -> None:
+    """The newest trajectories, narrowed by any of the options."""
     with client(state) as c:
         rows = [{name: getattr(t, name) for name in SUMMARY_FIELDS}
-                for t in c.trajectories(env=env_name, limit=limit, newest_first=True)]
+                for t in c.trajectories(env=env_name, limit=limit, newest_first=True, agent=agent,
+                                        policy_version=policy_version, min_reward=min_reward,
+                                        max_reward=max_reward, flag=flag, node=node)]
     if as_json:
         emit_json(rows)
         return

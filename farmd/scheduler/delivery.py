@@ -73,6 +73,8 @@ class _Consumer:
     """Since when it has held a batch without acknowledging it; None when it has acked everything sent."""
     subscription: Subscription | None = None
     """What its latest stream subscribed to (None: everything)."""
+    staleness: float | None = None
+    """Mean policy versions behind, of the trajectories its last batch carried (None: none yet)."""
 
 
 class Delivery:
@@ -184,6 +186,7 @@ class Delivery:
                     state.sent_up_to = max(state.sent_up_to, up_to)
                     if fresh:  # an empty batch asks nothing of the trainer: it starts no stall clock
                         state.asked_up_to = max(state.asked_up_to, up_to)
+                        state.staleness = sum(self._behind(line, t.policy_version) for t in fresh) / len(fresh)
                         self._start_clock(state)
                     yield Delivered(fresh, up_to)
         finally:
@@ -259,14 +262,15 @@ class Delivery:
                 condition = "consuming"
             out.append({"name": row["name"], "whole_groups": row["kind"] == GROUPS, "cursor": row["acked"],
                         "lag": stored - await self.store.consumed(row["kind"], row["acked"]),
-                        "streams": state.streams, "state": condition, "acked_at": row["updated_at"]})
+                        "streams": state.streams, "state": condition, "acked_at": row["updated_at"],
+                        "staleness": state.staleness})
         known = {(c["name"], GROUPS if c["whole_groups"] else TRAJECTORIES) for c in out}
         for (name, kind), state in self._consumers.items():  # streaming, but never acked yet
             if (name, kind) not in known and state.streams > 0:
                 stalled = state.waiting_since is not None and now - state.waiting_since > self.stall_s
                 out.append({"name": name, "whole_groups": kind == GROUPS, "cursor": 0, "lag": stored,
                             "streams": state.streams, "state": "stalled" if stalled else "consuming",
-                            "acked_at": None})
+                            "acked_at": None, "staleness": state.staleness})
         return sorted(out, key=lambda c: (c["name"], c["whole_groups"]))
 
 

@@ -320,12 +320,16 @@ class Scheduler:
         await self.store.put_state(_BANK_STATE, {"cursor": self._bank_cursor, "bank": self.bank.to_json()})
 
     async def status(self) -> dict[str, Any]:
+        """``pulse`` and the pass rates by environment and level (these read every stored trajectory)."""
+        return {**await self.pulse(), "pass_rates": await self.store.pass_rates()}
+
+    async def pulse(self) -> dict[str, Any]:
+        """The farm now, from what is cheap to read: queue, throughput, task bank, consumers, versions."""
         counts = await self.store.job_counts()
         now = time.time()
         return {
             "queue": {state.value: counts.get(state.value, 0) for state in JobState},
             "throughput_per_s": await self.store.finished_since(now - 60) / 60.0,
-            "pass_rates": await self.store.pass_rates(),
             "bank": self.bank.status(),
             "consumers": await self.delivery.status(),
             "streams": self.delivery.open_streams(),

@@ -1,6 +1,8 @@
 """The trajectory store and durable job queue: SQLite (WAL) through aiosqlite. All of farm's SQL is here."""
 
 from farmd.errors import StoreError
+from farmd.store.activity import ActivityBucket, CurvePoint
+from farmd.store.filters import TrajectoryFilter
 from farmd.store.store import Store
 
-__all__ = ["Store", "StoreError"]
+__all__ = ["ActivityBucket", "CurvePoint", "Store", "StoreError", "TrajectoryFilter"]

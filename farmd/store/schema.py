@@ -290,4 +290,10 @@ MIGRATIONS: tuple[str, ...] = (
         at REAL NOT NULL
     );
     """,
+    # 9: the console's plots read trajectories by time (activity per bucket, throughput over the last
+    # minute) and one policy's in order (its learning curve): without these, every look reads the table.
+    """
+    CREATE INDEX trajectories_by_time ON trajectories(finished_at);
+    CREATE INDEX trajectories_by_agent ON trajectories(agent, seq);
+    """,
 )

@@ -41,6 +41,8 @@ from farmd.records import (
     Turn,
     from_plain,
 )
+from farmd.store.activity import ActivityRecords
+from farmd.store.filters import TrajectoryFilter
 from farmd.store.intake import IntakeRecords, withdraw
 from farmd.store.policy_files import PolicyFiles, PolicyUpload
 from farmd.store.schema import MIGRATIONS
@@ -272,6 +274,7 @@ class Store:
         self.path = path
         self._policies = PolicyFiles(path.parent)
         self.intake = IntakeRecords(self)
+        self.activity = ActivityRecords(self)
         """The intake funnel's rows (submissions, reputation, bounties, quarantines)."""
 
     @classmethod
@@ -717,29 +720,32 @@ class Store:
     async def trajectories(self, *, after_seq: int = 0, limit: int = 100, env: str | None = None,
                            min_policy: int | None = None, newest_first: bool = False, body: bool = True,
                            before_seq: int | None = None, run_id: int = 0, agent: str | None = None,
-                           envs: Sequence[str] = (), streamed: bool = False) -> list[Trajectory]:
+                           envs: Sequence[str] = (), streamed: bool = False, where: TrajectoryFilter | None = None
+                           ) -> list[Trajectory]:
         """Trajectories in stream order (or newest first), after ``after_seq`` and before ``before_seq``;
         ``body=False`` leaves out the bulk of the record (``BODY_FIELDS``: decompressing it is most of a
-        read's cost). ``agent`` and ``envs``: only those (a subscription); ``streamed``: none withdrawn."""
+        read's cost). ``agent`` and ``envs``: only those (a subscription); ``streamed``: none withdrawn;
+        ``where``: what an operator looking for some narrows them to."""
         subscribed, sub_args = _subscribed(agent, envs, streamed=streamed)
-        where: list[str] = [f"seq > ? {subscribed}"]
-        args: list[object] = [after_seq, *sub_args]
+        narrowed, narrow_args = where.sql() if where is not None else ("", [])
+        args: list[object] = [after_seq, *sub_args, *narrow_args]
+        where_sql: list[str] = [f"seq > ? {subscribed}{narrowed}"]
         if before_seq is not None:
-            where.append("seq < ?")
+            where_sql.append("seq < ?")
             args.append(before_seq)
         if run_id:
-            where.append("run_id = ?")
+            where_sql.append("run_id = ?")
             args.append(run_id)
         if env is not None:
-            where.append("env = ?")
+            where_sql.append("env = ?")
             args.append(env)
         if min_policy is not None:
-            where.append("policy_version >= ?")
+            where_sql.append("policy_version >= ?")
             args.append(min_policy)
         order = "DESC" if newest_first else "ASC"
         columns = _TRAJ_COLUMNS if body else _TRAJ_COLUMNS.replace("body", "NULL")
         rows = await self._all(
-            f"SELECT {columns} FROM trajectories WHERE {' AND '.join(where)} ORDER BY seq {order} LIMIT ?",
+            f"SELECT {columns} FROM trajectories WHERE {' AND '.join(where_sql)} ORDER BY seq {order} LIMIT ?",
             (*args, limit))
         if not body:
             return _trajectories(rows)

@@ -12,6 +12,7 @@ import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,8 @@ class InProcessFarm:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.addr = ""
+        self.console = ""
+        """HOST:PORT of its web console (``http_listen``); empty without one."""
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -41,6 +44,7 @@ class InProcessFarm:
         try:
             await daemon.start()
             self.addr = f"127.0.0.1:{daemon.port}"
+            self.console = daemon.console_address or ""
             self._ready.set()
             await self._stop.wait()
         except BaseException as exc:
@@ -74,11 +78,29 @@ def farm_in_process(tmp_path: Path) -> Iterator[Callable[..., str]]:
     Every farm started is stopped, and its loop closed, when the test ends."""
     farms: list[InProcessFarm] = []
 
-    def start(token: str | None = None) -> str:
+    def start(token: str | None = None, **config: Any) -> str:
         farm = InProcessFarm(Config(data_dir=tmp_path / f"farm{len(farms)}", listen="127.0.0.1:0",
-                                    workers=0, token=token))
+                                    workers=0, token=token, **config))
         farms.append(farm)
         return farm.start()
+
+    yield start
+    for farm in farms:
+        farm.stop()
+
+
+@pytest.fixture
+def console_in_process(tmp_path: Path) -> Iterator[Callable[..., InProcessFarm]]:
+    """``farm_in_process`` with its web console on a free port (``console_in_process(**config)``): the farm
+    started, for its ``addr`` and ``console``."""
+    farms: list[InProcessFarm] = []
+
+    def start(**config: Any) -> InProcessFarm:
+        farm = InProcessFarm(Config(data_dir=tmp_path / f"console{len(farms)}", listen="127.0.0.1:0", workers=0,
+                                    http_listen="127.0.0.1:0", **config))
+        farms.append(farm)
+        farm.start()
+        return farm
 
     yield start
     for farm in farms:

@@ -36,6 +36,9 @@ def test_run_status_trajectories_export_rescore(running_farm, tmp_path: Path) ->
 
     listed = json.loads(farm.farmctl("trajectories", "list", "--env", "py-func", "--json").stdout)
     assert len(listed) == 6 and all(t["passed"] for t in listed)
+    failed = json.loads(farm.farmctl("trajectories", "list", "--agent", "random", "--max-reward", "0.5", "--json").stdout)
+    assert len(failed) == 8 and {t["env"] for t in failed} == {"rg:chain_sum"}, "narrowed by agent and reward"
+    assert json.loads(farm.farmctl("trajectories", "list", "--node", "elsewhere", "--json").stdout) == []
     shown = json.loads(farm.farmctl("trajectories", "show", "--json", str(listed[0]["id"])).stdout)
     assert shown["id"] == listed[0]["id"] and "def " in shown["final"] and shown["steps"]
     assert shown["task"]["kind"] == "submission" and shown["task"]["entry_point"] and shown["timings"]["total"] > 0

@@ -90,5 +90,14 @@ async def test_a_subscription_carries_only_its_agent_and_envs_and_counts_stalene
         assert await delivery.backlog() == 0
         assert await delivery.ack("trainer", second.up_to, whole_groups=True) == second.up_to
         await stream.aclose()
+
+        # A consumer that keeps stale ones sees how far behind its last batch was (the console plots it).
+        keeps = delivery.batches("watcher", whole_groups=True, batch_size=2, max_staleness=0, body=False,
+                                 subscription=mine)
+        for behind_by in (0.0, 2.0):
+            await anext(keeps)
+            (watcher,) = [c for c in await delivery.status() if c["name"] == "watcher"]
+            assert watcher["staleness"] == behind_by
+        await keeps.aclose()
     finally:
         await store.close()

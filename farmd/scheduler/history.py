@@ -1,0 +1,101 @@
+"""The farm's recent past: its pulse sampled every few seconds and kept in memory.
+
+What a console plots as "over time" that the store does not keep per moment — queue depth, consumer
+lag and staleness, the task bank's level and band, nodes up — comes from here. Trajectories over time
+come from the store (``Store.activity``), which outlives farmd; these samples start again with it.
+A few hours at the default spacing is a few thousand small records: memory farmd can spare.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from farmd.scheduler.nodes import Nodes
+    from farmd.scheduler.scheduler import Scheduler
+
+log = logging.getLogger("farmd.scheduler.history")
+
+SAMPLE_EVERY_S = 5.0
+KEEP_SAMPLES = 4320
+"""Six hours at the default spacing."""
+MAX_CONSUMERS_SAMPLED = 32
+"""Consumer names come from clients: a sample keeps the ones streaming and the most recent, not all."""
+
+
+@dataclass
+class Sample:
+    time: float
+    queue: dict[str, int]
+    throughput_per_s: float
+    policy_version: int
+    last_seq: int
+    streams: int
+    nodes: int = 0
+    nodes_connected: int = 0
+    consumers: list[dict[str, Any]] = field(default_factory=list)
+    bank: list[dict[str, Any]] = field(default_factory=list)
+    """Per environment, then the totals (env "")."""
+
+
+class History:
+    def __init__(self, scheduler: Scheduler, nodes: Nodes | None = None, *, every_s: float = SAMPLE_EVERY_S,
+                 keep: int = KEEP_SAMPLES) -> None:
+        self._scheduler = scheduler
+        self._nodes = nodes
+        self.every_s = every_s
+        self._samples: deque[Sample] = deque(maxlen=keep)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="farmd-history")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.sample()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a look at the farm that fails is a gap in a plot, never a stopped daemon
+                log.exception("sampling the farm's status failed", extra={"event": "history_sample_failed"})
+            await asyncio.sleep(self.every_s)
+
+    async def sample(self) -> Sample:
+        """Take one sample now and keep it."""
+        pulse = await self._scheduler.pulse()
+        nodes = await self._nodes.status() if self._nodes is not None else []
+        bank = pulse["bank"]
+        sample = Sample(
+            time=time.time(), queue=dict(pulse["queue"]), throughput_per_s=float(pulse["throughput_per_s"]),
+            policy_version=int(pulse["policy_version"]), last_seq=int(pulse["last_seq"]), streams=int(pulse["streams"]),
+            nodes=len(nodes), nodes_connected=sum(1 for n in nodes if n["state"] == "connected"),
+            consumers=[{key: c[key] for key in ("name", "whole_groups", "cursor", "lag", "staleness")}
+                       for c in _most_relevant(pulse["consumers"])],
+            bank=[{"env": env, "level": int(entry.get("level") or 0),
+                   **{key: entry.get(key) for key in ("band_occupancy", "informative_fraction", "level_pass_rate")}}
+                  for env, entry in [*bank["envs"].items(), ("", bank["totals"])]])
+        self._samples.append(sample)
+        return sample
+
+    def since(self, start: float) -> list[Sample]:
+        """The samples taken at or after ``start``, oldest first."""
+        return [s for s in self._samples if s.time >= start]
+
+
+def _most_relevant(consumers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    streaming = [c for c in consumers if c["streams"] > 0]
+    rest = sorted((c for c in consumers if c["streams"] <= 0), key=lambda c: c.get("acked_at") or 0, reverse=True)
+    return (streaming + rest)[:MAX_CONSUMERS_SAMPLED]
