@@ -798,6 +798,27 @@ function consumerSeries(hist, value) {
   }));
 }
 
+const RATE_SPAN_S = 30;
+
+function consumptionSeries(hist) {
+  const samples = hist.samples || [];
+  const times = samples.map((s) => tsSeconds(s.time));
+  const maps = samples.map((s) => new Map((s.consumers || []).map((c) => [consumerKey(c), c])));
+  const keys = [...new Set(maps.flatMap((m) => [...m.keys()]))].sort();
+  return keys.map((key) => {
+    let from = 0;
+    return {name: key, points: samples.map((s, i) => {
+      while (from < i && times[i] - times[from + 1] >= RATE_SPAN_S) from += 1;
+      const now = maps[i].get(key), then = maps[from].get(key);
+      const dt = times[i] - times[from];
+      if (!now || !then || dt <= 0) return [times[i], null];
+      const stored = toNum(s.last_seq ?? 0) - toNum(samples[from].last_seq ?? 0);
+      const consumed = stored - (toNum(now.lag ?? 0) - toNum(then.lag ?? 0));
+      return [times[i], Math.max(0, consumed) / dt];
+    })};
+  });
+}
+
 function consumerKey(c) {
   return c.whole_groups ? `${c.name} (whole groups)` : String(c.name ?? "");
 }
@@ -1287,14 +1308,11 @@ function renderTrainingPlots(el, hist) {
   const common = {xTime: true, ...historyRange(hist), emptyText: "no trainer has consumed in this window"};
   linePlot(el.staleness, {...common, title: "Staleness per consumer (policy versions behind)", yMin: 0,
     series: consumerSeries(hist, (c) => (absent(c.staleness) ? null : c.staleness))});
-  // Consumption rate: how far a cursor moved between two samples, per second.
-  linePlot(el.rate, {...common, title: "Consumption rate per consumer (trajectories/s)", yMin: 0,
-    series: consumerSeries(hist, (c, prev, s, prevSample) => {
-      if (!prev || !prevSample) return null;
-      const dt = tsSeconds(s.time) - tsSeconds(prevSample.time);
-      const d = toNum(c.cursor ?? 0) - toNum(prev.cursor ?? 0);
-      return dt > 0 && d >= 0 ? d / dt : null;
-    })});
+  // Consumption rate in trajectories a second, whatever a cursor counts (trajectories or groups): what was
+  // stored meanwhile less what the lag grew by. Over a trailing window, since trainers ack in steps (at
+  // checkpoints), and a rate between two acks would read 0 then a spike.
+  linePlot(el.rate, {...common, title: `Consumption rate per consumer (trajectories/s, over ${RATE_SPAN_S} s)`,
+    yMin: 0, series: consumptionSeries(hist)});
   linePlot(el.lag, {...common, title: "Lag per consumer (trajectories)", yMin: 0,
     series: consumerSeries(hist, (c) => toNum(c.lag ?? 0))});
   linePlot(el.policy, {...common, title: "Policy version", emptyText: "no samples yet",
