@@ -16,7 +16,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from farm.v1 import farm_pb2, farm_pb2_grpc, intake_pb2, intake_pb2_grpc, node_pb2, node_pb2_grpc
@@ -25,7 +25,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from farmd import __version__
 from farmd.api.auth import RoleInterceptor
-from farmd.api.console import ConsoleServer, Gateway
 from farmd.api.farm_service import FarmService
 from farmd.api.intake_service import IntakeService
 from farmd.api.limits import CallLimits, server_bound, server_options
@@ -55,6 +54,9 @@ from farmd.scheduler.history import History
 from farmd.scheduler.nodes import Nodes
 from farmd.store import Store
 from farmd.verifier import VerifierKey
+
+if TYPE_CHECKING:
+    from farmd.api.console import ConsoleServer
 
 log = logging.getLogger("farmd.daemon")
 
@@ -263,6 +265,9 @@ class Daemon:
         """Serve the web console when asked to; returns where."""
         if not self.config.http_listen:
             return None
+        # aiohttp is a tenth of a second of every farmd's start: loaded only by one that serves a console.
+        from farmd.api.console import ConsoleServer, Gateway
+
         self._console = ConsoleServer(Gateway(services, self.config.credentials), self.config.http_listen)
         await self._console.start()
         return self._console.address

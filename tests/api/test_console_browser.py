@@ -210,7 +210,7 @@ def test_the_training_page_draws_the_policy_learning_curve(farm: RunningFarm, br
     no_page_errors(browser)
 
 
-def test_a_review_from_the_page_changes_the_submission_in_the_store(farm: RunningFarm, browser: Any) -> None:
+def test_a_review_and_a_quarantine_from_the_page_change_the_submission_in_the_store(farm: RunningFarm, browser: Any) -> None:
     (sub,) = json.loads(farm.farmctl("--token", TOKENS["rita"][0], "review", "list", "--json").stdout)
     open_page(browser, farm, "intake", "rita")
     loaded(browser, "intake")
@@ -234,9 +234,17 @@ def test_a_review_from_the_page_changes_the_submission_in_the_store(farm: Runnin
     assert not page.find_elements(By.TAG_NAME, "img") and browser.execute_script(
         "return document.body.dataset.pwned === undefined"), "text people wrote is shown, never run"
     no_page_errors(browser)
+
+    browser.find_element(By.ID, "quarantine-reason").send_keys("a red team found a hedge that passes")
+    browser.find_element(By.ID, "quarantine").click()
+    wait_for(browser, lambda d: state_shown(d) == "quarantined", "the page showing the quarantine")
+    stored = json.loads(farm.farmctl("--token", TOKENS["op"][0], "submission", "show", str(sub["id"]),
+                                     "--json").stdout)
+    assert stored["state"] == "quarantined"
     open_page(browser, farm, f"contributor/{sub['contributor']}", "rita")
     loaded(browser, "contributor")
-    assert browser.find_elements(By.CSS_SELECTOR, "#ledger-table tbody tr")
+    ledger = [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#ledger-table tbody tr")]
+    assert len(ledger) >= 2 and any("-20" in r or "−20" in r for r in ledger), ledger
     shoot(browser, "contributor")
 
 
