@@ -47,7 +47,7 @@ browser:
 	    echo "the console's tests need Chromium: sudo apt-get install chromium chromium-driver" >&2; exit 1; \
 	  fi; }
 
-# Reference sweeps over every seed they name (make test takes a quarter of them).
+# Reference sweeps over every seed they name (make test takes an eighth of them).
 test-sweeps: setup
 	FARM_FULL_SWEEP=1 $(BIN)/python -m pytest -q -k "references_pass"
 

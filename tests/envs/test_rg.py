@@ -168,7 +168,7 @@ async def _recall(dataset: str, seeds: range, levels: range) -> list[str]:
     return bad
 
 
-# 200 seeds of every level under `make test-sweeps`, a quarter of them under `make test` (``sweep_seeds``).
+# 200 seeds of every level under `make test-sweeps`, an eighth of them under `make test` (``sweep_seeds``).
 # zebra_puzzles at 4x4 and 5x4 take 0.1 and 0.3-0.4 s a task to make here: those two levels have a test of
 # their own, marked slow.
 QUICK_RECALL = [(d, sweep_seeds(200), LEVELS) for d in ALL if d != "zebra_puzzles"] + [
