@@ -244,7 +244,7 @@ def test_a_review_and_a_quarantine_from_the_page_change_the_submission_in_the_st
     open_page(browser, farm, f"contributor/{sub['contributor']}", "rita")
     loaded(browser, "contributor")
     ledger = [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#ledger-table tbody tr")]
-    assert len(ledger) >= 2 and any("-20" in r or "−20" in r for r in ledger), ledger
+    assert len(ledger) >= 2 and any("-20" in r.replace("\u2212", "-") for r in ledger), ledger
     shoot(browser, "contributor")
 
 
