@@ -29,7 +29,7 @@ from farmd.taskbank import BankConfig, TaskBankError
 
 DEFAULT_LISTEN = "127.0.0.1:7431"
 
-ROLES = frozenset({"operator", "trainer", "node", "contributor", "reviewer"})
+ROLES = frozenset({"operator", "trainer", "node", "contributor", "reviewer", "environment"})
 """What a credential may hold; which calls each role may make is ``farmd.api.auth``'s table."""
 SHARED = "shared"
 """The name the legacy single ``token`` takes as a credential: it holds every role."""
@@ -107,6 +107,9 @@ class Config:
     """The model servers jobs may name (``openai:MODEL@NAME``), from farm.toml's ``[endpoints.NAME]``."""
     metrics_listen: str | None = None
     """HOST:PORT for Prometheus metrics over HTTP (None: off; port 0: any free port)."""
+    atropos_listen: str | None = None
+    """HOST:PORT for Atropos's HTTP API (None: off; port 0: any free port): Atropos environments push scored
+    groups to it and Atropos trainers take batches from it, kept in the store."""
     http_listen: str | None = None
     """HOST:PORT for the web console (None: off; port 0: any free port): the same services and credentials
     as the gRPC API, over HTTP."""

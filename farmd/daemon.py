@@ -56,6 +56,7 @@ from farmd.store import Store
 from farmd.verifier import VerifierKey
 
 if TYPE_CHECKING:
+    from farmd.api.atropos import AtroposServer
     from farmd.api.console import ConsoleServer
 
 log = logging.getLogger("farmd.daemon")
@@ -87,6 +88,7 @@ class Daemon:
         """None unless metrics are served: nobody pays for figures nobody scrapes."""
         self._metrics_server: MetricsServer | None = None
         self._console: ConsoleServer | None = None
+        self._atropos: AtroposServer | None = None
         self.history: History | None = None
         """The farm's status sampled every few seconds, for the console's plots (GetHistory)."""
 
@@ -98,9 +100,9 @@ class Daemon:
 
     async def start(self) -> None:
         if self.config.join:
-            if self.config.http_listen:
-                raise ConfigError("a joined node serves no console: --http goes to its coordinator, which sees the "
-                                  "whole fleet")
+            if self.config.http_listen or self.config.atropos_listen:
+                raise ConfigError("a joined node serves no console and no Atropos API: --http and --atropos go to "
+                                  "its coordinator, which keeps the store")
             self.joined = JoinedNode(self.config, self.workers, self.metrics, contributed=_contributed,
                                      red_team=make_red_team_agent)  # config refuses --join --workers 0
             await self.joined.start(self._stopping)
@@ -198,13 +200,16 @@ class Daemon:
         host = self.config.listen.rsplit(":", 1)[0]
         metrics_addr = await self._start_metrics()
         console_addr = await self._start_console({"FarmService": service, "IntakeService": intake})
-        self._write_runfile(f"{host}:{self.port}", metrics_addr, console_addr)
+        atropos_addr = await self._start_atropos()
+        self._write_runfile(f"{host}:{self.port}", metrics_addr, console_addr, atropos_addr)
         log.info("farmd listening on %s:%d (workers=%d, data=%s)", host, self.port, self.workers,
                  self.config.data_dir, extra={"event": "listening", "addr": f"{host}:{self.port}",
                                               "metrics": metrics_addr, "console": console_addr,
                                               "workers": self.workers})
         if console_addr:
             log.info("web console at http://%s/", console_addr, extra={"event": "console", "addr": console_addr})
+        if atropos_addr:
+            log.info("Atropos API at http://%s/", atropos_addr, extra={"event": "atropos", "addr": atropos_addr})
 
     def _make_attacker(self) -> Attacker | None:
         """The LLM attacker ``[intake] attacker = "MODEL@NAME"`` names (config checked NAME exists)."""
@@ -272,11 +277,26 @@ class Daemon:
         await self._console.start()
         return self._console.address
 
-    def _write_runfile(self, addr: str, metrics_addr: str | None, console_addr: str | None = None) -> None:
+    async def _start_atropos(self) -> str | None:
+        """Serve Atropos's HTTP API when asked to, its queue in the store; returns where."""
+        if not self.config.atropos_listen:
+            return None
+        from farmd.api.atropos import AtroposServer
+        from farmd.atropos.queue import AtroposQueue
+
+        assert self.store is not None
+        queue = AtroposQueue(self.store)
+        await queue.open()
+        self._atropos = AtroposServer(queue, self.config.atropos_listen, self.config.credentials)
+        await self._atropos.start()
+        return self._atropos.address
+
+    def _write_runfile(self, addr: str, metrics_addr: str | None, console_addr: str | None = None,
+                       atropos_addr: str | None = None) -> None:
         """Where a local farmctl or a test finds this farmd when it listens on port 0."""
         write_file(self.config.data_dir / "farmd.json",
                    json.dumps({"pid": os.getpid(), "addr": addr, "metrics": metrics_addr,
-                               "console": console_addr}).encode())
+                               "console": console_addr, "atropos": atropos_addr}).encode())
 
     def _remove_runfile(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -315,6 +335,8 @@ class Daemon:
             await self._metrics_server.stop()
         if self._console is not None:
             await self._console.stop()
+        if self._atropos is not None:
+            await self._atropos.stop()
         if self.history is not None:
             await self.history.stop()
         if self.joined is not None:

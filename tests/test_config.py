@@ -119,7 +119,7 @@ def test_credentials_keep_a_hash_and_show_none(tmp_path: Path, monkeypatch: pyte
 
     legacy = load(write(tmp_path, '[farm]\ntoken = "token-a"\n'))
     assert [(c.name, c.roles, c.token_sha256) for c in legacy.credentials] == [
-        ("shared", {"operator", "trainer", "node", "contributor", "reviewer"}, SHA_A)]
+        ("shared", {"operator", "trainer", "node", "contributor", "reviewer", "environment"}, SHA_A)]
     assert "token-a" not in repr(legacy) and SHA_A not in repr(legacy)
     monkeypatch.setenv("FARM_TOKEN", "token-b")
     assert [c.token_sha256 for c in load().credentials] == [SHA_B]

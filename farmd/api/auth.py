@@ -9,7 +9,9 @@ The roles: an ``operator`` runs the farm (every FarmService call); a ``trainer``
 trajectories and publishes policies, but queues or cancels no run; a ``node`` works for the farm
 (NodeService) and fetches the policies its jobs run, and reads nothing else. A ``contributor`` submits
 environments, claims bounties and sees their own submissions and standing; a ``reviewer`` works the
-review queue and may quarantine an accepted version. Health checks and reflection are open to anyone.
+review queue and may quarantine an accepted version. An ``environment`` pushes scored groups to the Atropos
+API (``farmd.api.atropos``, which keeps its own table of paths and roles). Health checks and reflection are
+open to anyone.
 """
 
 from __future__ import annotations

@@ -50,13 +50,18 @@ def cli() -> None:
 @click.option("--http", "http_listen", metavar="HOST:PORT",
               help="Serve the web console at http://HOST:PORT/ (port 0: any): the farm, trajectories, training and "
                    "intake, under the same credentials and roles as the gRPC API. Off unless given.")
+@click.option("--atropos", "atropos_listen", metavar="HOST:PORT",
+              help="Serve Atropos's HTTP API (atroposlib 0.4.0's paths and shapes) at http://HOST:PORT/ (port 0: "
+                   "any): its environments push scored groups and its trainers take batches, durably. Off unless "
+                   "given.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
               help="json: one object per line, for log pipelines.")
 def serve(data_dir: Path | None, listen: str | None, workers: int | None, token: str | None,
           token_file: Path | None, join: str | None, node_name: str | None,
           tls_cert: Path | None, tls_key: Path | None, tls_ca: Path | None,
-          config_path: Path | None, metrics_listen: str | None, http_listen: str | None, log_level: str | None,
+          config_path: Path | None, metrics_listen: str | None, http_listen: str | None, atropos_listen: str | None,
+          log_level: str | None,
           log_format: str | None) -> None:
     """Run this node: the gRPC API and, unless --workers 0, boxes for untrusted code. With --join, the
     worker role only: rollouts for the coordinator at HOST:PORT."""
@@ -66,7 +71,8 @@ def serve(data_dir: Path | None, listen: str | None, workers: int | None, token:
         config = load(config_path, data_dir=data_dir, listen=listen, workers=workers, token=token, join=join,
                       node_name=node_name,
                       tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
-                      metrics_listen=metrics_listen, http_listen=http_listen, log_level=log_level,
+                      metrics_listen=metrics_listen, http_listen=http_listen, atropos_listen=atropos_listen,
+                      log_level=log_level,
                       log_format=log_format)
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)

@@ -296,4 +296,19 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX trajectories_by_time ON trajectories(finished_at);
     CREATE INDEX trajectories_by_agent ON trajectories(agent, seq);
     """,
+    # 10: what Atropos environments push (``farmd.atropos``): each scored group as pushed, where it stands
+    # (buffered, queued, cut into a batch, served, or dropped by a reset) and the batch it went into. The
+    # trainer's registration, the environments and the step counter are one JSON value in ``state``.
+    """
+    CREATE TABLE atropos_groups (
+        id INTEGER PRIMARY KEY,
+        env_id INTEGER,
+        size INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        batch INTEGER,
+        payload BLOB NOT NULL,
+        pushed_at REAL NOT NULL
+    );
+    CREATE INDEX atropos_groups_by_state ON atropos_groups(state, id);
+    """,
 )

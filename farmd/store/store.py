@@ -42,6 +42,7 @@ from farmd.records import (
     from_plain,
 )
 from farmd.store.activity import ActivityRecords
+from farmd.store.atropos import AtroposRecords
 from farmd.store.filters import TrajectoryFilter
 from farmd.store.intake import IntakeRecords, withdraw
 from farmd.store.policy_files import PolicyFiles, PolicyUpload
@@ -275,6 +276,7 @@ class Store:
         self._policies = PolicyFiles(path.parent)
         self.intake = IntakeRecords(self)
         self.activity = ActivityRecords(self)
+        self.atropos = AtroposRecords(self)
         """The intake funnel's rows (submissions, reputation, bounties, quarantines)."""
 
     @classmethod

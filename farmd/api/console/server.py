@@ -18,7 +18,7 @@ from pathlib import Path
 from aiohttp import web
 
 from farmd.api.console.gateway import Answer, Gateway
-from farmd.errors import ConfigError
+from farmd.api.http_site import HttpSite
 
 log = logging.getLogger("farmd.api.console")
 
@@ -38,17 +38,11 @@ _HEADERS = {
 class ConsoleServer:
     def __init__(self, gateway: Gateway, listen: str) -> None:
         self._gateway = gateway
-        host, _, port = listen.rpartition(":")
-        if not port.isdigit() or not host:
-            raise ConfigError(f"--http takes HOST:PORT, not {listen!r}")
-        self._host, self._port = host.strip("[]"), int(port)
-        self._runner: web.AppRunner | None = None
-        self.port = 0
+        self._site = HttpSite(listen, "the console", "--http")
 
     @property
     def address(self) -> str:
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"{host}:{self.port}"
+        return self._site.address
 
     async def start(self) -> None:
         app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[self._guard])
@@ -57,26 +51,15 @@ class ConsoleServer:
         app.router.add_get("/static/{name}", self._asset)
         app.router.add_get("/api/v1/whoami", self._whoami)
         app.router.add_post("/api/v1/{service}/{method}", self._call)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, self._host, self._port, reuse_address=True)
-        try:
-            await site.start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise ConfigError(f"cannot serve the console on {self._host}:{self._port}: {exc.strerror}") from exc
-        self._runner = runner
-        self.port = int(runner.addresses[0][1]) if runner.addresses else self._port
+        await self._site.start(app)
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self._site.stop()
 
     @web.middleware
     async def _guard(self, request: web.Request,
                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-        if self._gateway.read_only and not _local_name(request.host, self._host):
+        if self._gateway.read_only and not _local_name(request.host, self._site.host):
             # A farm without credentials trusts whoever reaches it; a page on another site that points its
             # own name at this address (DNS rebinding) must not be one of them.
             return _json(Answer(421, '{"code": "MISDIRECTED", "reason": "MISDIRECTED", '

@@ -1,0 +1,227 @@
+"""What an Atropos client sends, checked before anything keeps it: scored groups, registrations.
+
+A scored group must hang together before it is queued, since a trainer builds tensors from it: as many
+masks, scores and rows of advantages or logprobs as sequences, each mask as long as its tokens, every
+number finite, every size bounded. Atropos's own server checks types only, and its clients lean on that:
+atroposlib's own tests push four advantages for three tokens, and an empty ``messages`` for a group of
+one. So a per-token row is bounded but not held to its sequence's length, and ``messages`` is checked
+for its shape (each message a role and a content) only. A refusal names the field and why
+(``Invalid``), and nothing of a refused request is kept.
+
+These run off the event loop (a push is up to tens of megabytes of JSON), and return each group as
+Atropos hands it back: every field present, None where not sent, plus its stored form.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+from farmd.store.atropos import pack
+
+MAX_SEQUENCES = 4096
+"""Sequences in one group."""
+MAX_TOKENS = 1 << 20
+"""Tokens in one sequence."""
+MAX_GROUPS = 4096
+"""Groups in one ``/scored_data_list``."""
+MAX_NAME = 200
+_INT64 = 1 << 63
+
+SCORED_FIELDS = ("tokens", "masks", "scores", "advantages", "ref_logprobs", "messages", "generation_params",
+                 "inference_logprobs", "overrides", "group_overrides", "images", "env_id", "distill_token_ids",
+                 "distill_logprobs")
+"""A group's fields in the order Atropos hands them back."""
+
+
+class Invalid(ValueError):
+    """A request that does not hold together; ``loc`` is where (as FastAPI's validation errors say it)."""
+
+    def __init__(self, loc: list[str | int], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
+
+    def detail(self) -> list[dict[str, Any]]:
+        return [{"loc": ["body", *self.loc], "msg": self.message, "type": "value_error"}]
+
+
+def _int(value: Any, loc: list[str | int]) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise Invalid(loc, "must be an integer")
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise Invalid(loc, "must be an integer")
+    if not -_INT64 <= int(value) < _INT64:
+        raise Invalid(loc, "is out of range")
+    return int(value)
+
+
+def _float(value: Any, loc: list[str | int]) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise Invalid(loc, "must be a number")
+    if not math.isfinite(value):
+        raise Invalid(loc, "must be finite")
+    return float(value)
+
+
+def _str(value: Any, loc: list[str | int], limit: int = MAX_NAME) -> str:
+    if not isinstance(value, str):
+        raise Invalid(loc, "must be a string")
+    if len(value) > limit:
+        raise Invalid(loc, f"is longer than {limit} characters")
+    return value
+
+
+def _list(value: Any, loc: list[str | int], limit: int) -> list[Any]:
+    if not isinstance(value, list):
+        raise Invalid(loc, "must be a list")
+    if len(value) > limit:
+        raise Invalid(loc, f"holds more than {limit} items")
+    return value
+
+
+def _rows(value: Any, name: str, lengths: list[int], kind: str, *, exact: bool = True) -> list[list[Any]]:
+    """One list per sequence; each as long as its sequence when ``exact``, else bounded only."""
+    rows = _list(value, [name], MAX_SEQUENCES)
+    if len(rows) != len(lengths):
+        raise Invalid([name], f"has {len(rows)} rows for {len(lengths)} sequences")
+    out = []
+    for i, (row, length) in enumerate(zip(rows, lengths, strict=True)):
+        items = _list(row, [name, i], MAX_TOKENS)
+        if exact and len(items) != length:
+            raise Invalid([name, i], f"has {len(items)} entries for a sequence of {length} tokens")
+        out.append([_int(x, [name, i, j]) if kind == "int" else _float(x, [name, i, j])
+                    for j, x in enumerate(items)])
+    return out
+
+
+def scored_group(raw: Any, where: list[str | int] | None = None) -> dict[str, Any]:
+    """A scored group checked, with every field Atropos hands back (None where not sent). Fields it does not
+    know are dropped, as Atropos drops them."""
+    loc = where or []
+    if not isinstance(raw, dict):
+        raise Invalid(loc, "a scored group is a JSON object")
+    for required in ("tokens", "masks", "scores"):
+        if raw.get(required) is None:
+            raise Invalid([*loc, required], "field required")
+    try:
+        sequences = _list(raw["tokens"], ["tokens"], MAX_SEQUENCES)
+        if not sequences:
+            raise Invalid(["tokens"], "a group holds at least one sequence")
+        tokens = [[_int(t, ["tokens", i, j]) for j, t in enumerate(_list(seq, ["tokens", i], MAX_TOKENS))]
+                  for i, seq in enumerate(sequences)]
+        lengths = [len(seq) for seq in tokens]
+        group: dict[str, Any] = {"tokens": tokens, "masks": _rows(raw["masks"], "masks", lengths, "int")}
+        scores = _list(raw["scores"], ["scores"], MAX_SEQUENCES)
+        if len(scores) != len(tokens):
+            raise Invalid(["scores"], f"has {len(scores)} scores for {len(tokens)} sequences")
+        group["scores"] = [_float(s, ["scores", i]) for i, s in enumerate(scores)]
+        for name in ("advantages", "ref_logprobs", "inference_logprobs"):
+            group[name] = None if raw.get(name) is None else _rows(raw[name], name, lengths, "float", exact=False)
+        group["messages"] = None if raw.get("messages") is None else _messages(raw["messages"])
+        for name in ("generation_params", "group_overrides"):
+            value = raw.get(name)
+            if value is not None and not isinstance(value, dict):
+                raise Invalid([name], "must be an object")
+            group[name] = value
+        overrides = raw.get("overrides")
+        if overrides is not None and not all(isinstance(o, dict) for o in _list(overrides, ["overrides"],
+                                                                                MAX_SEQUENCES)):
+            raise Invalid(["overrides"], "must be a list of objects")
+        group["overrides"] = overrides
+        group["images"] = raw.get("images")
+        env_id = raw.get("env_id")
+        group["env_id"] = None if env_id is None else _int(env_id, ["env_id"])
+        if group["env_id"] is not None and group["env_id"] < 0:
+            raise Invalid(["env_id"], "must not be negative")
+        for name, kind in (("distill_token_ids", "int"), ("distill_logprobs", "float")):
+            group[name] = None if raw.get(name) is None else _distill(raw[name], name, lengths, kind)
+    except Invalid as exc:
+        raise Invalid([*loc, *exc.loc], exc.message) from None
+    return {name: group.get(name) for name in SCORED_FIELDS}
+
+
+def _messages(value: Any) -> list[list[dict[str, Any]]]:
+    conversations = _list(value, ["messages"], MAX_SEQUENCES)
+    for i, conversation in enumerate(conversations):
+        for j, message in enumerate(_list(conversation, ["messages", i], MAX_TOKENS)):
+            if not isinstance(message, dict) or "role" not in message or "content" not in message:
+                raise Invalid(["messages", i, j], "Message must have 'role' and 'content' fields")
+    return conversations
+
+
+def _distill(value: Any, name: str, lengths: list[int], kind: str) -> list[list[list[Any]]]:
+    rows = _list(value, [name], MAX_SEQUENCES)
+    if len(rows) != len(lengths):
+        raise Invalid([name], f"has {len(rows)} rows for {len(lengths)} sequences")
+    parse = _int if kind == "int" else _float
+    return [[[parse(x, [name, i, j, k]) for k, x in enumerate(_list(top, [name, i, j], MAX_TOKENS))]
+             for j, top in enumerate(_list(row, [name, i], MAX_TOKENS))] for i, row in enumerate(rows)]
+
+
+def scored_groups(body: bytes, *, many: bool) -> list[tuple[dict[str, Any], bytes]]:
+    """``/scored_data`` (one group) or ``/scored_data_list``'s body: each group checked, with its stored form."""
+    raw = _json(body)
+    items = _list(raw, [], MAX_GROUPS) if many else [raw]
+    out = []
+    for i, item in enumerate(items):
+        group = scored_group(item, [i] if many else [])
+        out.append((group, pack(json.dumps(group, separators=(",", ":")).encode())))
+    return out
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise Invalid([], f"the body is not JSON: {exc}") from None
+
+
+_REGISTRATION: dict[str, Callable[[Any, list[str | int]], Any]] = {"wandb_group": _str, "wandb_project": _str, "batch_size": _int, "max_token_len": _int,
+    "checkpoint_dir": _str, "save_checkpoint_interval": _int, "starting_step": _int, "num_steps": _int}
+
+
+def registration(body: bytes) -> dict[str, Any]:
+    """A trainer's ``/register``."""
+    raw = _object(body)
+    out = {name: parse(raw[name], [name]) if name in raw else _missing(name) for name, parse in _REGISTRATION.items()}
+    if out["batch_size"] < 1:
+        raise Invalid(["batch_size"], "must be at least 1")
+    if out["starting_step"] < 0:
+        raise Invalid(["starting_step"], "must not be negative")
+    return out
+
+
+def env_registration(body: bytes) -> dict[str, Any]:
+    """An environment's ``/register-env``."""
+    raw = _object(body)
+    out: dict[str, Any] = {}
+    for name, parse in (("max_token_length", _int), ("desired_name", _str), ("weight", _float),
+                        ("group_size", _int)):
+        out[name] = parse(raw[name], [name]) if name in raw else _missing(name)
+    if out["group_size"] < 1:
+        raise Invalid(["group_size"], "must be at least 1")
+    share = raw.get("min_batch_allocation")
+    out["min_batch_allocation"] = None if share is None else _float(share, ["min_batch_allocation"])
+    if out["min_batch_allocation"] is not None and not 0.0 <= out["min_batch_allocation"] <= 1.0:
+        raise Invalid(["min_batch_allocation"], "is a share of the batch, 0.0 to 1.0")
+    return out
+
+
+def env_id(body: bytes) -> int:
+    """``{"env_id": N}`` (``/disconnect-env``, ``/status-env``)."""
+    raw = _object(body)
+    return _int(raw["env_id"], ["env_id"]) if "env_id" in raw else _missing("env_id")
+
+
+def _object(body: bytes) -> dict[str, Any]:
+    raw = _json(body)
+    if not isinstance(raw, dict):
+        raise Invalid([], "the body is a JSON object")
+    return raw
+
+
+def _missing(name: str) -> Any:
+    raise Invalid([name], "field required")

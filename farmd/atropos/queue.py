@@ -1,0 +1,304 @@
+"""The Atropos queue: what atroposlib 0.4.0's server keeps in memory, kept in farm's store.
+
+A trainer registers (its batch size and run settings), environments register and push scored groups, and
+the trainer takes batches cut from the queue (``farmd.atropos.batching``). Every answer here is the answer
+atroposlib's server gives for the same calls in the same order: same fields, same statuses, the same
+batches in the same order (including its habit of cutting every batch the queue allows at once and
+handing the last one cut first). What differs is what happens around it: each change is saved before it
+is answered, so a restarted farmd serves the same queue, buffers, batches already cut and step counter.
+
+Groups are handled as opaque JSON once validated (``farmd.atropos.groups``): their payloads stay in the
+store, and only their sizes and environments are held here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from farmd.atropos.batching import EnvShare, Queued, batch_with_shares, exact_batch, filling
+from farmd.errors import BadRequest, NotFound
+from farmd.store import Store
+from farmd.store.atropos import GroupChange, unpack
+
+MIN_ENV_WEIGHT = 0.01
+"""An environment's weight never reads below this: a small one is slowed, never starved (as Atropos)."""
+EMPTY_EXAMPLE: dict[str, list[Any]] = {"tokens": [], "masks": [], "scores": [], "advantages": [], "ref_logprobs": [],
+                 "generation_params": [], "inference_logprobs": [], "messages": [], "images": []}
+_SCHEMA = 1
+
+
+@dataclass
+class _Group:
+    id: int
+    size: int
+    env_id: int | None
+
+
+@dataclass
+class _State:
+    trainer: dict[str, Any] | None = None
+    """The registration (wandb group and project, batch size, token length, checkpointing, steps), the step
+    counter and whether the trainer has started taking batches. None: no trainer registered."""
+    envs: list[dict[str, Any]] = field(default_factory=list)
+    latest: int | None = None
+    """The group last queued (``/latest_example``)."""
+    next_batch: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": _SCHEMA, "trainer": self.trainer, "envs": self.envs, "latest": self.latest,
+                "next_batch": self.next_batch}
+
+
+class AtroposQueue:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._state = _State()
+        self._queued: list[_Group] = []
+        self._buffers: dict[int, list[_Group]] = {}
+        self._formed: list[tuple[int, list[_Group]]] = []
+        """Batches cut and not yet handed out (numbered), handed out last first (as Atropos does)."""
+        self._lock = asyncio.Lock()
+        """One change at a time: each is a read of the queue, a decision and a transaction."""
+        self._next_id = 1
+        """Groups are numbered here (one farmd writes them), so one transaction can add and move them."""
+
+    async def open(self) -> None:
+        saved, rows, self._next_id = await self._store.atropos.load()
+        if saved is not None:
+            self._state = _State(trainer=saved.get("trainer"), envs=list(saved.get("envs") or []),
+                                 latest=saved.get("latest"), next_batch=int(saved.get("next_batch") or 1))
+        formed: dict[int, list[_Group]] = {}
+        for row in rows:
+            group = _Group(row.id, row.size, row.env_id)
+            if row.state == "queued":
+                self._queued.append(group)
+            elif row.state == "buffered" and row.env_id is not None:
+                self._buffers.setdefault(row.env_id, []).append(group)
+            elif row.state == "formed" and row.batch is not None:
+                formed.setdefault(row.batch, []).append(group)
+        self._formed = [(b, formed[b]) for b in sorted(formed)]
+
+    # -- the trainer's side --------------------------------------------------------------------------
+
+    async def register(self, registration: dict[str, Any]) -> dict[str, Any]:
+        """A trainer (or another process of it) registers; the first one's settings hold until a reset."""
+        async with self._lock, self._changing():
+            if self._state.trainer is None:
+                self._state.trainer = {**registration, "step": int(registration["starting_step"]), "started": False}
+                self._state.envs = []
+                await self._save([])
+            return {"uuid": uuid.uuid4().int}
+
+    async def batch(self) -> dict[str, Any]:
+        async with self._lock, self._changing():
+            trainer = self._state.trainer
+            if trainer is None:
+                return {"status": "error", "message": "Trainer not registered. Call /register first.", "batch": []}
+            trainer["started"] = True
+            changes: list[GroupChange] = []
+            if not self._formed:
+                cut = self._cut(int(trainer["batch_size"]))
+                if not cut:
+                    await self._save([])
+                    return {"batch": None}
+                trainer["step"] = int(trainer["step"]) + len(cut)
+                for groups in cut:
+                    number = self._state.next_batch
+                    self._state.next_batch += 1
+                    changes += [GroupChange("formed", id=g.id, batch=number) for g in groups]
+                    self._formed.append((number, groups))
+            number, served = self._formed.pop()
+            changes += [GroupChange("served", id=g.id, batch=number) for g in served]
+            await self._save(changes)
+            stored = await self._store.atropos.payloads([g.id for g in served])
+        return {"batch": await asyncio.to_thread(_decode, [stored[g.id] for g in served])}
+
+    def _cut(self, batch_size: int) -> list[list[_Group]]:
+        """Every batch the queue makes now, in the order they are cut; the queue keeps the rest."""
+        shares = [EnvShare(i, bool(e.get("connected")), e.get("min_batch_allocation"))
+                  for i, e in enumerate(self._state.envs)]
+        with_shares = any(e.get("min_batch_allocation") is not None for e in self._state.envs)
+        cut: list[list[_Group]] = []
+        while True:
+            queue = [Queued(g.size, g.env_id) for g in self._queued]
+            positions = batch_with_shares(queue, batch_size, shares) if with_shares else exact_batch(queue, batch_size)
+            if positions is None:
+                return cut
+            taken = set(positions)
+            cut.append([self._queued[i] for i in positions])
+            self._queued = [g for i, g in enumerate(self._queued) if i not in taken]
+
+    async def reset(self) -> int:
+        """Everything forgotten, as Atropos's reset: the groups are kept in the store, dropped."""
+        async with self._lock, self._changing():
+            self._state = _State(next_batch=self._state.next_batch)
+            self._queued, self._buffers, self._formed = [], {}, []
+            return await self._store.atropos.drop_all(self._state.to_json())
+
+    # -- the environments' side ----------------------------------------------------------------------
+
+    async def register_env(self, request: dict[str, Any]) -> dict[str, Any]:
+        async with self._lock, self._changing():
+            trainer = self._state.trainer
+            if trainer is None or not trainer.get("started"):
+                return {"status": "wait for trainer to start"}
+            envs = self._state.envs
+            name = request["desired_name"]
+            env_id = len(envs)
+            envs.append({"max_context_len": request["max_token_length"],
+                         "weight": request["weight"] if request["weight"] is not None else 1.0,
+                         "desired_name": name,
+                         "real_name": f"{name}_{sum(1 for e in envs if e['desired_name'] == name)}",
+                         "registered_id": env_id, "connected": True,
+                         "min_batch_allocation": request.get("min_batch_allocation"),
+                         "group_size": request["group_size"]})
+            await self._save([])
+            return {"status": "success", "env_id": env_id, "wandb_name": envs[-1]["real_name"],
+                    "checkpoint_dir": trainer.get("checkpoint_dir", ""), "starting_step": trainer["step"],
+                    "checkpoint_interval": trainer["save_checkpoint_interval"], "num_steps": trainer["num_steps"]}
+
+    async def disconnect_env(self, env_id: int) -> dict[str, Any]:
+        async with self._lock, self._changing():
+            if not 0 <= env_id < len(self._state.envs):
+                return {"status": "failure", "error": "list index out of range"}
+            self._state.envs[env_id]["connected"] = False
+            await self._save([])
+            return {"status": "success"}
+
+    async def push(self, groups: list[tuple[dict[str, Any], bytes]]) -> list[dict[str, Any]]:
+        """Validated groups (each with its JSON as stored) into the queue, or into their environment's buffer
+        when their size is not the one it registered; one answer per group, all saved in one transaction."""
+        async with self._lock, self._changing():
+            answers: list[dict[str, Any]] = []
+            added: dict[int, GroupChange] = {}
+            moved: list[GroupChange] = []
+            for group, payload in groups:
+                made = _Group(self._next_id, len(group["tokens"]), group.get("env_id"))
+                self._next_id += 1
+                env = self._env(made.env_id)
+                wanted = int(env.get("group_size") or 1) if env is not None else made.size
+                if made.size == wanted:
+                    added[made.id] = GroupChange("queued", id=made.id, env_id=made.env_id, size=made.size,
+                                                 payload=payload, new=True)
+                    self._queued.append(made)
+                    self._state.latest = made.id
+                    answers.append({"status": "received"})
+                    continue
+                assert made.env_id is not None
+                added[made.id] = GroupChange("buffered", id=made.id, env_id=made.env_id, size=made.size,
+                                             payload=payload, new=True)
+                buffer = self._buffers.setdefault(made.env_id, [])
+                buffer.append(made)
+                ready = filling([g.size for g in buffer], wanted)
+                for i in ready:  # they join the queue in arrival order
+                    self._queued.append(buffer[i])
+                    self._state.latest = buffer[i].id
+                    if buffer[i].id in added:
+                        added[buffer[i].id].state = "queued"
+                    else:
+                        moved.append(GroupChange("queued", id=buffer[i].id))
+                left = [g for i, g in enumerate(buffer) if i not in set(ready)]
+                self._buffers[made.env_id] = left
+                answers.append({"status": "buffered", "buffer_size": sum(g.size for g in left)})
+            await self._save([*added.values(), *moved])
+            return answers
+
+    def _env(self, env_id: int | None) -> dict[str, Any] | None:
+        envs = self._state.envs
+        return envs[env_id] if env_id is not None and 0 <= env_id < len(envs) else None
+
+    async def latest_example(self) -> dict[str, Any]:
+        latest = self._state.latest
+        if latest is None or latest < 0:
+            return dict(EMPTY_EXAMPLE)
+        stored = await self._store.atropos.payloads([latest])
+        if latest not in stored:
+            return dict(EMPTY_EXAMPLE)
+        return (await asyncio.to_thread(_decode, [stored[latest]]))[0]
+
+    # -- what either side reads ----------------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        trainer = self._state.trainer
+        if trainer is None:
+            return {"batch_size": -1, "max_token_len": -1}
+        return {"batch_size": trainer["batch_size"], "max_token_len": trainer["max_token_len"]}
+
+    def wandb_info(self) -> dict[str, Any]:
+        trainer = self._state.trainer
+        if trainer is None:
+            return {"group": None, "project": None}
+        return {"group": trainer["wandb_group"], "project": trainer["wandb_project"]}
+
+    def status(self) -> dict[str, Any]:
+        trainer = self._state.trainer
+        if trainer is None:
+            return {"current_step": 0, "queue_size": 0}
+        return {"current_step": trainer["step"], "queue_size": len(self._queued)}
+
+    def status_env(self, env_id: int) -> dict[str, Any]:
+        """How much of the queue an environment should count as ahead of it (its off-policy limit is checked
+        against this by the environment), and its share of the sampling weight."""
+        envs = self._state.envs
+        if not 0 <= env_id < len(envs):
+            raise NotFound(f"no environment {env_id} is registered ({len(envs)} are)")
+        me = envs[env_id]
+        total = sum(e["max_context_len"] * max(0.0, e["weight"]) for e in envs if e["connected"])
+        if total <= 0:
+            raise BadRequest("no connected environment has a positive weight")
+        weight = max(MIN_ENV_WEIGHT, me["max_context_len"] * me["weight"] / total)
+        least = sum(e["min_batch_allocation"] for e in envs
+                    if e.get("connected") and e.get("min_batch_allocation") is not None)
+        largest = max([1, *(g.size for g in self._queued)])
+        own_size = int(me["group_size"])
+        mine = 0
+        others: dict[int | None, int] = {}
+        for g in self._queued:
+            if g.env_id == env_id:
+                own_size = max(own_size, g.size)
+                mine += g.size
+            else:
+                others[g.env_id] = others.get(g.env_id, 0) + g.size
+        me["group_size"] = own_size  # a group size that grows in the queue is the env's from now on (as Atropos)
+        batch_size = int(self._state.trainer["batch_size"]) if self._state.trainer else 0
+        reserved = {e["registered_id"]: int(batch_size * e["min_batch_allocation"]) for e in envs
+                    if e.get("connected") and e.get("min_batch_allocation") is not None}
+        spare = 0
+        if largest > 1:
+            for other, sequences in others.items():
+                packed = -(-sequences // largest) * largest
+                spare += max(0, packed - (reserved.get(other, 0) if other is not None else 0))
+        if self._state.trainer is None:
+            return {"current_step": 0, "queue_size": 0, "unallocated_fraction": 1.0,
+                    "num_self_sequences_in_queue": 0, "env_weight": weight}
+        return {"current_step": self._state.trainer["step"], "queue_size": (mine + spare) // own_size,
+                "unallocated_fraction": 1.0 - min(least, 1.0), "self_queue_size": mine // own_size,
+                "max_group_size": largest, "env_weight": weight}
+
+    # -- saving --------------------------------------------------------------------------------------
+
+    async def _save(self, changes: list[GroupChange]) -> None:
+        await self._store.atropos.apply(self._state.to_json(), changes)
+
+    @contextlib.asynccontextmanager
+    async def _changing(self) -> AsyncIterator[None]:
+        """A change made in memory first and then saved: if the save fails, memory goes back to what the
+        store holds (the caller gets the error; nothing half-done is served)."""
+        saved = (copy.deepcopy(self._state), list(self._queued), {k: list(v) for k, v in self._buffers.items()},
+                 [(n, list(b)) for n, b in self._formed], self._next_id)
+        try:
+            yield
+        except BaseException:
+            self._state, self._queued, self._buffers, self._formed, self._next_id = saved
+            raise
+
+
+def _decode(stored: list[bytes]) -> list[dict[str, Any]]:
+    return [json.loads(unpack(s)) for s in stored]

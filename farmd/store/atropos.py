@@ -1,0 +1,104 @@
+"""The Atropos queue's rows: the trainer's registration, registered environments, and every scored group
+an Atropos environment pushed, as it was pushed.
+
+Atropos's own server keeps all of this in memory; here each change is one transaction, so a restart
+finds the queue, the buffers, the batches already cut and the step counter as they were. A group's
+``state`` says where it is: ``buffered`` (waiting for others of its environment to make up the group
+size), ``queued``, ``formed`` (cut into a batch not yet handed out), ``served`` or ``dropped`` (by a
+reset: kept, never served). Payloads are the groups as pushed, compressed JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from farmd.store.store import Store
+
+LIVE_STATES = ("buffered", "queued", "formed")
+_STATE_KEY = "atropos"
+
+
+@dataclass
+class AtroposGroupRow:
+    id: int
+    env_id: int | None
+    size: int
+    state: str
+    batch: int | None
+    """The batch it was cut into (``formed`` and ``served``): batches are numbered in the order they were cut."""
+
+
+@dataclass
+class GroupChange:
+    """A group to add (``new``) or one whose state moves. Ids are the queue's to give (one farmd writes them)."""
+
+    state: str
+    id: int
+    env_id: int | None = None
+    size: int = 0
+    payload: bytes = b""
+    """A new group's JSON, ``pack``ed (off the event loop, by whoever parsed it)."""
+    batch: int | None = None
+    new: bool = False
+
+
+def pack(payload: bytes) -> bytes:
+    return zlib.compress(payload, 1)
+
+
+class AtroposRecords:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def load(self) -> tuple[dict[str, Any] | None, list[AtroposGroupRow], int]:
+        """The saved state (trainer, environments, step, ...; None: never saved), the live groups in arrival
+        order, and the next group id."""
+        row = await self._store._one("SELECT value FROM state WHERE key=?", (_STATE_KEY,))
+        top = await self._store._one("SELECT COALESCE(MAX(id), 0) FROM atropos_groups")
+        rows = await self._store._all(
+            f"SELECT id, env_id, size, state, batch FROM atropos_groups WHERE state IN ({','.join('?' * len(LIVE_STATES))}) "
+            "ORDER BY id", LIVE_STATES)
+        return (json.loads(row[0]) if row else None,
+                [AtroposGroupRow(int(i), None if e is None else int(e), int(n), str(s), None if b is None else int(b))
+                 for i, e, n, s, b in rows], int(top[0]) + 1)
+
+    async def apply(self, state: dict[str, Any], changes: list[GroupChange]) -> None:
+        """Save ``state`` and ``changes`` in one transaction."""
+        now = time.time()
+        added = [(c.id, c.env_id, c.size, c.state, c.batch, c.payload, now) for c in changes if c.new]
+        moved = [(c.state, c.batch, c.id) for c in changes if not c.new]
+        async with self._store._write() as db:
+            await db.execute("INSERT INTO state(key, value) VALUES (?,?) ON CONFLICT(key) DO UPDATE SET "
+                             "value=excluded.value", (_STATE_KEY, json.dumps(state)))
+            if added:
+                await db.executemany("INSERT INTO atropos_groups(id, env_id, size, state, batch, payload, pushed_at) "
+                                     "VALUES (?,?,?,?,?,?,?)", added)
+            if moved:
+                await db.executemany("UPDATE atropos_groups SET state=?, batch=? WHERE id=?", moved)
+
+    async def drop_all(self, state: dict[str, Any]) -> int:
+        """A reset: every live group dropped (kept, never served again); ``state`` saved. Returns how many."""
+        async with self._store._write() as db:
+            await db.execute("INSERT INTO state(key, value) VALUES (?,?) ON CONFLICT(key) DO UPDATE SET "
+                             "value=excluded.value", (_STATE_KEY, json.dumps(state)))
+            cur = await db.execute(
+                f"UPDATE atropos_groups SET state='dropped' WHERE state IN ({','.join('?' * len(LIVE_STATES))})",
+                LIVE_STATES)
+            return int(cur.rowcount or 0)
+
+    async def payloads(self, ids: list[int]) -> dict[int, bytes]:
+        """The groups as stored (``unpack`` gives their JSON: off the event loop, a batch is megabytes), by id."""
+        if not ids:
+            return {}
+        rows = await self._store._all(
+            f"SELECT id, payload FROM atropos_groups WHERE id IN ({','.join('?' * len(ids))})", ids)
+        return {int(i): bytes(p) for i, p in rows}
+
+
+def unpack(stored: bytes) -> bytes:
+    return zlib.decompress(stored)

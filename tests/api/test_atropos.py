@@ -1,0 +1,180 @@
+"""farmd's Atropos API on a real port, in process: the calls Atropos's environments and trainers make, the
+batches they get, what is refused, who may call what, and a queue that survives a restart."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from farmd.config import Config, Credential
+from tests.api.conftest import InProcessFarm
+
+REGISTRATION = {"wandb_group": "g", "wandb_project": "p", "batch_size": 8, "max_token_len": 512,
+                "checkpoint_dir": "/tmp/ckpt", "save_checkpoint_interval": 10, "starting_step": 0, "num_steps": 100}
+
+
+def group(n: int, first: int = 0, env_id: int | None = None, **extra: Any) -> dict[str, Any]:
+    """``n`` sequences of 3 tokens, token ids from ``first`` (so each group can be told apart)."""
+    tokens = [[first + i, first + i + 1, first + i + 2] for i in range(n)]
+    out: dict[str, Any] = {"tokens": tokens, "masks": [[-100, t[1], t[2]] for t in tokens],
+                           "scores": [float(i % 2) for i in range(n)], **extra}
+    if env_id is not None:
+        out["env_id"] = env_id
+    return out
+
+
+class Atropos:
+    """An Atropos client's calls, by path."""
+
+    def __init__(self, addr: str, token: str | None = None) -> None:
+        self.url = f"http://{addr}"
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def get(self, path: str, body: Any = None) -> httpx.Response:
+        return httpx.request("GET", self.url + path, json=body, headers=self.headers)
+
+    def post(self, path: str, body: Any = None, **kwargs: Any) -> httpx.Response:
+        if "content" in kwargs:
+            return httpx.post(self.url + path, headers={**self.headers, **kwargs.pop("headers", {})}, **kwargs)
+        return httpx.post(self.url + path, json=body, headers=self.headers, **kwargs)
+
+
+@pytest.fixture
+def atropos_farm(tmp_path: Path) -> Iterator[Callable[..., tuple[InProcessFarm, Atropos]]]:
+    farms: list[InProcessFarm] = []
+
+    def start(data: str = "farm", token: str | None = None, **config: Any) -> tuple[InProcessFarm, Atropos]:
+        farm = InProcessFarm(Config(data_dir=tmp_path / data, listen="127.0.0.1:0", workers=0,
+                                    atropos_listen="127.0.0.1:0", **config))
+        farms.append(farm)
+        farm.start()
+        runfile = json.loads((tmp_path / data / "farmd.json").read_text())
+        return farm, Atropos(runfile["atropos"], token)
+
+    yield start
+    for farm in farms:
+        farm.stop()
+
+
+def test_a_trainer_and_an_environment_meet_as_in_atropos(atropos_farm) -> None:  # type: ignore[no-untyped-def]
+    _farm, api = atropos_farm()
+    assert api.get("/").json() == {"message": "AtroposLib API"}
+    assert api.get("/info").json() == {"batch_size": -1, "max_token_len": -1}
+    assert api.get("/batch").json()["status"] == "error", "no trainer registered yet"
+    assert isinstance(api.post("/register", REGISTRATION).json()["uuid"], int)
+    assert api.get("/info").json() == {"batch_size": 8, "max_token_len": 512}
+    assert api.get("/wandb_info").json() == {"group": "g", "project": "p"}
+    env = {"max_token_length": 512, "desired_name": "math", "weight": 1.0, "group_size": 4}
+    assert api.post("/register-env", env).json() == {"status": "wait for trainer to start"}
+    assert api.get("/batch").json() == {"batch": None}, "the trainer has started; nothing is queued"
+    registered = api.post("/register-env", env).json()
+    assert registered == {"status": "success", "env_id": 0, "wandb_name": "math_0", "checkpoint_dir": "/tmp/ckpt",
+                          "starting_step": 0, "checkpoint_interval": 10, "num_steps": 100}
+
+    assert api.post("/scored_data", group(4, 100, env_id=0)).json() == {"status": "received"}
+    assert api.post("/scored_data", group(2, 200, env_id=0)).json() == {"status": "buffered", "buffer_size": 2}
+    assert api.post("/scored_data", group(2, 300, env_id=0)).json() == {"status": "buffered", "buffer_size": 0}
+    assert api.get("/status").json() == {"current_step": 0, "queue_size": 3}
+    status_env = api.get("/status-env", {"env_id": 0}).json()
+    assert status_env == {"current_step": 0, "queue_size": 2, "unallocated_fraction": 1.0, "self_queue_size": 2,
+                          "max_group_size": 4, "env_weight": 1.0}
+
+    batch = api.get("/batch").json()["batch"]
+    assert [g["tokens"][0][0] for g in batch] == [100, 200, 300], "the two halves made one group of four"
+    assert batch[0]["masks"][0] == [-100, 101, 102] and batch[0]["advantages"] is None and batch[0]["env_id"] == 0
+    assert api.get("/status").json() == {"current_step": 1, "queue_size": 0}
+    latest = api.get("/latest_example").json()
+    assert latest["tokens"][0][0] == 300
+    assert api.post("/disconnect-env", {"env_id": 0}).json() == {"status": "success"}
+    assert api.get("/reset_data").text == "Reset successful"
+    assert api.get("/status").json() == {"current_step": 0, "queue_size": 0}
+
+
+def test_batches_are_cut_all_at_once_and_handed_out_last_first(atropos_farm) -> None:  # type: ignore[no-untyped-def]
+    _farm, api = atropos_farm()
+    api.post("/register", {**REGISTRATION, "batch_size": 4})
+    listed = [group(2, 100), group(4, 200), group(2, 300), group(4, 400)]
+    reply = api.post("/scored_data_list", listed).json()
+    assert reply == {"status": "received", "groups_processed": 4}
+    first = api.get("/batch").json()["batch"]
+    assert api.get("/status").json()["current_step"] == 3, "every batch the queue makes is cut at once"
+    second, third = api.get("/batch").json()["batch"], api.get("/batch").json()["batch"]
+    cut = [[g["tokens"][0][0] for g in b] for b in (first, second, third)]
+    assert cut == [[400], [100, 300], [200]], "packs of the largest size, served last cut first"
+    assert api.get("/batch").json() == {"batch": None}
+
+
+def test_gzip_both_ways_and_bad_groups_are_refused_whole(atropos_farm) -> None:  # type: ignore[no-untyped-def]
+    _farm, api = atropos_farm()
+    api.post("/register", {**REGISTRATION, "batch_size": 2})
+    big = group(2, 500, messages=[[{"role": "user", "content": "x" * 2000}], [{"role": "user", "content": "y"}]])
+    sent = api.post("/scored_data", content=gzip.compress(json.dumps(big).encode()),
+                    headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+    assert sent.json() == {"status": "received"}
+    got = httpx.get(api.url + "/batch", headers={"Accept-Encoding": "gzip"})
+    assert got.headers.get("content-encoding") == "gzip" and got.json()["batch"][0]["messages"] == big["messages"]
+
+    def refused(body: Any, status: int, words: str) -> None:
+        reply = api.post("/scored_data", content=body, headers={"Content-Type": "application/json"}) \
+            if isinstance(body, bytes) else api.post("/scored_data", body)
+        assert reply.status_code == status, reply.text
+        assert words in json.dumps(reply.json()), reply.json()
+
+    refused({"tokens": [[1, 2]], "masks": [[1]], "scores": [1.0]}, 422, "1 entries for a sequence of 2 tokens")
+    refused({"tokens": [[1]], "masks": [[1]], "scores": [1.0, 0.0]}, 422, "2 scores for 1 sequences")
+    refused({"tokens": [[1]], "masks": [[1]], "scores": ["NaN"]}, 422, "must be a number")
+    refused(b'{"tokens": [[1]], "masks": [[1]], "scores": [1.0], "advantages": [[Infinity]]}', 422, "must be finite")
+    refused({"tokens": [[1]], "masks": [[1]]}, 422, "field required")
+    refused({"tokens": [[1]], "masks": [[1]], "scores": [1.0], "messages": [[{"role": "user"}]]}, 422,
+            "Message must have 'role' and 'content' fields")
+    many = [group(1, 1), {"tokens": [[1]], "masks": [[1, 2]], "scores": [0.0]}]
+    assert api.post("/scored_data_list", many).status_code == 422
+    bad_gzip = api.post("/scored_data", content=b"\x1f\x8bnot gzip", headers={"Content-Encoding": "gzip"})
+    assert bad_gzip.status_code == 400 and bad_gzip.text == "Invalid gzip payload"
+    bomb = gzip.compress(b"[" + b" " * (260 << 20) + b"]", compresslevel=1)
+    assert api.post("/scored_data", content=bomb, headers={"Content-Encoding": "gzip"}).status_code == 413
+    assert api.get("/status").json()["queue_size"] == 0, "nothing of a refused request was kept"
+
+
+def test_a_restart_keeps_the_queue_the_buffers_and_the_step(atropos_farm) -> None:  # type: ignore[no-untyped-def]
+    farm, api = atropos_farm("kept")
+    api.post("/register", {**REGISTRATION, "batch_size": 4})
+    api.get("/batch")
+    api.post("/register-env", {"max_token_length": 64, "desired_name": "e", "weight": 1.0, "group_size": 4})
+    api.post("/scored_data_list", [group(4, 100, env_id=0), group(4, 200, env_id=0), group(4, 300, env_id=0),
+                                   group(2, 400, env_id=0)])
+    first = api.get("/batch").json()["batch"]
+    assert [g["tokens"][0][0] for g in first] == [300]
+    farm.stop()
+
+    _farm, api = atropos_farm("kept")
+    assert api.get("/status").json() == {"current_step": 3, "queue_size": 0}
+    assert api.get("/info").json() == {"batch_size": 4, "max_token_len": 512}
+    left = [api.get("/batch").json()["batch"] for _ in range(2)]
+    assert [[g["tokens"][0][0] for g in b] for b in left] == [[200], [100]], "batches cut before are still there"
+    assert api.post("/scored_data", group(2, 500, env_id=0)).json() == {"status": "buffered", "buffer_size": 0}
+    assert [g["tokens"][0][0] for g in api.get("/batch").json()["batch"]] == [400, 500], "and the buffer"
+
+
+def test_credentials_decide_who_pushes_and_who_takes(atropos_farm) -> None:  # type: ignore[no-untyped-def]
+    tokens = {"tess": ("trainer-token", "trainer"), "envy": ("env-token", "environment")}
+    credentials = tuple(Credential(name, frozenset({role}), hashlib.sha256(token.encode()).hexdigest())
+                        for name, (token, role) in tokens.items())
+    _farm, trainer = atropos_farm(credentials=credentials, token="trainer-token")
+    env = Atropos(trainer.url.removeprefix("http://"), "env-token")
+    nobody = Atropos(trainer.url.removeprefix("http://"))
+    assert nobody.get("/status").status_code == 401
+    assert trainer.post("/register", REGISTRATION).status_code == 200
+    assert env.post("/register", REGISTRATION).status_code == 403
+    assert env.post("/scored_data", group(8)).json() == {"status": "received"}
+    denied = trainer.post("/scored_data", group(8))
+    assert denied.status_code == 403 and "it needs environment or operator" in denied.json()["detail"]
+    assert env.get("/batch").status_code == 403
+    assert len(trainer.get("/batch").json()["batch"]) == 1
