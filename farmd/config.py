@@ -18,14 +18,17 @@ import stat
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from farmd.agents.registry import NamedEndpoint, check_spec
+from farmd.atropos.settings import AtroposConfig
 from farmd.errors import AgentSpecError, ConfigError
 from farmd.intake.settings import IntakeConfig
 from farmd.sandbox.config import SandboxConfig
 from farmd.scheduler.config import SchedulerConfig
 from farmd.taskbank import BankConfig, TaskBankError
+
+T = TypeVar("T")
 
 DEFAULT_LISTEN = "127.0.0.1:7431"
 
@@ -102,6 +105,7 @@ class Config:
     taskbank: BankConfig = field(default_factory=BankConfig)
     """How the task bank estimates pass rates, samples tasks (the band, or uniformly) and moves levels."""
     intake: IntakeConfig = field(default_factory=IntakeConfig)
+    atropos: AtroposConfig = field(default_factory=AtroposConfig)
     """The intake funnel: scrutiny by trust, the LLM attacker, the prices its costs are reported in."""
     endpoints: tuple[NamedEndpoint, ...] = ()
     """The model servers jobs may name (``openai:MODEL@NAME``), from farm.toml's ``[endpoints.NAME]``."""
@@ -207,21 +211,35 @@ def _coerce_taskbank(table: dict[str, Any]) -> BankConfig:
         raise ConfigError(f"[taskbank]: {exc}") from exc
 
 
-def _coerce_intake(table: dict[str, Any], endpoints: tuple[NamedEndpoint, ...]) -> IntakeConfig:
-    known = {f.name for f in fields(IntakeConfig)}
+def _settings(name: str, kind: type[T], table: dict[str, Any]) -> T:
+    """A ``[name]`` table as ``kind`` (a frozen dataclass): unknown keys refused by name, lists as tuples."""
+    known = {f.name for f in fields(kind)}  # type: ignore[arg-type]
     unknown = set(table) - known
     if unknown:
-        raise ConfigError(f"[intake] has no setting {sorted(unknown)[0]!r}; known: {', '.join(sorted(known))}")
+        raise ConfigError(f"[{name}] has no setting {sorted(unknown)[0]!r}; known: {', '.join(sorted(known))}")
     try:
-        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in table.items()}
-        intake = IntakeConfig(**values)
+        return kind(**{k: tuple(v) if isinstance(v, list) else v for k, v in table.items()})
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"[intake]: {exc}") from exc
+        raise ConfigError(f"[{name}]: {exc}") from exc
+
+
+def _coerce_intake(table: dict[str, Any], endpoints: tuple[NamedEndpoint, ...]) -> IntakeConfig:
+    intake = _settings("intake", IntakeConfig, table)
     if intake.attacker is not None:
         name = intake.attacker.rsplit("@", 1)[1]
         if name not in {e.name for e in endpoints}:
             raise ConfigError(f"[intake] attacker names endpoint {name!r}, which no [endpoints.{name}] defines")
     return intake
+
+
+def _coerce_atropos(table: dict[str, Any], endpoints: tuple[NamedEndpoint, ...]) -> AtroposConfig:
+    atropos = _settings("atropos", AtroposConfig, table)
+    if atropos.agent:
+        try:
+            check_spec(atropos.agent, endpoints=endpoints)
+        except AgentSpecError as exc:
+            raise ConfigError(f"[atropos] agent: {exc}") from None
+    return atropos
 
 
 _ENDPOINT_KEYS = ("url", "key_env", "request_timeout_s", "max_attempts", "max_tokens", "max_turns", "temperature",
@@ -329,6 +347,7 @@ def load(path: Path | None = None, *, read_credentials: bool = True, **flags: An
     scheduler = SchedulerConfig()
     taskbank = BankConfig()
     intake = IntakeConfig()
+    atropos = AtroposConfig()
     endpoints: tuple[NamedEndpoint, ...] = ()
     credentials: tuple[Credential, ...] = ()
     if path is not None:
@@ -349,6 +368,8 @@ def load(path: Path | None = None, *, read_credentials: bool = True, **flags: An
             endpoints = _coerce_endpoints(raw.pop("endpoints"))
         if "intake" in raw:
             intake = _coerce_intake(raw.pop("intake"), endpoints)
+        if "atropos" in raw:
+            atropos = _coerce_atropos(raw.pop("atropos"), endpoints)
         if "credentials" in raw:
             entries = raw.pop("credentials")
             credentials = _coerce_credentials(entries) if read_credentials else ()
@@ -356,8 +377,8 @@ def load(path: Path | None = None, *, read_credentials: bool = True, **flags: An
             values.update(_coerce_tls(raw.pop("tls")))
         if raw:
             raise ConfigError(f"{path}: unknown tables {sorted(raw)}; expected [farm], [sandbox], [scheduler], "
-                              "[taskbank], [intake], [endpoints.NAME], [tls] and [[credentials]]")
-        known = {f.name for f in fields(Config)} - {"sandbox", "scheduler", "taskbank", "intake", "endpoints",
+                              "[taskbank], [intake], [atropos], [endpoints.NAME], [tls] and [[credentials]]")
+        known = {f.name for f in fields(Config)} - {"sandbox", "scheduler", "taskbank", "intake", "endpoints", "atropos",
                                                     "credentials",
                                                     "tls_cert", "tls_key", "tls_ca"}
         for key, value in farm.items():
@@ -380,7 +401,7 @@ def load(path: Path | None = None, *, read_credentials: bool = True, **flags: An
         except AgentSpecError as exc:
             raise ConfigError(f"[scheduler] demand_agent: {exc}") from None
     return Config(sandbox=sandbox, scheduler=scheduler, taskbank=taskbank, intake=intake, endpoints=endpoints,
-                  credentials=credentials, **values)
+                  credentials=credentials, atropos=atropos, **values)
 
 
 def read_token_file(path: Path) -> str:

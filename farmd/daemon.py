@@ -57,6 +57,7 @@ from farmd.verifier import VerifierKey
 
 if TYPE_CHECKING:
     from farmd.api.atropos import AtroposServer
+    from farmd.api.atropos_feed import AtroposFeed
     from farmd.api.console import ConsoleServer
 
 log = logging.getLogger("farmd.daemon")
@@ -89,6 +90,7 @@ class Daemon:
         self._metrics_server: MetricsServer | None = None
         self._console: ConsoleServer | None = None
         self._atropos: AtroposServer | None = None
+        self._atropos_feed: AtroposFeed | None = None
         self.history: History | None = None
         """The farm's status sampled every few seconds, for the console's plots (GetHistory)."""
 
@@ -282,13 +284,19 @@ class Daemon:
         if not self.config.atropos_listen:
             return None
         from farmd.api.atropos import AtroposServer
+        from farmd.api.atropos_feed import AtroposFeed
         from farmd.atropos.queue import AtroposQueue
 
-        assert self.store is not None
+        assert self.store is not None and self.scheduler is not None
+        unknown = sorted(set(self.config.atropos.envs) - set(self.catalog.names()))
+        if unknown:
+            raise ConfigError(f"[atropos] envs names {unknown}, which this farm does not serve")
         queue = AtroposQueue(self.store)
         await queue.open()
         self._atropos = AtroposServer(queue, self.config.atropos_listen, self.config.credentials)
         await self._atropos.start()
+        self._atropos_feed = AtroposFeed(self.scheduler.delivery, queue, self.config.atropos)
+        await self._atropos_feed.start()
         return self._atropos.address
 
     def _write_runfile(self, addr: str, metrics_addr: str | None, console_addr: str | None = None,
@@ -335,6 +343,8 @@ class Daemon:
             await self._metrics_server.stop()
         if self._console is not None:
             await self._console.stop()
+        if self._atropos_feed is not None:
+            await self._atropos_feed.stop()
         if self._atropos is not None:
             await self._atropos.stop()
         if self.history is not None:

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
 # Mostly an environment verified in-process (fast, so the run fits in the suite) and some
 # that run in boxes, interleaved, so kills land on rollouts mid-box too.
-WORKLOAD = [("rg:chain_sum", 360), ("py-func", 40)] * 5
+WORKLOAD = [("rg:chain_sum", 180), ("py-func", 20)] * 5
 TOTAL = sum(n for _, n in WORKLOAD)
 
 

@@ -39,6 +39,8 @@ class _Group:
     id: int
     size: int
     env_id: int | None
+    farm: bool = False
+    """Made from farm's own rollouts (``farmd.api.atropos_feed``), not pushed."""
 
 
 @dataclass
@@ -50,10 +52,12 @@ class _State:
     latest: int | None = None
     """The group last queued (``/latest_example``)."""
     next_batch: int = 1
+    farm_cursor: int = 0
+    """How far farm's delivery has been taken into the queue (saved with the groups it added)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": _SCHEMA, "trainer": self.trainer, "envs": self.envs, "latest": self.latest,
-                "next_batch": self.next_batch}
+                "next_batch": self.next_batch, "farm_cursor": self.farm_cursor}
 
 
 class AtroposQueue:
@@ -66,6 +70,8 @@ class AtroposQueue:
         """Batches cut and not yet handed out (numbered), handed out last first (as Atropos does)."""
         self._lock = asyncio.Lock()
         """One change at a time: each is a read of the queue, a decision and a transaction."""
+        self._taken = asyncio.Event()
+        """Set when groups leave the queue (a batch, a reset): what a feed waiting for room waits on."""
         self._next_id = 1
         """Groups are numbered here (one farmd writes them), so one transaction can add and move them."""
 
@@ -73,10 +79,11 @@ class AtroposQueue:
         saved, rows, self._next_id = await self._store.atropos.load()
         if saved is not None:
             self._state = _State(trainer=saved.get("trainer"), envs=list(saved.get("envs") or []),
-                                 latest=saved.get("latest"), next_batch=int(saved.get("next_batch") or 1))
+                                 latest=saved.get("latest"), next_batch=int(saved.get("next_batch") or 1),
+                                 farm_cursor=int(saved.get("farm_cursor") or 0))
         formed: dict[int, list[_Group]] = {}
         for row in rows:
-            group = _Group(row.id, row.size, row.env_id)
+            group = _Group(row.id, row.size, row.env_id, row.source == "farm")
             if row.state == "queued":
                 self._queued.append(group)
             elif row.state == "buffered" and row.env_id is not None:
@@ -115,6 +122,7 @@ class AtroposQueue:
                     changes += [GroupChange("formed", id=g.id, batch=number) for g in groups]
                     self._formed.append((number, groups))
             number, served = self._formed.pop()
+            self._taken.set()
             changes += [GroupChange("served", id=g.id, batch=number) for g in served]
             await self._save(changes)
             stored = await self._store.atropos.payloads([g.id for g in served])
@@ -138,8 +146,9 @@ class AtroposQueue:
     async def reset(self) -> int:
         """Everything forgotten, as Atropos's reset: the groups are kept in the store, dropped."""
         async with self._lock, self._changing():
-            self._state = _State(next_batch=self._state.next_batch)
+            self._state = _State(next_batch=self._state.next_batch, farm_cursor=self._state.farm_cursor)
             self._queued, self._buffers, self._formed = [], {}, []
+            self._taken.set()
             return await self._store.atropos.drop_all(self._state.to_json())
 
     # -- the environments' side ----------------------------------------------------------------------
@@ -172,28 +181,33 @@ class AtroposQueue:
             await self._save([])
             return {"status": "success"}
 
-    async def push(self, groups: list[tuple[dict[str, Any], bytes]]) -> list[dict[str, Any]]:
+    async def push(self, groups: list[tuple[dict[str, Any], bytes]], *, farm_cursor: int | None = None
+                   ) -> list[dict[str, Any]]:
         """Validated groups (each with its JSON as stored) into the queue, or into their environment's buffer
-        when their size is not the one it registered; one answer per group, all saved in one transaction."""
+        when their size is not the one it registered; one answer per group, all saved in one transaction.
+        ``farm_cursor``: they were made from farm's rollouts up to there, which is saved with them."""
+        source = "pushed" if farm_cursor is None else "farm"
         async with self._lock, self._changing():
+            if farm_cursor is not None:
+                self._state.farm_cursor = max(self._state.farm_cursor, farm_cursor)
             answers: list[dict[str, Any]] = []
             added: dict[int, GroupChange] = {}
             moved: list[GroupChange] = []
             for group, payload in groups:
-                made = _Group(self._next_id, len(group["tokens"]), group.get("env_id"))
+                made = _Group(self._next_id, len(group["tokens"]), group.get("env_id"), farm_cursor is not None)
                 self._next_id += 1
                 env = self._env(made.env_id)
                 wanted = int(env.get("group_size") or 1) if env is not None else made.size
                 if made.size == wanted:
                     added[made.id] = GroupChange("queued", id=made.id, env_id=made.env_id, size=made.size,
-                                                 payload=payload, new=True)
+                                                 payload=payload, new=True, source=source)
                     self._queued.append(made)
                     self._state.latest = made.id
                     answers.append({"status": "received"})
                     continue
                 assert made.env_id is not None
                 added[made.id] = GroupChange("buffered", id=made.id, env_id=made.env_id, size=made.size,
-                                             payload=payload, new=True)
+                                             payload=payload, new=True, source=source)
                 buffer = self._buffers.setdefault(made.env_id, [])
                 buffer.append(made)
                 ready = filling([g.size for g in buffer], wanted)
@@ -209,6 +223,20 @@ class AtroposQueue:
                 answers.append({"status": "buffered", "buffer_size": sum(g.size for g in left)})
             await self._save([*added.values(), *moved])
             return answers
+
+    @property
+    def farm_cursor(self) -> int:
+        return self._state.farm_cursor
+
+    async def until_farm_room(self, limit: int) -> None:
+        """Until fewer than ``limit`` groups made from farm's rollouts wait for a trainer."""
+        while self.farm_groups_waiting() >= limit:
+            self._taken.clear()
+            await self._taken.wait()
+
+    def farm_groups_waiting(self) -> int:
+        """Groups made from farm's rollouts that no trainer has taken yet (queued, or in a batch cut)."""
+        return sum(g.farm for g in self._queued) + sum(g.farm for _, batch in self._formed for g in batch)
 
     def _env(self, env_id: int | None) -> dict[str, Any] | None:
         envs = self._state.envs

@@ -31,6 +31,8 @@ class AtroposGroupRow:
     state: str
     batch: int | None
     """The batch it was cut into (``formed`` and ``served``): batches are numbered in the order they were cut."""
+    source: str = "pushed"
+    """``pushed`` by an Atropos environment, or ``farm``: made from farm's own rollouts."""
 
 
 @dataclass
@@ -45,6 +47,7 @@ class GroupChange:
     """A new group's JSON, ``pack``ed (off the event loop, by whoever parsed it)."""
     batch: int | None = None
     new: bool = False
+    source: str = "pushed"
 
 
 def pack(payload: bytes) -> bytes:
@@ -61,23 +64,23 @@ class AtroposRecords:
         row = await self._store._one("SELECT value FROM state WHERE key=?", (_STATE_KEY,))
         top = await self._store._one("SELECT COALESCE(MAX(id), 0) FROM atropos_groups")
         rows = await self._store._all(
-            f"SELECT id, env_id, size, state, batch FROM atropos_groups WHERE state IN ({','.join('?' * len(LIVE_STATES))}) "
+            f"SELECT id, env_id, size, state, batch, source FROM atropos_groups WHERE state IN ({','.join('?' * len(LIVE_STATES))}) "
             "ORDER BY id", LIVE_STATES)
         return (json.loads(row[0]) if row else None,
-                [AtroposGroupRow(int(i), None if e is None else int(e), int(n), str(s), None if b is None else int(b))
-                 for i, e, n, s, b in rows], int(top[0]) + 1)
+                [AtroposGroupRow(int(i), None if e is None else int(e), int(n), str(s), None if b is None else int(b),
+                                 str(src)) for i, e, n, s, b, src in rows], int(top[0]) + 1)
 
     async def apply(self, state: dict[str, Any], changes: list[GroupChange]) -> None:
         """Save ``state`` and ``changes`` in one transaction."""
         now = time.time()
-        added = [(c.id, c.env_id, c.size, c.state, c.batch, c.payload, now) for c in changes if c.new]
+        added = [(c.id, c.env_id, c.size, c.state, c.batch, c.payload, now, c.source) for c in changes if c.new]
         moved = [(c.state, c.batch, c.id) for c in changes if not c.new]
         async with self._store._write() as db:
             await db.execute("INSERT INTO state(key, value) VALUES (?,?) ON CONFLICT(key) DO UPDATE SET "
                              "value=excluded.value", (_STATE_KEY, json.dumps(state)))
             if added:
-                await db.executemany("INSERT INTO atropos_groups(id, env_id, size, state, batch, payload, pushed_at) "
-                                     "VALUES (?,?,?,?,?,?,?)", added)
+                await db.executemany("INSERT INTO atropos_groups(id, env_id, size, state, batch, payload, pushed_at, "
+                                     "source) VALUES (?,?,?,?,?,?,?,?)", added)
             if moved:
                 await db.executemany("UPDATE atropos_groups SET state=?, batch=? WHERE id=?", moved)
 

@@ -311,4 +311,9 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX atropos_groups_by_state ON atropos_groups(state, id);
     """,
+    # 11: groups made from farm's own rollouts (for Atropos trainers) are told apart from pushed ones: how many
+    # wait is what paces taking more from farm's delivery.
+    """
+    ALTER TABLE atropos_groups ADD COLUMN source TEXT NOT NULL DEFAULT 'pushed';
+    """,
 )
