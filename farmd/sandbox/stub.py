@@ -194,8 +194,18 @@ def _run_python(plan: "tuple[str, str, list[str], set[str]]", env: dict[str, str
     _finish(code)
 
 
+_UNIGNORED = ("SIGHUP", "SIGINT", "SIGQUIT")
+"""Signals a host ignores by how farmd was started (a background job of a shell without job control ignores
+SIGINT and SIGQUIT; nohup, SIGHUP), which an exec would hand the box's program: it starts with them at
+their defaults instead, the same whatever shell started farmd."""
+
+
 def _child(request: "dict[str, Any]", ctrl: int) -> "NoReturn":
     os.close(ctrl)
+    for name in _UNIGNORED:
+        number = getattr(signal, name)
+        if signal.getsignal(number) == signal.SIG_IGN:
+            signal.signal(number, signal.SIG_DFL)
     for name, (soft, hard) in request.get("rlimits", {}).items():
         try:
             resource.setrlimit(getattr(resource, name), (soft, hard))

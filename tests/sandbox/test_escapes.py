@@ -1466,6 +1466,22 @@ def test_host_wide_calls_do_not_reach_the_host(disk_dir: Path) -> None:
     assert set(seen["ordinary sockets"].values()) == {"made"}, seen["ordinary sockets"]
 
 
+def test_a_box_program_starts_with_default_signals_whatever_farmd_ignores() -> None:
+    """A farmd started as a shell's background job (SIGINT and SIGQUIT ignored) or under nohup (SIGHUP ignored)
+    hands none of that to a box: an attempt's code meets the same signals however farmd was started."""
+    names = ("SIGHUP", "SIGINT", "SIGQUIT")
+    before = {name: signal.getsignal(getattr(signal, name)) for name in names}
+    try:
+        for name in names:  # what farmctl (and so its boxes) inherits from this process
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+        res = box("python3", "-c", "import json, signal; print(json.dumps({n: signal.getsignal(getattr(signal, n)) == "
+                  f"signal.SIG_IGN for n in {names!r}}}))")
+    finally:
+        for name, handler in before.items():
+            signal.signal(getattr(signal, name), handler)
+    assert json.loads(res["stdout"]) == dict.fromkeys(names, False), "none of them ignored in the box"
+
+
 def test_crashes_never_dump_core(tmp_path: Path) -> None:
     """Box processes crash (SIGSEGV, abort, SIGQUIT; in the program's children and in an exec'd
     program) after trying to raise or lower RLIMIT_CORE. The limit is exactly 1 for every box process
