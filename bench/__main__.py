@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench import (
+    atropos_bench,
     farm_bench,
     fleet_bench,
     kernel_speed_bench,
@@ -23,7 +24,7 @@ from bench import (
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="farm's benchmarks")
-    parser.add_argument("--only", choices=("sandbox", "verifier", "kernel-speed", "farm", "store", "loop", "fleet"), help="run one part")
+    parser.add_argument("--only", choices=("sandbox", "verifier", "kernel-speed", "farm", "store", "loop", "fleet", "atropos"), help="run one part")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument("--n", type=int, default=60, help="repetitions of each latency figure")
     parser.add_argument("--boxes", type=int, default=200, help="programs per throughput figure")
@@ -39,6 +40,8 @@ def main() -> None:
                         help="budget of each learning loop (band, uniform, in process)")
     parser.add_argument("--fleet-repeats", type=int, default=3,
                         help="trials of each fleet figure, one node and two (medians)")
+    parser.add_argument("--atropos-groups", type=int, default=200, help="groups pushed a round to each Atropos server")
+    parser.add_argument("--atropos-rounds", type=int, default=3, help="rounds of the Atropos figures (medians)")
     args = parser.parse_args()
     console = Console(stderr=args.json, highlight=False)
     out: dict[str, object] = {}
@@ -58,6 +61,8 @@ def main() -> None:
             out["loop"] = loop_bench.measure(args.loop_minutes, progress)
         if args.only in (None, "fleet"):
             out["fleet"] = fleet_bench.measure(args.fleet_repeats, progress)
+        if args.only in (None, "atropos"):
+            out["atropos"] = atropos_bench.measure(args.atropos_groups, args.atropos_rounds, progress)
     if args.json:
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -76,6 +81,8 @@ def main() -> None:
         loop_bench.render(out["loop"], console)  # type: ignore[arg-type]
     if "fleet" in out:
         fleet_bench.render(out["fleet"], console)  # type: ignore[arg-type]
+    if "atropos" in out:
+        atropos_bench.render(out["atropos"], console)  # type: ignore[arg-type]
 
 
 main()
