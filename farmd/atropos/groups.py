@@ -92,9 +92,24 @@ def _rows(value: Any, name: str, lengths: list[int], kind: str, *, exact: bool =
         items = _list(row, [name, i], MAX_TOKENS)
         if exact and len(items) != length:
             raise Invalid([name, i], f"has {len(items)} entries for a sequence of {length} tokens")
-        out.append([_int(x, [name, i, j]) if kind == "int" else _float(x, [name, i, j])
-                    for j, x in enumerate(items)])
+        out.append(_ints(items, [name, i]) if kind == "int" else _floats(items, [name, i]))
     return out
+
+
+def _ints(items: list[Any], loc: list[str | int]) -> list[int]:
+    """A row of integers. Rows are thousands long: the common case is checked by C loops (``map``,
+    ``min``, ``max``), and only a row that fails it is walked in Python, for the error's place."""
+    if set(map(type, items)) <= {int} and (not items or (min(items) >= -_INT64 and max(items) < _INT64)):
+        return items
+    return [_int(x, [*loc, j]) for j, x in enumerate(items)]
+
+
+def _floats(items: list[Any], loc: list[str | int]) -> list[float]:
+    """A row of finite numbers, as floats (checked as ``_ints`` is)."""
+    kinds = set(map(type, items))
+    if kinds <= {float, int} and all(map(math.isfinite, items)):
+        return items if kinds <= {float} else [float(x) for x in items]
+    return [_float(x, [*loc, j]) for j, x in enumerate(items)]
 
 
 def scored_group(raw: Any, where: list[str | int] | None = None) -> dict[str, Any]:
@@ -110,8 +125,7 @@ def scored_group(raw: Any, where: list[str | int] | None = None) -> dict[str, An
         sequences = _list(raw["tokens"], ["tokens"], MAX_SEQUENCES)
         if not sequences:
             raise Invalid(["tokens"], "a group holds at least one sequence")
-        tokens = [[_int(t, ["tokens", i, j]) for j, t in enumerate(_list(seq, ["tokens", i], MAX_TOKENS))]
-                  for i, seq in enumerate(sequences)]
+        tokens = [_ints(_list(seq, ["tokens", i], MAX_TOKENS), ["tokens", i]) for i, seq in enumerate(sequences)]
         lengths = [len(seq) for seq in tokens]
         group: dict[str, Any] = {"tokens": tokens, "masks": _rows(raw["masks"], "masks", lengths, "int")}
         scores = _list(raw["scores"], ["scores"], MAX_SEQUENCES)
