@@ -18,15 +18,19 @@ import stat
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from farmd.agents.registry import NamedEndpoint, check_spec
 from farmd.atropos.settings import AtroposConfig
 from farmd.errors import AgentSpecError, ConfigError
 from farmd.intake.settings import IntakeConfig
 from farmd.sandbox.config import SandboxConfig
 from farmd.scheduler.config import SchedulerConfig
 from farmd.taskbank import BankConfig, TaskBankError
+
+if TYPE_CHECKING:
+    # Agents load environments, boxes and clients: a config that names no agent or endpoint (every farmctl
+    # call against a farm, most farmd starts) is read without them, so they are imported where needed.
+    from farmd.agents.registry import NamedEndpoint
 
 T = TypeVar("T")
 
@@ -235,6 +239,8 @@ def _coerce_intake(table: dict[str, Any], endpoints: tuple[NamedEndpoint, ...]) 
 def _coerce_atropos(table: dict[str, Any], endpoints: tuple[NamedEndpoint, ...]) -> AtroposConfig:
     atropos = _settings("atropos", AtroposConfig, table)
     if atropos.agent:
+        from farmd.agents.registry import check_spec
+
         try:
             check_spec(atropos.agent, endpoints=endpoints)
         except AgentSpecError as exc:
@@ -247,6 +253,8 @@ _ENDPOINT_KEYS = ("url", "key_env", "request_timeout_s", "max_attempts", "max_to
 
 
 def _coerce_endpoints(table: dict[str, Any]) -> tuple[NamedEndpoint, ...]:
+    from farmd.agents.registry import NamedEndpoint
+
     endpoints = []
     for name, settings in table.items():
         where = f"[endpoints.{name}]"
@@ -396,6 +404,8 @@ def load(path: Path | None = None, *, read_credentials: bool = True, **flags: An
         if value is not None:
             values[key] = value
     if scheduler.demand_agent:
+        from farmd.agents.registry import check_spec
+
         try:  # refused now, not by every demand-driven job
             check_spec(scheduler.demand_agent, endpoints=endpoints)
         except AgentSpecError as exc:

@@ -291,7 +291,7 @@ class Daemon:
         unknown = sorted(set(self.config.atropos.envs) - set(self.catalog.names()))
         if unknown:
             raise ConfigError(f"[atropos] envs names {unknown}, which this farm does not serve")
-        queue = AtroposQueue(self.store)
+        queue = AtroposQueue(self.store, stored=self.scheduler.delivery.stored)
         await queue.open()
         self._atropos = AtroposServer(queue, self.config.atropos_listen, self.config.credentials)
         await self._atropos.start()

@@ -40,5 +40,9 @@ RED_TEAM_EXPLOIT = "red_team_exploit"
 RED_TEAM_ESCAPE = "red_team_escape"
 """A red-team agent's attempt to get out of its box (its agent spec names which): wrong on purpose."""
 
+EXTERNAL_SCORE = "external_score"
+"""Scored outside the farm: an Atropos environment pushed the attempt with its score, which farm's verifier never
+judged (a trainer that trusts only farm's verdicts leaves these out)."""
+
 ALL = (SANDBOX_VIOLATION, SUSPECTED_HACK, TIMEOUT, NO_ANSWER, UNPARSEABLE, INVALID_TEXT, VERIFIER_FAULT,
-       TRUNCATED, QUARANTINED, WITHDRAWN, RED_TEAM_EXPLOIT, RED_TEAM_ESCAPE)
+       TRUNCATED, QUARANTINED, WITHDRAWN, RED_TEAM_EXPLOIT, RED_TEAM_ESCAPE, EXTERNAL_SCORE)

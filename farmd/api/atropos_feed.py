@@ -27,7 +27,7 @@ from farm_client.convert import from_message, to_message
 from farm_client.record import Trajectory as ClientTrajectory
 from farm_client.sequences import UntokenizedError, token_rows
 
-from farmd.atropos.groups import SCORED_FIELDS
+from farmd.atropos.groups import SCORED_FIELDS, Checked
 from farmd.atropos.queue import AtroposQueue
 from farmd.atropos.settings import AtroposConfig
 from farmd.records import Trajectory
@@ -83,7 +83,7 @@ class AtroposFeed:
             await batches.aclose()  # type: ignore[attr-defined]  # a generator: its stream ends here, not when collected
 
 
-def _atropos_groups(trajectories: list[Trajectory]) -> tuple[list[tuple[dict[str, Any], bytes]], int]:
+def _atropos_groups(trajectories: list[Trajectory]) -> tuple[list[Checked], int]:
     """Each whole group of ``trajectories`` as an Atropos scored group (with its stored form); and how many
     groups were passed over."""
     by_group: dict[int, list[Trajectory]] = {}
@@ -95,7 +95,7 @@ def _atropos_groups(trajectories: list[Trajectory]) -> tuple[list[tuple[dict[str
         if group is None:
             skipped += 1
             continue
-        made.append((group, pack(json.dumps(group, separators=(",", ":")).encode())))
+        made.append(Checked(group, pack(json.dumps(group, separators=(",", ":")).encode())))
     return made, skipped
 
 

@@ -18,6 +18,7 @@ from farmd.api.errors import Refused, guarded, guarded_stream
 from farmd.api.limits import POLICY_CHUNK_BYTES
 from farmd.api.paging import make_token, page_size, read_token
 from farmd.api.trajectories import batch_messages, fitting, trajectory_pb
+from farmd.atropos.records import is_atropos_env
 from farmd.envs import VerifyContext, get
 from farmd.envs.catalog import EnvLookup
 from farmd.errors import BadRequest, FailedPrecondition, NotFound
@@ -339,7 +340,8 @@ def _subscription(request: farm_pb2.StreamTrajectoriesRequest, envs: EnvLookup) 
     if len(request.envs) > MAX_SUBSCRIBED_ENVS:
         raise BadRequest(f"a subscription names at most {MAX_SUBSCRIBED_ENVS} environments")
     for env in request.envs:
-        envs(env)  # an unknown environment is a typo that would stream nothing, for ever
+        if not is_atropos_env(env):  # those are named by whoever pushes to the Atropos API, not by the catalog
+            envs(env)  # an unknown environment is a typo that would stream nothing, for ever
     return Subscription(agent=request.agent.strip(), envs=tuple(dict.fromkeys(request.envs)))
 
 

@@ -14,12 +14,15 @@ Atropos hands it back: every field present, None where not sent, plus its stored
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from farmd.store.atropos import pack
+from farmd import jsonio
+from farmd.atropos.records import as_trajectories
+from farmd.records import Trajectory
+from farmd.store.atropos import pack, pack_records
 
 MAX_SEQUENCES = 4096
 """Sequences in one group."""
@@ -34,6 +37,21 @@ SCORED_FIELDS = ("tokens", "masks", "scores", "advantages", "ref_logprobs", "mes
                  "inference_logprobs", "overrides", "group_overrides", "images", "env_id", "distill_token_ids",
                  "distill_logprobs")
 """A group's fields in the order Atropos hands them back."""
+
+
+@dataclass
+class Checked:
+    """A scored group that holds together, ready for the queue."""
+
+    group: dict[str, Any]
+    """Every field Atropos hands back (None where not sent)."""
+    stored: bytes
+    """Its JSON as the store keeps it (``pack``ed)."""
+    records: list[Trajectory] = field(default_factory=list)
+    """Farm's view of it, one trajectory per sequence (``farmd.atropos.records``); none for groups made from
+    farm's own rollouts (they are trajectories already)."""
+    bodies: list[bytes] = field(default_factory=list)
+    """``records`` as the store keeps them (packed here, off the event loop)."""
 
 
 class Invalid(ValueError):
@@ -175,20 +193,27 @@ def _distill(value: Any, name: str, lengths: list[int], kind: str) -> list[list[
              for j, top in enumerate(_list(row, [name, i], MAX_TOKENS))] for i, row in enumerate(rows)]
 
 
-def scored_groups(body: bytes, *, many: bool) -> list[tuple[dict[str, Any], bytes]]:
-    """``/scored_data`` (one group) or ``/scored_data_list``'s body: each group checked, with its stored form."""
-    raw = _json(body)
+def scored_groups(body: bytes, *, many: bool) -> list[Checked]:
+    """``/scored_data`` (one group) or ``/scored_data_list``'s body: each group checked, with its stored form
+    and its trajectories."""
+    raw, exact = _json_exact(body)
     items = _list(raw, [], MAX_GROUPS) if many else [raw]
     out = []
     for i, item in enumerate(items):
         group = scored_group(item, [i] if many else [])
-        out.append((group, pack(json.dumps(group, separators=(",", ":")).encode())))
+        records = as_trajectories(group)
+        out.append(Checked(group, pack(jsonio.dump(group, exact=exact)), records,
+                           pack_records(records)))
     return out
 
 
 def _json(body: bytes) -> Any:
+    return _json_exact(body)[0]
+
+
+def _json_exact(body: bytes) -> tuple[Any, bool]:
     try:
-        return json.loads(body)
+        return jsonio.parse(body)
     except (UnicodeDecodeError, ValueError) as exc:
         raise Invalid([], f"the body is not JSON: {exc}") from None
 

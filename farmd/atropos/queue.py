@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from farmd.atropos import records
 from farmd.atropos.batching import EnvShare, Queued, batch_with_shares, exact_batch, filling
+from farmd.atropos.groups import Checked
 from farmd.errors import BadRequest, NotFound
 from farmd.store import Store
 from farmd.store.atropos import GroupChange, unpack
@@ -61,8 +62,10 @@ class _State:
 
 
 class AtroposQueue:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, stored: Callable[[], None] | None = None) -> None:
         self._store = store
+        self._stored = stored
+        """Called once pushed groups' trajectories are committed (farm's streams wake for them)."""
         self._state = _State()
         self._queued: list[_Group] = []
         self._buffers: dict[int, list[_Group]] = {}
@@ -103,7 +106,9 @@ class AtroposQueue:
                 await self._save([])
             return {"uuid": uuid.uuid4().int}
 
-    async def batch(self) -> dict[str, Any]:
+    async def batch(self) -> dict[str, Any] | bytes:
+        """Atropos's answer: an error or no batch, or a batch as the JSON it goes out as (its groups' stored
+        JSON joined, never parsed and written again)."""
         async with self._lock, self._changing():
             trainer = self._state.trainer
             if trainer is None:
@@ -126,7 +131,7 @@ class AtroposQueue:
             changes += [GroupChange("served", id=g.id, batch=number) for g in served]
             await self._save(changes)
             stored = await self._store.atropos.payloads([g.id for g in served])
-        return {"batch": await asyncio.to_thread(_decode, [stored[g.id] for g in served])}
+        return await asyncio.to_thread(_joined, [stored[g.id] for g in served])
 
     def _cut(self, batch_size: int) -> list[list[_Group]]:
         """Every batch the queue makes now, in the order they are cut; the queue keeps the rest."""
@@ -181,10 +186,9 @@ class AtroposQueue:
             await self._save([])
             return {"status": "success"}
 
-    async def push(self, groups: list[tuple[dict[str, Any], bytes]], *, farm_cursor: int | None = None
-                   ) -> list[dict[str, Any]]:
-        """Validated groups (each with its JSON as stored) into the queue, or into their environment's buffer
-        when their size is not the one it registered; one answer per group, all saved in one transaction.
+    async def push(self, groups: list[Checked], *, farm_cursor: int | None = None) -> list[dict[str, Any]]:
+        """Checked groups into the queue, or into their environment's buffer when their size is not the one it
+        registered; one answer per group, all saved in one transaction (with their trajectories).
         ``farm_cursor``: they were made from farm's rollouts up to there, which is saved with them."""
         source = "pushed" if farm_cursor is None else "farm"
         async with self._lock, self._changing():
@@ -193,21 +197,25 @@ class AtroposQueue:
             answers: list[dict[str, Any]] = []
             added: dict[int, GroupChange] = {}
             moved: list[GroupChange] = []
-            for group, payload in groups:
+            for checked in groups:
+                group = checked.group
                 made = _Group(self._next_id, len(group["tokens"]), group.get("env_id"), farm_cursor is not None)
                 self._next_id += 1
                 env = self._env(made.env_id)
+                records.name(checked.records, env=records.env_name(env["desired_name"] if env else None),
+                             group=made.id)
                 wanted = int(env.get("group_size") or 1) if env is not None else made.size
+                change = GroupChange("queued", id=made.id, env_id=made.env_id, size=made.size, payload=checked.stored,
+                                     new=True, source=source, records=checked.records,
+                                     bodies=checked.bodies)
+                added[made.id] = change
                 if made.size == wanted:
-                    added[made.id] = GroupChange("queued", id=made.id, env_id=made.env_id, size=made.size,
-                                                 payload=payload, new=True, source=source)
                     self._queued.append(made)
                     self._state.latest = made.id
                     answers.append({"status": "received"})
                     continue
                 assert made.env_id is not None
-                added[made.id] = GroupChange("buffered", id=made.id, env_id=made.env_id, size=made.size,
-                                             payload=payload, new=True, source=source)
+                change.state = "buffered"
                 buffer = self._buffers.setdefault(made.env_id, [])
                 buffer.append(made)
                 ready = filling([g.size for g in buffer], wanted)
@@ -222,6 +230,8 @@ class AtroposQueue:
                 self._buffers[made.env_id] = left
                 answers.append({"status": "buffered", "buffer_size": sum(g.size for g in left)})
             await self._save([*added.values(), *moved])
+            if self._stored is not None and any(c.records for c in added.values()):
+                self._stored()
             return answers
 
     @property
@@ -242,14 +252,14 @@ class AtroposQueue:
         envs = self._state.envs
         return envs[env_id] if env_id is not None and 0 <= env_id < len(envs) else None
 
-    async def latest_example(self) -> dict[str, Any]:
+    async def latest_example(self) -> dict[str, Any] | bytes:
         latest = self._state.latest
         if latest is None or latest < 0:
             return dict(EMPTY_EXAMPLE)
         stored = await self._store.atropos.payloads([latest])
         if latest not in stored:
             return dict(EMPTY_EXAMPLE)
-        return (await asyncio.to_thread(_decode, [stored[latest]]))[0]
+        return await asyncio.to_thread(unpack, stored[latest])
 
     # -- what either side reads ----------------------------------------------------------------------
 
@@ -328,5 +338,5 @@ class AtroposQueue:
             raise
 
 
-def _decode(stored: list[bytes]) -> list[dict[str, Any]]:
-    return [json.loads(unpack(s)) for s in stored]
+def _joined(stored: list[bytes]) -> bytes:
+    return b'{"batch":[' + b",".join(unpack(s) for s in stored) + b"]}"

@@ -11,7 +11,6 @@ from typing import NoReturn
 import click
 
 from farmd import __version__
-from farmd.cli.catalog_cmd import agents, envs
 from farmd.cli.common import (
     DEFAULT_PORT,
     EXIT_FAILED,
@@ -23,28 +22,29 @@ from farmd.cli.common import (
     grpc_target,
     wants_json,
 )
-from farmd.cli.env_cmd import audit, task_group, verify
-from farmd.cli.export_cmd import export
-from farmd.cli.intake_cmd import (
-    bounty_group,
-    contributor_group,
-    funnel,
-    quarantine,
-    review_group,
-    submission_group,
-    submit,
-)
-from farmd.cli.redteam_cmd import redteam
-from farmd.cli.remote_cmd import rescore, run, runs_group, status, trajectories_group
-from farmd.cli.sandbox_cmd import doctor, sandbox_group
-from farmd.cli.token_cmd import token_group
+from farmd.cli.lazy import LazyGroup
 from farmd.config import DEFAULT_LISTEN, load, read_token_file
 from farmd.errors import ConfigError
 
 _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+_COMMANDS = {
+    "sandbox": "farmd.cli.sandbox_cmd:sandbox_group", "doctor": "farmd.cli.sandbox_cmd:doctor",
+    "status": "farmd.cli.remote_cmd:status", "run": "farmd.cli.remote_cmd:run", "runs": "farmd.cli.remote_cmd:runs_group",
+    "trajectories": "farmd.cli.remote_cmd:trajectories_group", "rescore": "farmd.cli.remote_cmd:rescore",
+    "export": "farmd.cli.export_cmd:export", "task": "farmd.cli.env_cmd:task_group", "verify": "farmd.cli.env_cmd:verify",
+    "audit": "farmd.cli.env_cmd:audit", "envs": "farmd.cli.catalog_cmd:envs", "agents": "farmd.cli.catalog_cmd:agents",
+    "token": "farmd.cli.token_cmd:token_group", "submit": "farmd.cli.intake_cmd:submit",
+    "submission": "farmd.cli.intake_cmd:submission_group", "review": "farmd.cli.intake_cmd:review_group",
+    "quarantine": "farmd.cli.intake_cmd:quarantine", "bounty": "farmd.cli.intake_cmd:bounty_group",
+    "contributor": "farmd.cli.intake_cmd:contributor_group", "funnel": "farmd.cli.intake_cmd:funnel",
+    "redteam": "farmd.cli.redteam_cmd:redteam",
+}
+"""Each command and where it lives: imported only when it runs."""
+
+
+@click.group(cls=LazyGroup, lazy=_COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="farmctl")
 @click.option("--addr", default=None, metavar="HOST[:PORT]",
               help=f"farmd to talk to (default {DEFAULT_LISTEN}; a HOST alone: port {DEFAULT_PORT}).")
@@ -81,30 +81,6 @@ def _token(token: str | None, token_file: Path | None) -> str | None:
     if token:
         raise ConfigError("give the token once: --token (FARM_TOKEN) or --token-file (FARM_TOKEN_FILE)")
     return read_token_file(token_file)
-
-
-cli.add_command(sandbox_group)
-cli.add_command(doctor)
-cli.add_command(status)
-cli.add_command(run)
-cli.add_command(runs_group)
-cli.add_command(trajectories_group)
-cli.add_command(export)
-cli.add_command(rescore)
-cli.add_command(task_group)
-cli.add_command(verify)
-cli.add_command(audit)
-cli.add_command(envs)
-cli.add_command(agents)
-cli.add_command(token_group)
-cli.add_command(submit)
-cli.add_command(submission_group)
-cli.add_command(review_group)
-cli.add_command(quarantine)
-cli.add_command(bounty_group)
-cli.add_command(contributor_group)
-cli.add_command(funnel)
-cli.add_command(redteam)
 
 
 def main() -> None:

@@ -236,7 +236,7 @@ def plot(metrics: Sequence[dict[str, Any]], farm: Sequence[dict[str, Any]], out:
         occ = [(f["time"] - t0, f["band_occupancy"]) for f in farm if f.get("band_occupancy") is not None]
         if occ:
             ax.plot(*zip(*occ, strict=True), label="band occupancy")
-    ax.set_ylim(0, 1)
+    ax.set_ylim(0, 1.05)  # a full band (1.0) is a line of its own, not the frame's edge
     ax.set_xlabel("wall time (s)")
     ax.set_title("where the learning signal is")
     ax.grid(alpha=0.3)

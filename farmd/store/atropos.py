@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from farmd.records import Trajectory
 
 if TYPE_CHECKING:
     from farmd.store.store import Store
@@ -48,10 +50,23 @@ class GroupChange:
     batch: int | None = None
     new: bool = False
     source: str = "pushed"
+    records: list[Trajectory] = field(default_factory=list)
+    """A new pushed group's sequences as farm trajectories (``farmd.atropos.records``): stored with it, as a
+    finished farm group of agent ``atropos``."""
+    bodies: list[bytes] = field(default_factory=list)
+    """``records``' stored bodies (``pack_records``, off the event loop, by whoever made them)."""
 
 
 def pack(payload: bytes) -> bytes:
     return zlib.compress(payload, 1)
+
+
+def pack_records(records: list[Trajectory]) -> list[bytes]:
+    """Trajectories' stored bodies: everything but their columns (ids, env, seed, reward, ...), which may still
+    be set after this."""
+    from farmd.store.store import pack_body
+
+    return [pack_body(t) for t in records]
 
 
 class AtroposRecords:
@@ -71,11 +86,15 @@ class AtroposRecords:
                                  str(src)) for i, e, n, s, b, src in rows], int(top[0]) + 1)
 
     async def apply(self, state: dict[str, Any], changes: list[GroupChange]) -> None:
-        """Save ``state`` and ``changes`` in one transaction."""
+        """Save ``state`` and ``changes`` in one transaction: new groups' trajectories too."""
         now = time.time()
         added = [(c.id, c.env_id, c.size, c.state, c.batch, c.payload, now, c.source) for c in changes if c.new]
         moved = [(c.state, c.batch, c.id) for c in changes if not c.new]
+        finished = [c.records for c in changes if c.new and c.records]
+        bodies = [b for c in changes if c.new and c.records for b in c.bodies]
         async with self._store._write() as db:
+            if finished:
+                await self._store._insert_finished(db, finished, bodies, source="atropos", now=now)
             await db.execute("INSERT INTO state(key, value) VALUES (?,?) ON CONFLICT(key) DO UPDATE SET "
                              "value=excluded.value", (_STATE_KEY, json.dumps(state)))
             if added:

@@ -138,6 +138,10 @@ def _pack(traj: Trajectory) -> bytes:
     return zlib.compress(_utf8(text), 1) + arrays
 
 
+pack_body = _pack
+"""For records made outside the store's own writes (``farmd.store.atropos``): packed off the event loop."""
+
+
 def _pack_turn(turn: Turn, messages: list[ChatMessage], arrays: bytearray) -> dict[str, Any]:
     plain = {name: getattr(turn, name) for name in _TURN_FIELDS}
     i = turn.message_index
@@ -610,6 +614,38 @@ class Store:
                 await withdraw(db, f"t.id IN ({','.join('?' * len(late))})", late, now)
             await self._finish_groups(db, group_ids)
         return [t.id for _, t in keep]
+
+    async def _insert_finished(self, db: aiosqlite.Connection, groups: list[list[Trajectory]], bodies: list[bytes],
+                               *, source: str, now: float) -> None:
+        """Groups that were never run here (pushed from outside, ``source`` says by what), stored as finished farm
+        groups: their jobs done, their trajectories at the end of the stream, given ids, group ids and places
+        here. Inside the caller's transaction; ``bodies`` are the trajectories' ``pack_body``, in order."""
+        tops = await db.execute_fetchall("SELECT (SELECT COALESCE(MAX(id), 0) FROM groups), "
+                                         "(SELECT COALESCE(MAX(id), 0) FROM jobs), "
+                                         "(SELECT COALESCE(MAX(seq), 0) FROM trajectories)")
+        group_id, job_id, seq = (int(v) for v in next(iter(tops)))
+        group_rows, job_rows, traj_rows = [], [], []
+        body = iter(bodies)
+        for members in groups:
+            group_id += 1
+            head = members[0]
+            group_rows.append((group_id, head.env, head.seed, head.difficulty, head.agent, len(members), source, now))
+            for t in members:
+                job_id += 1
+                seq += 1
+                t.id, t.group_id, t.seq, t.run_id = job_id, group_id, seq, 0
+                t.finished_at = t.finished_at or now
+                job_rows.append((job_id, group_id, t.env, t.seed, t.difficulty, t.agent, source, now, now))
+                traj_rows.append((t.id, t.seq, t.group_id, t.env, t.env_version, t.seed, t.difficulty, t.agent,
+                                  t.policy_version, t.reward, int(t.passed), t.status, _json(t.reasons), _json(t.flags),
+                                  t.verifier_version, next(body), t.node, t.finished_at, t.run_id))
+        await db.executemany("INSERT INTO groups(id, env, seed, difficulty, agent, size, source, created_at, run_id) "
+                             "VALUES (?,?,?,?,?,?,?,?,0)", group_rows)
+        await db.executemany("INSERT INTO jobs(id, group_id, env, seed, difficulty, agent, state, source, created_at, "
+                             "updated_at) VALUES (?,?,?,?,?,?,'done',?,?,?)", job_rows)
+        await db.executemany(
+            f"INSERT INTO trajectories({_TRAJ_COLUMNS}) VALUES ({','.join('?' * (len(_COLUMN_INDEX) + 1))})", traj_rows)
+        await self._finish_groups(db, [row[0] for row in group_rows])
 
     async def leased_attempts(self, owner: str, job_id: int) -> int | None:
         """The attempts a job ``owner`` holds the lease of has had; None: ``owner`` does not hold it."""

@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
+from farm_client import FarmClient
+from farm_client.sequences import token_rows
 
 from farmd.config import Config, Credential
 from tests.api.conftest import InProcessFarm
@@ -178,3 +180,52 @@ def test_credentials_decide_who_pushes_and_who_takes(atropos_farm) -> None:  # t
     assert denied.status_code == 403 and "it needs environment or operator" in denied.json()["detail"]
     assert env.get("/batch").status_code == 403
     assert len(trainer.get("/batch").json()["batch"]) == 1
+
+
+def test_pushed_groups_are_farm_trajectories_a_farm_trainer_can_stream(atropos_farm) -> None:  # type: ignore[no-untyped-def]
+    farm, api = atropos_farm("pushed")
+    api.post("/register", {**REGISTRATION, "batch_size": 4})
+    api.get("/batch")
+    api.post("/register-env", {"max_token_length": 64, "desired_name": "gsm8k/v2 <b>", "weight": 1.0, "group_size": 2})
+    # Two turns in one sequence: trained runs at 2-3 and 6-7, the tool's reply (4-5) fed back.
+    tokens = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 9, 9, 5, 6, 9, 8]]
+    masks = [[-100, -100, 3, 4, -100, -100, 7, 8], [-100, -100, 9, 9, -100, -100, 9, 8]]
+    logprobs = [[1.0, 1.0, -0.5, -0.25, 1.0, 1.0, -1.5, -0.125], [1.0, 1.0, -2.0, -2.0, 1.0, 1.0, -2.0, -0.5]]
+    messages = [[{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}],
+                [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": [{"type": "text", "text": "5"}]}]]
+    pushed = {"tokens": tokens, "masks": masks, "scores": [1.0, -1.0], "inference_logprobs": logprobs,
+              "advantages": [[0.5] * 8, [-0.5] * 8], "messages": messages, "env_id": 0}
+    assert api.post("/scored_data", pushed).json() == {"status": "received"}
+    assert api.post("/scored_data", {"tokens": [[1]], "masks": [[1, 2]], "scores": [1.0]}).status_code == 422
+    assert api.post("/scored_data", group(2, 40)).json() == {"status": "received"}, "a group naming no environment"
+
+    with FarmClient(farm.addr) as client:
+        listed = client.trajectories(limit=10, full=True)
+        assert [(t.env, t.agent, t.reward, t.passed) for t in listed] == [
+            ("atropos:gsm8k_v2__b_", "atropos", 1.0, True), ("atropos:gsm8k_v2__b_", "atropos", -1.0, False),
+            ("atropos", "atropos", 0.0, False), ("atropos", "atropos", 1.0, True)]
+        assert all(t.flags == ["external_score"] and t.verifier_version == "atropos-env" for t in listed)
+        first = listed[0]
+        rows = token_rows(first)
+        assert [(r.input_ids, r.loss_mask) for r in rows] == [(tokens[0], [0, 0, 1, 1, 0, 0, 1, 1])]
+        assert rows[0].logprobs == [0.0, 0.0, -0.5, -0.25, 0.0, 0.0, -1.5, -0.125]
+        assert [m.content for m in first.messages] == ["2+2?", "4"] and first.task.prompt == "2+2?"
+        assert json.loads(listed[1].messages[1].content) == [{"type": "text", "text": "5"}]
+        details = first.verdict_details["atropos"]
+        assert details["advantages"] == [0.5] * 8 and details["index"] == 0 and "masks" not in details, \
+            "advantages have no field of their own; the masks are the turns'"
+        assert first.seed == listed[1].seed != listed[2].seed, "the Atropos group, for both of its sequences"
+        assert listed[0].group_id == listed[1].group_id != listed[2].group_id
+        # A farm trainer subscribed to Atropos's pushes gets them as whole groups, like its own rollouts.
+        batch = next(client.batches("from-atropos", batch_size=2, whole_groups=True, agent="atropos",
+                                    envs=["atropos:gsm8k_v2__b_"]))
+        assert [t.id for t in batch.trajectories] == [listed[0].id, listed[1].id]
+    farm.stop()
+
+    farm, api = atropos_farm("pushed")
+    with FarmClient(farm.addr) as client:
+        assert len(client.trajectories(limit=10)) == 4, "kept across a restart"
+    served = api.get("/batch").json()["batch"]
+    assert sorted(g["tokens"] for g in served) == sorted([tokens, [[40, 41, 42], [41, 42, 43]]]), \
+        "the queue serves them as pushed"
+    assert next(g for g in served if g["tokens"] == tokens)["messages"] == messages

@@ -22,7 +22,10 @@ HUMAN_ONLY = {"sandbox demo"}
 
 def _commands(group: click.Group, prefix: str = "") -> dict[str, click.Command]:
     found: dict[str, click.Command] = {}
-    for name, command in group.commands.items():
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):  # farmctl's own commands are loaded when asked for
+        command = group.get_command(ctx, name)
+        assert command is not None, name
         if isinstance(command, click.Group):
             found.update(_commands(command, f"{prefix}{name} "))
         else:

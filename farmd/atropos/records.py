@@ -1,0 +1,143 @@
+"""A pushed Atropos group as farm trajectories: one per sequence, so the console, ``farmctl trajectories``,
+the export and farm's own trainer streams see what Atropos environments sent beside farm's rollouts.
+
+The group as pushed stays the source of truth (what ``/batch`` hands out, byte for byte); these are farm's
+view of it, built where the group was checked (off the event loop):
+
+- the tokens become turns, one per run of trained positions (mask not -100), each with everything before
+  it as its prompt, so ``farm_client.sequences.token_rows`` gives back the sequence with its loss mask;
+  ``inference_logprobs``, when the environment sent one per token, become the turns' sampling logprobs;
+- the score is the reward, ``passed`` when it is above 0, flagged ``external_score``: the environment
+  scored it, farm's verifier never saw it;
+- the messages, when sent, become the conversation (content that is not text is kept as its JSON);
+- what a trajectory has no field for (advantages, ref logprobs, overrides, generation parameters, and masks
+  or logprobs the turns cannot say) is kept in ``verdict_details["atropos"]`` (per-token rows while they
+  fit a bound), so an export holds what was pushed.
+
+Names are the queue's to give (it knows the registered environments): ``name`` fills them in.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from farmd.flags import EXTERNAL_SCORE
+from farmd.records import MAX_DETAILS_CHARS, ChatMessage, PosedTask, Trajectory, Turn
+
+AGENT = "atropos"
+"""Whose attempts pushed groups are: an Atropos environment's own inference (farm does not know the model)."""
+ENV_PREFIX = "atropos:"
+VERIFIER_VERSION = "atropos-env"
+_IGNORED = -100
+_MAX_TURNS = 64
+"""Trained runs in one sequence kept as turns; past this the rest of the sequence is one turn (the exact
+masks are in the details)."""
+_MAX_DETAILS = 4 * MAX_DETAILS_CHARS
+"""Per-token rows of one sequence kept in its details at most (as JSON characters, counted generously)."""
+_CHARS_PER_NUMBER = 24
+"""The most a number takes as JSON (a float's shortest repr, a separator)."""
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def env_name(desired_name: str | None) -> str:
+    """The farm environment an Atropos environment's groups are listed under (``atropos`` when a group
+    names no registered environment)."""
+    if not desired_name:
+        return "atropos"
+    return ENV_PREFIX + (_UNSAFE.sub("_", desired_name)[:64] or "_")
+
+
+def is_atropos_env(name: str) -> bool:
+    """A name ``env_name`` gives."""
+    return name == "atropos" or (name.startswith(ENV_PREFIX) and _UNSAFE.search(name[len(ENV_PREFIX):]) is None
+                                 and 0 < len(name) - len(ENV_PREFIX) <= 64)
+
+
+def as_trajectories(group: dict[str, Any]) -> list[Trajectory]:
+    """One unnamed trajectory per sequence of a checked group (``farmd.atropos.groups.scored_group``),
+    sealed to the record's bounds."""
+    out = []
+    logprob_rows = group.get("inference_logprobs")
+    for i, tokens in enumerate(group["tokens"]):
+        score = float(group["scores"][i])
+        masks = group["masks"][i]
+        logprobs = logprob_rows[i] if logprob_rows is not None and len(logprob_rows[i]) == len(tokens) else None
+        messages = _conversation(group["messages"][i]) if _has(group.get("messages"), i) else []
+        details: dict[str, Any] = {"index": i}
+        for name in ("generation_params", "group_overrides"):
+            if group.get(name) is not None:
+                details[name] = group[name]
+        if _has(group.get("overrides"), i):
+            details["overrides"] = group["overrides"][i]
+        out.append(Trajectory(
+            id=0, group_id=0, env="atropos", env_version="", seed=0, difficulty=0, agent=AGENT, policy_version=0,
+            reward=score, passed=score > 0, status="ok",
+            reasons=["scored by the Atropos environment that pushed it; farm's verifier did not judge it"],
+            flags=[EXTERNAL_SCORE], verifier_version=VERIFIER_VERSION, node="atropos",
+            verdict_details={"atropos": details}, messages=messages,
+            task=PosedTask(prompt=next((m.content for m in messages if m.role == "user"), ""),
+                           metadata={"source": "atropos"}),
+            turns=_turns(tokens, masks, logprobs, messages)).sealed())
+        # Per-token rows the turns do not already say join after the seal: they are numbers the group's check
+        # found finite, and walking them as JSON trees was half of a push's time. Masks that are the tokens
+        # where trained and -100 elsewhere, and logprobs one per token, are in the turns.
+        per_token = {name: group[name][i] for name in ("advantages", "ref_logprobs") if _has(group.get(name), i)}
+        if any(m != _IGNORED and m != tok for m, tok in zip(masks, tokens, strict=True)):
+            per_token["masks"] = masks
+        if logprobs is None and logprob_rows is not None and _has(logprob_rows, i):
+            per_token["inference_logprobs"] = logprob_rows[i]  # not one per token: kept as sent
+        kept = out[-1].verdict_details.get("atropos")
+        if kept is not None and per_token:
+            if sum(len(row) for row in per_token.values()) * _CHARS_PER_NUMBER <= _MAX_DETAILS:
+                kept.update(per_token)
+            else:
+                kept["per_token"] = "over the record's bound: kept with the Atropos group as pushed"
+    return out
+
+
+def name(records: list[Trajectory], *, env: str, group: int) -> None:
+    """Where the queue put them: the environment they are listed under, and the Atropos group (``seed``).
+    Both are columns, not the stored body: the body is packed before the queue names them."""
+    for t in records:
+        t.env = env
+        t.seed = group
+
+
+def _has(rows: Any, i: int) -> bool:
+    return isinstance(rows, list) and i < len(rows) and rows[i] is not None
+
+
+def _conversation(messages: list[dict[str, Any]]) -> list[ChatMessage]:
+    out = []
+    for m in messages:
+        content = m.get("content")
+        out.append(ChatMessage(role=str(m.get("role")),
+                               content=content if isinstance(content, str) else json.dumps(content)))
+    return out
+
+
+def _turns(tokens: list[int], masks: list[int], logprobs: list[float] | None,
+           messages: list[ChatMessage]) -> list[Turn]:
+    runs: list[tuple[int, int]] = []
+    start: int | None = None
+    for j, m in enumerate(masks):
+        if m != _IGNORED and start is None:
+            start = j
+        elif m == _IGNORED and start is not None:
+            runs.append((start, j))
+            start = None
+    if start is not None:
+        runs.append((start, len(masks)))
+    if len(runs) > _MAX_TURNS:
+        runs = [*runs[:_MAX_TURNS - 1], (runs[_MAX_TURNS - 1][0], runs[-1][1])]
+    replies = [k for k, m in enumerate(messages) if m.role == "assistant"]
+    turns = []
+    for n, (a, b) in enumerate(runs):
+        index = replies[n] if n < len(replies) else len(messages)
+        turns.append(Turn(message_index=index, prompt_messages=index,
+                          completion=messages[index].content if index < len(messages) else "",
+                          prompt_token_ids=tokens[:a], token_ids=tokens[a:b],
+                          logprobs=logprobs[a:b] if logprobs is not None else [], has_logprobs=logprobs is not None))
+    return turns
