@@ -17,7 +17,6 @@ delivery after: a restart between the two acks again, never adds twice. It takes
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from typing import Any
@@ -33,6 +32,7 @@ from farmd.atropos.settings import AtroposConfig
 from farmd.records import Trajectory
 from farmd.scheduler.delivery import Delivery, Subscription
 from farmd.store.atropos import pack
+from farmd.tasks import cancel_and_wait
 
 log = logging.getLogger("farmd.api.atropos_feed")
 
@@ -58,11 +58,8 @@ class AtroposFeed:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="farmd-atropos-feed")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         subscription = Subscription(agent=self._config.agent, envs=tuple(self._config.envs))

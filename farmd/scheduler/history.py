@@ -9,12 +9,13 @@ A few hours at the default spacing is a few thousand small records: memory farmd
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from farmd.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from farmd.scheduler.nodes import Nodes
@@ -57,11 +58,8 @@ class History:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="farmd-history")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:

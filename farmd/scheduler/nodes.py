@@ -16,7 +16,6 @@ went elsewhere is dropped by the store, which stores a job only for the owner ho
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from farmd.errors import BadRequest, Conflict, FailedPrecondition
 from farmd.records import NODE_NAME, Job, JobState, Trajectory
+from farmd.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from farmd.scheduler.scheduler import Scheduler
@@ -108,10 +108,7 @@ class Nodes:
         self._task = asyncio.get_running_loop().create_task(self._watch(), name="nodes-watch")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     # -- joining and leaving ------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from farmd.scheduler.delivery import Delivery
 from farmd.scheduler.policies import Policies
 from farmd.store import Store
 from farmd.taskbank import BankConfig, TaskBank, TaskKey
+from farmd.tasks import cancel_and_wait
 
 log = logging.getLogger("farmd.scheduler")
 
@@ -81,10 +82,7 @@ class Scheduler:
         self._task = asyncio.get_running_loop().create_task(self._maintain(), name="scheduler-maintenance")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         await self._observe_finished()
         await self._save_bank()
 

@@ -656,6 +656,13 @@ def _recorder() -> None:
     os.kill(-1, signal.SIGKILL)
     if ref is not None:
         os.waitpid(ref.pid, 0)
+    # The runner's own clock is read again once it is a zombie, not only before it was killed: whatever it
+    # still ran after that read (its exit, late work on a loaded machine) is its own CPU time, which the
+    # reaped count below has; read before the kill, it showed as work of processes the submission started
+    # (2 ms for a reference, once, under load). A zombie's clock is final and holds none of its reaped
+    # children's time, so the difference is theirs alone (measured equal to the reaped count to the us).
+    os.waitid(os.P_PID, sub.pid, os.WEXITED | os.WNOWAIT)
+    runner_cpu = _cpu_ns(sub.clock) or runner_cpu
     before = _cpu_spent(resource.RUSAGE_CHILDREN)
     _, status = os.waitpid(sub.pid, 0)
     # What the box spent, as this process counts it: itself and the runners it reaped (a runner's

@@ -42,7 +42,8 @@ taken to have worked out of its runner's sight: this much, plus this share of th
 box's init and the counts' skew made 2 to 6 ms here)."""
 UNSEEN_TREE_CPU_S = 0.001
 """CPU time of processes the submission's runner started and reaped, over which the same holds (a
-correct kernel starts none: under a microsecond was measured here, the counts' own skew)."""
+correct kernel starts none: the counts agree to the microsecond, the runner's clock read once it is a
+zombie, its exit included)."""
 
 
 @dataclass(frozen=True)

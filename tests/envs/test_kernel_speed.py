@@ -92,10 +92,14 @@ async def test_the_reference_against_itself_is_at_parity(task: Task) -> None:
 
 @pytest.mark.parametrize("task", [CHEAP, DEAR], ids=["cheap", "dear"])
 async def test_a_kernel_twice_as_fast_earns_nearly_full_speed_credit(task: Task) -> None:
+    def measured_well(v: Verdict) -> bool:
+        return v.passed and v.details["significant"] and v.reward > 0.8 and 1.6 < v.details["speedup"] < 2.5
+
     verdict = await verify(DoubledReference(), task, reference(task))
-    if task is CHEAP and verdict.passed and verdict.reward <= 0.8:
+    if task is CHEAP and verdict.passed and not measured_well(verdict):
         # The cheap kernel's calls take about a millisecond, of which the call itself is most: on a loaded
-        # two-core machine one verification in twenty measures it too noisily. Once more, as a person would.
+        # two-core machine one verification in twenty measures it too noisily, either way (2.54x was seen).
+        # Once more, as a person would; the bounds stay.
         verdict = await verify(DoubledReference(), task, reference(task))
     assert verdict.passed, verdict.reasons
     assert verdict.details["significant"] and verdict.reward > 0.8, verdict.details
