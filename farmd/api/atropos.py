@@ -35,6 +35,9 @@ MAX_BODY_BYTES = 64 << 20
 """A request as sent (compressed or not)."""
 MAX_INFLATED_BYTES = 256 << 20
 """A gzip body once inflated: a small body that inflates without end is refused, not followed."""
+MAX_PARSING = 2
+"""Pushes inflated and checked at once: a 256 MiB body is gigabytes as Python lists while it is checked, so
+more wait their turn (the work is CPU-bound on farmd's cores anyway)."""
 GZIP_AT_BYTES = 1000
 """Replies this long or longer go gzipped to a client that accepts it (as Atropos's GZipMiddleware)."""
 
@@ -50,6 +53,7 @@ class AtroposServer:
         self._queue = queue
         self._site = HttpSite(listen, "the Atropos API", "--atropos")
         self._credentials = tuple(credentials)
+        self._parsing = asyncio.Semaphore(MAX_PARSING)
 
     @property
     def address(self) -> str:
@@ -145,7 +149,9 @@ class AtroposServer:
         return _reply(request, reply)
 
     async def _push(self, request: web.Request, *, many: bool) -> list[dict[str, Any]]:
-        checked = await asyncio.to_thread(groups.scored_groups, await _body(request), many=many)
+        sent = await _read(request)
+        async with self._parsing:
+            checked = await asyncio.to_thread(groups.scored_groups, await _inflated(request, sent), many=many)
         return await self._queue.push(checked)
 
     async def _status(self, request: web.Request) -> web.StreamResponse:
@@ -170,10 +176,17 @@ class _Refused(Exception):
 
 async def _body(request: web.Request) -> bytes:
     """The request's body, inflated if it came gzipped; refused past the bounds before it is all read."""
+    return await _inflated(request, await _read(request))
+
+
+async def _read(request: web.Request) -> bytes:
     try:
-        body = await request.read()
+        return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise _Refused(_detail(413, f"a request is at most {MAX_BODY_BYTES} bytes")) from None
+
+
+async def _inflated(request: web.Request, body: bytes) -> bytes:
     if "gzip" not in request.headers.get("Content-Encoding", "").lower() or not body:
         return body
     try:

@@ -24,7 +24,7 @@ import re
 from typing import Any
 
 from farmd.flags import EXTERNAL_SCORE
-from farmd.records import MAX_DETAILS_CHARS, ChatMessage, PosedTask, Trajectory, Turn
+from farmd.records import MAX_DETAILS_CHARS, MAX_TOKEN_ENTRIES, ChatMessage, PosedTask, Trajectory, Turn
 
 AGENT = "atropos"
 """Whose attempts pushed groups are: an Atropos environment's own inference (farm does not know the model)."""
@@ -71,6 +71,7 @@ def as_trajectories(group: dict[str, Any]) -> list[Trajectory]:
                 details[name] = group[name]
         if _has(group.get("overrides"), i):
             details["overrides"] = group["overrides"][i]
+        turns, exact = _turns(tokens, masks, logprobs, messages)
         out.append(Trajectory(
             id=0, group_id=0, env="atropos", env_version="", seed=0, difficulty=0, agent=AGENT, policy_version=0,
             reward=score, passed=score > 0, status="ok",
@@ -79,12 +80,12 @@ def as_trajectories(group: dict[str, Any]) -> list[Trajectory]:
             verdict_details={"atropos": details}, messages=messages,
             task=PosedTask(prompt=next((m.content for m in messages if m.role == "user"), ""),
                            metadata={"source": "atropos"}),
-            turns=_turns(tokens, masks, logprobs, messages)).sealed())
+            turns=turns).sealed())
         # Per-token rows the turns do not already say join after the seal: they are numbers the group's check
         # found finite, and walking them as JSON trees was half of a push's time. Masks that are the tokens
         # where trained and -100 elsewhere, and logprobs one per token, are in the turns.
         per_token = {name: group[name][i] for name in ("advantages", "ref_logprobs") if _has(group.get(name), i)}
-        if any(m != _IGNORED and m != tok for m, tok in zip(masks, tokens, strict=True)):
+        if not exact or any(m != _IGNORED and m != tok for m, tok in zip(masks, tokens, strict=True)):
             per_token["masks"] = masks
         if logprobs is None and logprob_rows is not None and _has(logprob_rows, i):
             per_token["inference_logprobs"] = logprob_rows[i]  # not one per token: kept as sent
@@ -119,7 +120,8 @@ def _conversation(messages: list[dict[str, Any]]) -> list[ChatMessage]:
 
 
 def _turns(tokens: list[int], masks: list[int], logprobs: list[float] | None,
-           messages: list[ChatMessage]) -> list[Turn]:
+           messages: list[ChatMessage]) -> tuple[list[Turn], bool]:
+    """The turns, and whether they say exactly which positions are trained (no runs were merged)."""
     runs: list[tuple[int, int]] = []
     start: int | None = None
     for j, m in enumerate(masks):
@@ -130,8 +132,14 @@ def _turns(tokens: list[int], masks: list[int], logprobs: list[float] | None,
             start = None
     if start is not None:
         runs.append((start, len(masks)))
+    exact = True
     if len(runs) > _MAX_TURNS:
-        runs = [*runs[:_MAX_TURNS - 1], (runs[_MAX_TURNS - 1][0], runs[-1][1])]
+        runs, exact = [*runs[:_MAX_TURNS - 1], (runs[_MAX_TURNS - 1][0], runs[-1][1])], False
+    # Each turn's prompt repeats all before it: a long sequence cut into many runs would be built as tens of
+    # millions of ids only for the seal to drop them. Past the record's budget, one turn from the first
+    # trained position on (the exact masks go to the details).
+    if runs and sum(b for _, b in runs) * (2 if logprobs is not None else 1) > MAX_TOKEN_ENTRIES:
+        runs, exact = [(runs[0][0], runs[-1][1])], len(runs) == 1
     replies = [k for k, m in enumerate(messages) if m.role == "assistant"]
     turns = []
     for n, (a, b) in enumerate(runs):
@@ -140,4 +148,4 @@ def _turns(tokens: list[int], masks: list[int], logprobs: list[float] | None,
                           completion=messages[index].content if index < len(messages) else "",
                           prompt_token_ids=tokens[:a], token_ids=tokens[a:b],
                           logprobs=logprobs[a:b] if logprobs is not None else [], has_logprobs=logprobs is not None))
-    return turns
+    return turns, exact
