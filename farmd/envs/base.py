@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
+from farmd.envs.task_cache import TaskCache
 from farmd.errors import FarmError, TaskError
 from farmd.sandbox import Sandbox, SandboxPolicy
 from farmd.text import valid_text
@@ -130,9 +131,11 @@ class Environment(abc.ABC):
 
     async def make_task(self, seed: int, difficulty: int, ctx: VerifyContext) -> Task:
         """``generate`` as a node asks for it (rollouts, rescoring): off the event loop, since some take a
-        second (a reasoning-gym puzzle). An environment whose own code runs in boxes (a contributed one)
-        cannot generate without ``ctx`` and overrides this instead."""
-        return await asyncio.to_thread(self.generate, seed, difficulty)
+        second (a reasoning-gym puzzle), and once for all the rollouts of a group (``TaskCache``). An
+        environment whose own code runs in boxes (a contributed one) cannot generate without ``ctx`` and
+        overrides this instead."""
+        cache: TaskCache[Task] = self.__dict__.setdefault("_made_tasks", TaskCache())
+        return await cache.get((seed, difficulty), lambda: asyncio.to_thread(self.generate, seed, difficulty))
 
     async def make_reference(self, task: Task, ctx: VerifyContext) -> Attempt:
         """``reference`` as a node asks for it (the ``reference`` agent, ``verify_safely``'s control); see
