@@ -35,9 +35,11 @@ _MAX_TURNS = 64
 """Trained runs in one sequence kept as turns; past this the rest of the sequence is one turn (the exact
 masks are in the details)."""
 _MAX_DETAILS = 4 * MAX_DETAILS_CHARS
-"""Per-token rows of one sequence kept in its details at most (as JSON characters, counted generously)."""
-_CHARS_PER_NUMBER = 24
-"""The most a number takes as JSON (a float's shortest repr, a separator)."""
+"""Per-token rows of one sequence kept in its details at most (as JSON characters, counted generously). They are
+numbers, not text, so they are held to this rather than to the seal's bound on details (64 KiB), which a
+sequence of a few thousand tokens would pass."""
+_CHARS_PER_NUMBER = 26
+"""The most a number takes as JSON: a float's shortest repr (24 at most), a separator, a sign to spare."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
