@@ -26,20 +26,32 @@ from farmd.envs import get
 pytestmark = [pytest.mark.slow, pytest.mark.sandbox]
 
 
-def held_out(model: lm.TinyLM, level: int = 1) -> tuple[float, float]:
-    """On every held-out problem at ``level`` that the first 600 seeds pose (about 300): the greedy pass
-    rate, and the mean probability the policy gives the right answer (its tokens and eos, teacher-forced),
-    which moves more smoothly than the pass rate of a policy a few dozen steps old."""
+SAMPLES = 8
+"""Samples per held-out problem for the sampled pass rate."""
+
+
+def held_out(model: lm.TinyLM, level: int = 1) -> tuple[float, float, float]:
+    """On every held-out problem at ``level`` that the first 600 seeds pose (about 300): the sampled pass
+    rate (``SAMPLES`` completions each at temperature 1, fixed seeds: what the loop's reward is, measured on
+    about 2,400 attempts), the greedy pass rate, and the mean probability the policy gives the right answer
+    (its tokens and eos, teacher-forced). The greedy rate is shown, not held to: after a minute of training
+    a few argmax flips move it either way (once 0.215 -> 0.208 while the right answer's probability rose from
+    0.129 to 0.163), while the sampled rate and the probability move with the policy itself."""
     env = get("arith:heldout")
     tasks = list({t.prompt: t for t in (env.generate(seed, level) for seed in range(600))}.values())
     tok = model.tokenizer
-    outs = lm.sample(model, [tok.prompt(t.prompt) for t in tasks], max_new_tokens=8, temperature=0.0,
-                     seeds=[0] * len(tasks))
-    passed = sum(env.judge(t, tok.decode(o.token_ids)).passed for t, o in zip(tasks, outs, strict=True))
+    prompts = [tok.prompt(t.prompt) for t in tasks]
+
+    def passed(temperature: float, repeats: int) -> float:
+        outs = lm.sample(model, prompts * repeats, max_new_tokens=8, temperature=temperature,
+                         seeds=list(range(len(prompts) * repeats)))
+        return sum(env.judge(t, tok.decode(o.token_ids)).passed
+                   for t, o in zip(tasks * repeats, outs, strict=True)) / len(outs)
+
     ids, mask = lm.sft_rows(tok, [(t.prompt, env.reference(t).final) for t in tasks], model.config.max_len)
     with torch.no_grad():
         right = (lm.sequence_logprobs(model, ids) * mask).sum(dim=1).exp().mean().item()
-    return passed / len(tasks), right
+    return passed(1.0, SAMPLES), passed(0.0, 1), right
 
 
 def test_a_short_loop_learns_through_the_farm(tmp_path: Path, running_farm) -> None:  # type: ignore[no-untyped-def]
@@ -88,7 +100,9 @@ def test_a_short_loop_learns_through_the_farm(tmp_path: Path, running_farm) -> N
 
         _, first, _ = client.get_policy(published[min(published)])
         _, last, _ = client.get_policy(published[newest])
-    (rate_before, right_before), (rate_after, right_after) = held_out(lm.load(first)), held_out(lm.load(last))
-    shown = (f"held-out at level 1, warmed up -> trained: pass rate {rate_before:.3f} -> {rate_after:.3f}, "
-             f"probability of the right answer {right_before:.3f} -> {right_after:.3f}")
-    assert rate_after > rate_before and right_after > right_before + 0.01, shown
+    (rate_before, greedy_before, right_before) = held_out(lm.load(first))
+    (rate_after, greedy_after, right_after) = held_out(lm.load(last))
+    shown = (f"held-out at level 1, warmed up -> trained: sampled pass rate {rate_before:.3f} -> {rate_after:.3f}, "
+             f"probability of the right answer {right_before:.3f} -> {right_after:.3f} (greedy pass rate "
+             f"{greedy_before:.3f} -> {greedy_after:.3f})")
+    assert rate_after > rate_before + 0.01 and right_after > right_before + 0.01, shown
