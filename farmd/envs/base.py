@@ -134,7 +134,9 @@ class Environment(abc.ABC):
         second (a reasoning-gym puzzle), and once for all the rollouts of a group (``TaskCache``). An
         environment whose own code runs in boxes (a contributed one) cannot generate without ``ctx`` and
         overrides this instead."""
-        cache: TaskCache[Task] = self.__dict__.setdefault("_made_tasks", TaskCache())
+        cache: TaskCache[Task] | None = self.__dict__.get("_made_tasks")
+        if cache is None:  # made on first use: subclasses need not call an __init__ for it
+            cache = self.__dict__["_made_tasks"] = TaskCache()
         return await cache.get((seed, difficulty), lambda: asyncio.to_thread(self.generate, seed, difficulty))
 
     async def make_reference(self, task: Task, ctx: VerifyContext) -> Attempt:
