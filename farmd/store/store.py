@@ -210,6 +210,16 @@ def _upgrade_body(old: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_INSERT_TRAJECTORY = f"INSERT INTO trajectories({_TRAJ_COLUMNS}) VALUES ({','.join('?' * (len(_COLUMN_INDEX) + 1))})"
+
+
+def _traj_row(t: Trajectory, body: bytes) -> tuple[Any, ...]:
+    """A stored trajectory's row, in ``_TRAJ_COLUMNS``' order (the body packed already)."""
+    return (t.id, t.seq, t.group_id, t.env, t.env_version, t.seed, t.difficulty, t.agent, t.policy_version, t.reward,
+            int(t.passed), t.status, _json(t.reasons), _json(t.flags), t.verifier_version, body, t.node, t.finished_at,
+            t.run_id)
+
+
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
@@ -604,11 +614,7 @@ class Store:
                 traj.seq = seq
                 traj.run_id = runs.get(traj.group_id, 0)
                 traj.finished_at = traj.finished_at or now
-            await db.executemany(
-                f"INSERT INTO trajectories({_TRAJ_COLUMNS}) VALUES ({','.join('?' * (len(_COLUMN_INDEX) + 1))})",
-                [(t.id, t.seq, t.group_id, t.env, t.env_version, t.seed, t.difficulty, t.agent, t.policy_version,
-                  t.reward, int(t.passed), t.status, _json(t.reasons), _json(t.flags), t.verifier_version,
-                  bodies[t.id], t.node, t.finished_at, t.run_id) for _, t in keep])
+            await db.executemany(_INSERT_TRAJECTORY, [_traj_row(t, bodies[t.id]) for _, t in keep])
             late = [t.id for _, t in keep if t.env.startswith(CONTRIBUTED_ENV_PREFIX)]
             if late:  # running when its environment was quarantined: withdrawn as it is stored
                 await withdraw(db, f"t.id IN ({','.join('?' * len(late))})", late, now)
@@ -636,15 +642,12 @@ class Store:
                 t.id, t.group_id, t.seq, t.run_id = job_id, group_id, seq, 0
                 t.finished_at = t.finished_at or now
                 job_rows.append((job_id, group_id, t.env, t.seed, t.difficulty, t.agent, source, now, now))
-                traj_rows.append((t.id, t.seq, t.group_id, t.env, t.env_version, t.seed, t.difficulty, t.agent,
-                                  t.policy_version, t.reward, int(t.passed), t.status, _json(t.reasons), _json(t.flags),
-                                  t.verifier_version, next(body), t.node, t.finished_at, t.run_id))
+                traj_rows.append(_traj_row(t, next(body)))
         await db.executemany("INSERT INTO groups(id, env, seed, difficulty, agent, size, source, created_at, run_id) "
                              "VALUES (?,?,?,?,?,?,?,?,0)", group_rows)
         await db.executemany("INSERT INTO jobs(id, group_id, env, seed, difficulty, agent, state, source, created_at, "
                              "updated_at) VALUES (?,?,?,?,?,?,'done',?,?,?)", job_rows)
-        await db.executemany(
-            f"INSERT INTO trajectories({_TRAJ_COLUMNS}) VALUES ({','.join('?' * (len(_COLUMN_INDEX) + 1))})", traj_rows)
+        await db.executemany(_INSERT_TRAJECTORY, traj_rows)
         await self._finish_groups(db, [row[0] for row in group_rows])
 
     async def leased_attempts(self, owner: str, job_id: int) -> int | None:
