@@ -29,6 +29,7 @@ from farmd.api.farm_service import FarmService
 from farmd.api.intake_service import IntakeService
 from farmd.api.limits import CallLimits, server_bound, server_options
 from farmd.api.malformed import MalformedInterceptor
+from farmd.api.names import NameGuard
 from farmd.api.node_service import NodeService
 from farmd.api.reflection import enable_reflection
 from farmd.api.refuse import UnknownMethods
@@ -44,6 +45,7 @@ from farmd.intake.package import Package, PackageError, read_package
 from farmd.intake.redteam import make_red_team_agent
 from farmd.intake.served import ContributedEnvironment
 from farmd.metrics import GrpcMetrics, Metrics, MetricsServer
+from farmd.names import CONSUMER
 from farmd.node import NodeInfo
 from farmd.private import make_data_dir_private, write_file
 from farmd.rollout import Worker
@@ -172,15 +174,16 @@ class Daemon:
             ],
             maximum_concurrent_rpcs=server_bound(max_calls),
         )
+        names = NameGuard(self.store, self.config.credentials)
         service = FarmService(node, self.store, self.scheduler, ctx, endpoints=self.config.endpoints,
                               max_policy_bytes=self.config.max_policy_bytes, nodes=self.nodes, envs=self.catalog.get,
-                              history=self.history)
+                              history=self.history, names=names)
         intake = IntakeService(self.funnel, self.config.credentials)
         farm_pb2_grpc.add_FarmServiceServicer_to_server(service, server)
         intake_pb2_grpc.add_IntakeServiceServicer_to_server(intake, server)
         node_pb2_grpc.add_NodeServiceServicer_to_server(NodeService(
             self.nodes, verifier_key=key.material(), version=__version__, lease_s=self.config.scheduler.lease_s,
-            peer_name=peer_common_name if self.config.tls_ca else None), server)
+            peer_name=peer_common_name if self.config.tls_ca else None, names=names), server)
         self._health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         enable_reflection((farm_pb2.DESCRIPTOR.services_by_name["FarmService"].full_name,
@@ -279,6 +282,17 @@ class Daemon:
         await self._console.start()
         return self._console.address
 
+    async def _reserve_consumer(self, consumer: str) -> None:
+        """``consumer`` is farmd's own cursor (the Atropos feed's): no credential may read or ack under it, and
+        the config naming it farmd's takes it from one that used it before."""
+        assert self.store is not None
+        taken = await self.store.names.take(CONSUMER, consumer)
+        if taken is not None:
+            log.warning("consumer %r was credential %r's; [atropos] consumer names it farmd's own, so it is farmd's "
+                        "now", consumer, taken.credential,
+                        extra={"event": "name_reassigned", "kind": CONSUMER, "bound_name": consumer,
+                               "previous": taken.credential})
+
     async def _start_atropos(self) -> str | None:
         """Serve Atropos's HTTP API when asked to, its queue in the store; returns where."""
         if not self.config.atropos_listen:
@@ -295,6 +309,8 @@ class Daemon:
         await queue.open()
         self._atropos = AtroposServer(queue, self.config.atropos_listen, self.config.credentials)
         await self._atropos.start()
+        if self.config.atropos.envs:
+            await self._reserve_consumer(self.config.atropos.consumer)
         self._atropos_feed = AtroposFeed(self.scheduler.delivery, queue, self.config.atropos)
         await self._atropos_feed.start()
         return self._atropos.address

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 __all__ = [
     "AgentError", "AgentSpecError", "BadRequest", "ConfigError", "Conflict", "CursorError", "EndpointError", "FailedPrecondition", "FarmError",
-    "ForcedStop", "InfraFailure", "IsolationUnavailable", "JoinRefused", "NotFound", "PolicyError", "SandboxError", "StoreError",
+    "ForcedStop", "InfraFailure", "IsolationUnavailable", "JoinRefused", "NameHeld", "NotFound", "PolicyError", "SandboxError", "StoreError",
     "TaskBankError", "TaskError",
 ]
 
@@ -58,6 +58,17 @@ class Conflict(FarmError):
 class Forbidden(FarmError):
     """The caller is known, but what it asked is not theirs to do (another contributor's environment name,
     a bounty above their reputation, reviewing their own submission)."""
+
+
+class NameHeld(Forbidden):
+    """A name the caller used (a node's, a consumer's, an Atropos environment id) belongs to another credential,
+    the one that made it: only an operator may give it to someone else (``farmctl names reassign``)."""
+
+    reason = "NAME_HELD"
+
+    def __init__(self, message: str, *, kind: str, name: str, holder: str) -> None:
+        super().__init__(message)
+        self.kind, self.name, self.holder = kind, name, holder
 
 
 class FailedPrecondition(FarmError):

@@ -7,7 +7,9 @@ kept (``farmd.atropos.groups``: 422 with FastAPI's ``detail`` shape when they do
 bodies are bounded before they are read, gzip bodies inflated within a bound, and JSON parsed and
 written off the event loop. With credentials configured, a call carries a bearer token: a ``trainer``
 registers and takes batches, an ``environment`` registers and pushes groups, an ``operator`` may do
-both. Without, anyone may, as with Atropos.
+both. What a credential registers is its own (``farmd.atropos.queue``): the trainer registration (batches and
+resets are its credential's) and each environment id (pushes under it, its disconnect and its status); another
+credential is refused with 403 and the ``detail`` naming who holds it. Without, anyone may, as with Atropos.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from farmd.api.http_site import HttpSite
 from farmd.atropos import groups
 from farmd.atropos.queue import AtroposQueue
 from farmd.config import Credential
-from farmd.errors import FarmError, NotFound
+from farmd.errors import FarmError, Forbidden, NotFound
 
 log = logging.getLogger("farmd.api.atropos")
 
@@ -44,6 +46,8 @@ GZIP_AT_BYTES = 1000
 _TRAINERS = frozenset({OPERATOR, TRAINER})
 _ENVIRONMENTS = frozenset({OPERATOR, ENVIRONMENT})
 _EITHER = _TRAINERS | _ENVIRONMENTS
+_CALLER = web.RequestKey("farm_credential", str)
+"""Where a request keeps the name of the credential that made it (absent: the farm has none)."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -94,12 +98,15 @@ class AtroposServer:
                 if not caller.roles & roles:
                     return _detail(403, f"credential {caller.name!r} ({', '.join(sorted(caller.roles))}) may not call "
                                         f"{request.path}: it needs {' or '.join(sorted(roles))}")
+                request[_CALLER] = caller.name
             try:
                 return await handler(request)
             except groups.Invalid as exc:
                 return _reply(request, {"detail": exc.detail()}, status=422)
             except NotFound as exc:
                 return _detail(404, str(exc))
+            except Forbidden as exc:  # a name another credential holds
+                return _detail(403, str(exc))
             except _Refused as exc:
                 return exc.response
             except FarmError as exc:
@@ -113,15 +120,15 @@ class AtroposServer:
 
     async def _register(self, request: web.Request) -> web.StreamResponse:
         registration = await asyncio.to_thread(groups.registration, await _body(request))
-        return _reply(request, await self._queue.register(registration))
+        return _reply(request, await self._queue.register(registration, _owner(request)))
 
     async def _register_env(self, request: web.Request) -> web.StreamResponse:
         wanted = await asyncio.to_thread(groups.env_registration, await _body(request))
-        return _reply(request, await self._queue.register_env(wanted))
+        return _reply(request, await self._queue.register_env(wanted, _owner(request)))
 
     async def _disconnect_env(self, request: web.Request) -> web.StreamResponse:
         env_id = await asyncio.to_thread(groups.env_id, await _body(request))
-        return _reply(request, await self._queue.disconnect_env(env_id))
+        return _reply(request, await self._queue.disconnect_env(env_id, _owner(request)))
 
     async def _wandb_info(self, request: web.Request) -> web.StreamResponse:
         return _reply(request, self._queue.wandb_info())
@@ -130,7 +137,7 @@ class AtroposServer:
         return _reply(request, self._queue.info())
 
     async def _batch(self, request: web.Request) -> web.StreamResponse:
-        return await _reply_large(request, await self._queue.batch())
+        return await _reply_large(request, await self._queue.batch(_owner(request)))
 
     async def _latest_example(self, request: web.Request) -> web.StreamResponse:
         return await _reply_large(request, await self._queue.latest_example())
@@ -152,20 +159,25 @@ class AtroposServer:
         sent = await _read(request)
         async with self._parsing:
             checked = await asyncio.to_thread(groups.scored_groups, await _inflated(request, sent), many=many)
-        return await self._queue.push(checked)
+        return await self._queue.push(checked, owner=_owner(request))
 
     async def _status(self, request: web.Request) -> web.StreamResponse:
         return _reply(request, self._queue.status())
 
     async def _status_env(self, request: web.Request) -> web.StreamResponse:
         env_id = await asyncio.to_thread(groups.env_id, await _body(request))
-        return _reply(request, self._queue.status_env(env_id))
+        return _reply(request, await self._queue.status_env(env_id, _owner(request)))
 
-    async def _reset_data(self, _request: web.Request) -> web.StreamResponse:
-        dropped = await self._queue.reset()
+    async def _reset_data(self, request: web.Request) -> web.StreamResponse:
+        dropped = await self._queue.reset(_owner(request))
         log.info("Atropos reset: %d groups dropped from the queue (kept in the store)", dropped,
                  extra={"event": "atropos_reset", "dropped": dropped})
         return web.Response(text="Reset successful", content_type="text/plain")
+
+
+def _owner(request: web.Request) -> str | None:
+    """The credential that made ``request``, whose names it may use (None: the farm has no credentials)."""
+    return request.get(_CALLER)
 
 
 class _Refused(Exception):

@@ -16,12 +16,14 @@ from farmd.agents.registry import MAX_SPEC_CHARS, check_spec
 from farmd.api import history
 from farmd.api.errors import Refused, guarded, guarded_stream
 from farmd.api.limits import POLICY_CHUNK_BYTES
+from farmd.api.names import NameGuard
 from farmd.api.paging import make_token, page_size, read_token
 from farmd.api.trajectories import batch_messages, fitting, trajectory_pb
 from farmd.atropos.records import is_atropos_env
 from farmd.envs import VerifyContext, get
 from farmd.envs.catalog import EnvLookup
 from farmd.errors import BadRequest, FailedPrecondition, NotFound
+from farmd.names import CONSUMER
 from farmd.node import NodeInfo
 from farmd.rollout import rescore
 from farmd.scheduler import PolicyChunk, Scheduler
@@ -29,6 +31,7 @@ from farmd.scheduler.delivery import Subscription
 from farmd.scheduler.history import History
 from farmd.scheduler.nodes import Nodes
 from farmd.store import Store, StoreError
+from farmd.store.names import NameRow
 
 MAX_ROLLOUTS = 1_000_000
 MAX_GROUP = 1024
@@ -43,7 +46,10 @@ MAX_POLICY_BYTES = 4 << 30
 class FarmService(farm_pb2_grpc.FarmServiceServicer):
     def __init__(self, node: NodeInfo, store: Store, scheduler: Scheduler, verify_ctx: VerifyContext | None,
                  *, max_policy_bytes: int = MAX_POLICY_BYTES, endpoints: tuple[NamedEndpoint, ...] = (),
-                 nodes: Nodes | None = None, envs: EnvLookup = get, history: History | None = None) -> None:
+                 nodes: Nodes | None = None, envs: EnvLookup = get, history: History | None = None,
+                 names: NameGuard | None = None) -> None:
+        self._names = names or NameGuard(store, ())
+        """Consumer names bound to the credential that made them (none bound on a farm without credentials)."""
         self._history = history
         """The farm's status sampled since farmd started (GetHistory)."""
         self._envs = envs
@@ -196,15 +202,17 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
     async def StreamTrajectories(self, request: farm_pb2.StreamTrajectoriesRequest,
                                  context: grpc.aio.ServicerContext[Any, Any]
                                  ) -> AsyncIterator[farm_pb2.StreamTrajectoriesResponse]:
-        async for message in guarded_stream(context, self._stream(request)):
+        async for message in guarded_stream(context, self._stream(request, context)):
             yield message
 
-    async def _stream(self, request: farm_pb2.StreamTrajectoriesRequest
+    async def _stream(self, request: farm_pb2.StreamTrajectoriesRequest, context: grpc.aio.ServicerContext[Any, Any]
                       ) -> AsyncGenerator[farm_pb2.StreamTrajectoriesResponse, None]:
         consumer = _consumer(request.consumer)
         if consumer is None:
             raise BadRequest(f"a stream needs a consumer name (1-{MAX_CONSUMER_CHARS} characters)")
         subscription = _subscription(request, self._envs)
+        # Reading under another credential's cursor would take its batches and stall its demand: its maker's only.
+        await self._names.use(CONSUMER, consumer, context)
         told = request.withdrawals_after
         async for batch in self._scheduler.delivery.batches(
                 consumer, whole_groups=request.whole_groups, batch_size=min(request.batch_size or 64, MAX_BATCH),
@@ -227,6 +235,8 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
             consumer = _consumer(request.consumer)
             if consumer is None:
                 raise BadRequest(f"an ack needs a consumer name (1-{MAX_CONSUMER_CHARS} characters)")
+            # Another's ack would move its cursor past trajectories it never had: its maker's only.
+            await self._names.use(CONSUMER, consumer, context)
             cursor = await self._scheduler.delivery.ack(consumer, request.up_to, whole_groups=request.whole_groups)
             return farm_pb2.AckResponse(cursor=cursor)
         return await guarded(context, call)
@@ -277,6 +287,25 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
         if header is not None:  # a uri only: no content to carry it
             yield header
 
+    async def ListNames(self, request: farm_pb2.ListNamesRequest,
+                        context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.ListNamesResponse:
+        async def call() -> farm_pb2.ListNamesResponse:
+            size = page_size(request.page_size)
+            after = read_token("names", request.page_token) or 0
+            rows = await self._names.listing(request.kind, after, size + 1)
+            more = len(rows) > size
+            rows = rows[:size]
+            return farm_pb2.ListNamesResponse(names=[_name_pb(row) for _, row in rows],
+                                              next_page_token=make_token("names", rows[-1][0]) if more else "")
+        return await guarded(context, call)
+
+    async def ReassignName(self, request: farm_pb2.ReassignNameRequest,
+                           context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.ReassignNameResponse:
+        async def call() -> farm_pb2.ReassignNameResponse:
+            row, previous = await self._names.reassign(request.kind, request.name, request.credential, context)
+            return farm_pb2.ReassignNameResponse(name=_name_pb(row), previous=previous)
+        return await guarded(context, call)
+
     async def Rescore(self, request: farm_pb2.RescoreRequest,
                       context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.RescoreResponse:
         async def call() -> farm_pb2.RescoreResponse:
@@ -303,6 +332,12 @@ _BANK_FIELDS = frozenset(farm_pb2.BankStatus.DESCRIPTOR.fields_by_name) - {"env"
 
 def _bank_fields(entry: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in entry.items() if k in _BANK_FIELDS and v is not None}
+
+
+def _name_pb(row: NameRow) -> farm_pb2.BoundName:
+    message = farm_pb2.BoundName(kind=row.kind, name=row.name, credential=row.credential, assigned_by=row.assigned_by)
+    message.claimed_at.FromNanoseconds(round(row.claimed_at * 1e9))
+    return message
 
 
 def _consumer_pb(c: dict[str, Any]) -> farm_pb2.ConsumerStatus:

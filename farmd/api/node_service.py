@@ -23,8 +23,10 @@ from farm.v1 import node_pb2, node_pb2_grpc, trajectory_pb2
 from farm_client.convert import from_message
 
 from farmd.api.errors import Refused, guarded_stream
+from farmd.api.names import NameGuard
 from farmd.errors import BadRequest, FailedPrecondition, FarmError
-from farmd.records import JobState, Trajectory
+from farmd.names import NODE
+from farmd.records import NODE_NAME, JobState, Trajectory
 from farmd.scheduler.nodes import MAX_CHECKS, MAX_FACT_CHARS, MAX_FACTS, Hello, Node, Nodes
 from farmd.text import bounded
 
@@ -93,7 +95,9 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
     take another node's place."""
 
     def __init__(self, nodes: Nodes, *, verifier_key: bytes, version: str, lease_s: float,
-                 peer_name: Callable[[Any], str | None] | None = None) -> None:
+                 peer_name: Callable[[Any], str | None] | None = None, names: NameGuard | None = None) -> None:
+        self._names = names
+        """Node names bound to the node credential that first joined with each (None: bound to nobody)."""
         self._nodes = nodes
         self._key = verifier_key
         self._version = version
@@ -122,6 +126,10 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"this node's certificate names it {certified!r}, not "
                           f"{hello.name!r}: a node joins under its certificate's name (--node-name)",
                           "NODE_NAME_NOT_CERTIFIED")
+        if self._names is not None and NODE_NAME.fullmatch(hello.name):
+            # Another credential's node cannot take this name, connected, disconnected or lost, nor so requeue
+            # the holder's leases (``recover``): the name is the credential's that first joined with it.
+            await self._names.use(NODE, hello.name, context)
         node = self._nodes.join(hello)
         try:
             yield node_pb2.WorkResponse(reply_to=first.id, welcome=node_pb2.Welcome(

@@ -7,6 +7,15 @@ batches in the same order (including its habit of cutting every batch the queue 
 handing the last one cut first). What differs is what happens around it: each change is saved before it
 is answered, so a restarted farmd serves the same queue, buffers, batches already cut and step counter.
 
+With credentials, what one credential makes is its own (``owner``: the calling credential's name; None on a
+farm without credentials, and for farm's own feed): the trainer registration is the registrant's, so only it
+takes batches and resets; each environment id is the registering credential's, so only it pushes under the id,
+disconnects it or reads its status. A push naming an id nobody registered is refused: taken before it exists,
+an id would hand its groups to whoever registers it next. A reset forgets both with everything else. And an
+environment's name is the first registrant's for good: its groups are stored as farm environment
+``atropos:NAME``, which a farm trainer subscribes to, so another credential registering the same name (any
+spelling of it that ``records.env_name`` makes the same) would slip its groups into that stream.
+
 Groups are handled as opaque JSON once validated (``farmd.atropos.groups``): their payloads stay in the
 store, and only their sizes and environments are held here.
 """
@@ -21,10 +30,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from farmd import names
 from farmd.atropos import records
 from farmd.atropos.batching import EnvShare, Queued, batch_with_shares, exact_batch, filling
 from farmd.atropos.groups import Checked
 from farmd.errors import BadRequest, NotFound
+from farmd.names import ATROPOS_ENV, ATROPOS_NAME, ATROPOS_TRAINER, TRAINER
 from farmd.store import Store
 from farmd.store.atropos import GroupChange, unpack
 
@@ -97,20 +108,22 @@ class AtroposQueue:
 
     # -- the trainer's side --------------------------------------------------------------------------
 
-    async def register(self, registration: dict[str, Any]) -> dict[str, Any]:
+    async def register(self, registration: dict[str, Any], owner: str | None = None) -> dict[str, Any]:
         """A trainer (or another process of it) registers; the first one's settings hold until a reset."""
         async with self._lock, self._changing():
+            await self._held(ATROPOS_TRAINER, TRAINER, owner, claim=True)
             if self._state.trainer is None:
                 self._state.trainer = {**registration, "step": int(registration["starting_step"]), "started": False}
                 self._state.envs = []
                 await self._save([])
             return {"uuid": uuid.uuid4().int}
 
-    async def batch(self) -> dict[str, Any] | bytes:
+    async def batch(self, owner: str | None = None) -> dict[str, Any] | bytes:
         """Atropos's answer: an error or no batch, or a batch as the JSON it goes out as (its groups' stored
-        JSON joined, never parsed and written again)."""
+        JSON joined, never parsed and written again). Only the registered trainer's credential takes them."""
         async with self._lock, self._changing():
             trainer = self._state.trainer
+            await self._held(ATROPOS_TRAINER, TRAINER, owner, claim=trainer is not None)
             if trainer is None:
                 return {"status": "error", "message": "Trainer not registered. Call /register first.", "batch": []}
             trainer["started"] = True
@@ -148,23 +161,28 @@ class AtroposQueue:
             cut.append([self._queued[i] for i in positions])
             self._queued = [g for i, g in enumerate(self._queued) if i not in taken]
 
-    async def reset(self) -> int:
-        """Everything forgotten, as Atropos's reset: the groups are kept in the store, dropped."""
+    async def reset(self, owner: str | None = None) -> int:
+        """Everything forgotten, as Atropos's reset: the groups are kept in the store, dropped; the trainer
+        registration and environment ids are nobody's again. Only the registered trainer's credential resets."""
         async with self._lock, self._changing():
+            await self._held(ATROPOS_TRAINER, TRAINER, owner, claim=False)
             self._state = _State(next_batch=self._state.next_batch, farm_cursor=self._state.farm_cursor)
             self._queued, self._buffers, self._formed = [], {}, []
             self._taken.set()
-            return await self._store.atropos.drop_all(self._state.to_json())
+            return await self._store.atropos.drop_all(self._state.to_json(), forget=(ATROPOS_TRAINER, ATROPOS_ENV))
 
     # -- the environments' side ----------------------------------------------------------------------
 
-    async def register_env(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def register_env(self, request: dict[str, Any], owner: str | None = None) -> dict[str, Any]:
+        """A new environment id, the registering credential's (saved with it: an id is never registered unowned)."""
         async with self._lock, self._changing():
             trainer = self._state.trainer
             if trainer is None or not trainer.get("started"):
                 return {"status": "wait for trainer to start"}
             envs = self._state.envs
             name = request["desired_name"]
+            if records.env_name(name) != records.env_name(None):  # a group of no environment is nobody's
+                await self._held(ATROPOS_NAME, records.env_name(name), owner, claim=True)
             env_id = len(envs)
             envs.append({"max_context_len": request["max_token_length"],
                          "weight": request["weight"] if request["weight"] is not None else 1.0,
@@ -173,25 +191,33 @@ class AtroposQueue:
                          "registered_id": env_id, "connected": True,
                          "min_batch_allocation": request.get("min_batch_allocation"),
                          "group_size": request["group_size"]})
-            await self._save([])
+            await self._save([], owned=(ATROPOS_ENV, str(env_id), owner) if owner is not None else None)
             return {"status": "success", "env_id": env_id, "wandb_name": envs[-1]["real_name"],
                     "checkpoint_dir": trainer.get("checkpoint_dir", ""), "starting_step": trainer["step"],
                     "checkpoint_interval": trainer["save_checkpoint_interval"], "num_steps": trainer["num_steps"]}
 
-    async def disconnect_env(self, env_id: int) -> dict[str, Any]:
+    async def disconnect_env(self, env_id: int, owner: str | None = None) -> dict[str, Any]:
         async with self._lock, self._changing():
             if not 0 <= env_id < len(self._state.envs):
                 return {"status": "failure", "error": "list index out of range"}
+            await self._held(ATROPOS_ENV, str(env_id), owner, claim=True)
             self._state.envs[env_id]["connected"] = False
             await self._save([])
             return {"status": "success"}
 
-    async def push(self, groups: list[Checked], *, farm_cursor: int | None = None) -> list[dict[str, Any]]:
+    async def push(self, groups: list[Checked], *, farm_cursor: int | None = None,
+                   owner: str | None = None) -> list[dict[str, Any]]:
         """Checked groups into the queue, or into their environment's buffer when their size is not the one it
         registered; one answer per group, all saved in one transaction (with their trajectories).
-        ``farm_cursor``: they were made from farm's rollouts up to there, which is saved with them."""
+        ``farm_cursor``: they were made from farm's rollouts up to there, which is saved with them. ``owner``:
+        every environment id they name is its (none of them is kept otherwise)."""
         source = "pushed" if farm_cursor is None else "farm"
         async with self._lock, self._changing():
+            for env_id in sorted({c.group["env_id"] for c in groups if c.group.get("env_id") is not None}):
+                if owner is not None and self._env(env_id) is None:
+                    raise NotFound(f"no environment {env_id} is registered ({len(self._state.envs)} are): an "
+                                   "environment id is given by /register-env, to the credential that registers it")
+                await self._held(ATROPOS_ENV, str(env_id), owner, claim=True)
             if farm_cursor is not None:
                 self._state.farm_cursor = max(self._state.farm_cursor, farm_cursor)
             answers: list[dict[str, Any]] = []
@@ -281,12 +307,18 @@ class AtroposQueue:
             return {"current_step": 0, "queue_size": 0}
         return {"current_step": trainer["step"], "queue_size": len(self._queued)}
 
-    def status_env(self, env_id: int) -> dict[str, Any]:
+    async def status_env(self, env_id: int, owner: str | None = None) -> dict[str, Any]:
         """How much of the queue an environment should count as ahead of it (its off-policy limit is checked
         against this by the environment), and its share of the sampling weight."""
+        async with self._lock:
+            envs = self._state.envs
+            if not 0 <= env_id < len(envs):
+                raise NotFound(f"no environment {env_id} is registered ({len(envs)} are)")
+            await self._held(ATROPOS_ENV, str(env_id), owner, claim=True)
+            return self._status_env(env_id)
+
+    def _status_env(self, env_id: int) -> dict[str, Any]:
         envs = self._state.envs
-        if not 0 <= env_id < len(envs):
-            raise NotFound(f"no environment {env_id} is registered ({len(envs)} are)")
         me = envs[env_id]
         total = sum(e["max_context_len"] * max(0.0, e["weight"]) for e in envs if e["connected"])
         if total <= 0:
@@ -322,8 +354,20 @@ class AtroposQueue:
 
     # -- saving --------------------------------------------------------------------------------------
 
-    async def _save(self, changes: list[GroupChange]) -> None:
-        await self._store.atropos.apply(self._state.to_json(), changes)
+    async def _held(self, kind: str, name: str, owner: str | None, *, claim: bool) -> None:
+        """``owner`` may act under ``name``: it holds it, or (``claim``) nobody does and now it does. NameHeld
+        when another credential holds it. No owner (no credentials, or farm's own feed): nothing is bound."""
+        if owner is None:
+            return
+        if claim:
+            await names.bind(self._store.names, kind, name, owner)
+            return
+        row = await self._store.names.holder(kind, name)
+        if row is not None and row.credential != owner:
+            raise names.held(kind, name, row.credential, owner)
+
+    async def _save(self, changes: list[GroupChange], owned: tuple[str, str, str] | None = None) -> None:
+        await self._store.atropos.apply(self._state.to_json(), changes, owned=owned)
 
     @contextlib.asynccontextmanager
     async def _changing(self) -> AsyncIterator[None]:

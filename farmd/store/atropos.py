@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from farmd.records import Trajectory
+from farmd.store.names import assign_in, forget_in
 
 if TYPE_CHECKING:
     from farmd.store.store import Store
@@ -85,8 +86,10 @@ class AtroposRecords:
                 [AtroposGroupRow(int(i), None if e is None else int(e), int(n), str(s), None if b is None else int(b),
                                  str(src)) for i, e, n, s, b, src in rows], int(top[0]) + 1)
 
-    async def apply(self, state: dict[str, Any], changes: list[GroupChange]) -> None:
-        """Save ``state`` and ``changes`` in one transaction: new groups' trajectories too."""
+    async def apply(self, state: dict[str, Any], changes: list[GroupChange],
+                    owned: tuple[str, str, str] | None = None) -> None:
+        """Save ``state`` and ``changes`` in one transaction: new groups' trajectories too, and ``owned`` (a kind,
+        a name, a credential: what ``state`` registers now is that credential's)."""
         now = time.time()
         added = [(c.id, c.env_id, c.size, c.state, c.batch, c.payload, now, c.source) for c in changes if c.new]
         moved = [(c.state, c.batch, c.id) for c in changes if not c.new]
@@ -102,10 +105,15 @@ class AtroposRecords:
                                      "source) VALUES (?,?,?,?,?,?,?,?)", added)
             if moved:
                 await db.executemany("UPDATE atropos_groups SET state=?, batch=? WHERE id=?", moved)
+            if owned is not None:
+                await assign_in(db, *owned)
 
-    async def drop_all(self, state: dict[str, Any]) -> int:
-        """A reset: every live group dropped (kept, never served again); ``state`` saved. Returns how many."""
+    async def drop_all(self, state: dict[str, Any], forget: tuple[str, ...] = ()) -> int:
+        """A reset: every live group dropped (kept, never served again); ``state`` saved; the names of kinds
+        ``forget`` held by nobody again. Returns how many groups."""
         async with self._store._write() as db:
+            if forget:
+                await forget_in(db, forget)
             await db.execute("INSERT INTO state(key, value) VALUES (?,?) ON CONFLICT(key) DO UPDATE SET "
                              "value=excluded.value", (_STATE_KEY, json.dumps(state)))
             cur = await db.execute(

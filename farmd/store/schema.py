@@ -316,4 +316,18 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE atropos_groups ADD COLUMN source TEXT NOT NULL DEFAULT 'pushed';
     """,
+    # 12: a name belongs to the credential that made it (``farmd.store.names``): node names, consumer cursors,
+    # the Atropos trainer's registration and environment ids, claimed by their first use, refused to any other
+    # credential, reassigned by an operator. Kept here so a restart hands no name to whoever speaks first;
+    # names in use before this (no row) go to the first credential that uses them after.
+    """
+    CREATE TABLE names (
+        kind TEXT NOT NULL,
+        name TEXT NOT NULL,
+        credential TEXT NOT NULL,
+        claimed_at REAL NOT NULL,
+        assigned_by TEXT NOT NULL DEFAULT '',
+        PRIMARY KEY (kind, name)
+    );
+    """,
 )

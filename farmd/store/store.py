@@ -45,6 +45,7 @@ from farmd.store.activity import ActivityRecords
 from farmd.store.atropos import AtroposRecords
 from farmd.store.filters import TrajectoryFilter
 from farmd.store.intake import IntakeRecords, withdraw
+from farmd.store.names import NameRecords
 from farmd.store.policy_files import PolicyFiles, PolicyUpload
 from farmd.store.schema import MIGRATIONS
 from farmd.text import valid_text, valid_tree
@@ -292,6 +293,8 @@ class Store:
         self.activity = ActivityRecords(self)
         self.atropos = AtroposRecords(self)
         """The intake funnel's rows (submissions, reputation, bounties, quarantines)."""
+        self.names = NameRecords(self)
+        """Which credential each name (a node's, a consumer's, an Atropos id) belongs to."""
 
     @classmethod
     async def open(cls, path: Path) -> Store:
