@@ -309,7 +309,7 @@ class Daemon:
         await queue.open()
         self._atropos = AtroposServer(queue, self.config.atropos_listen, self.config.credentials)
         await self._atropos.start()
-        if self.config.atropos.envs:
+        if self.config.atropos.envs and self.config.credentials:  # without, no name is anyone's
             await self._reserve_consumer(self.config.atropos.consumer)
         self._atropos_feed = AtroposFeed(self.scheduler.delivery, queue, self.config.atropos)
         await self._atropos_feed.start()

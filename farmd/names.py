@@ -20,6 +20,7 @@ log = logging.getLogger("farmd.names")
 
 NODE = "node"
 CONSUMER = "consumer"
+POLICY_LINE = "policy-line"
 ATROPOS_TRAINER = "atropos-trainer"
 ATROPOS_ENV = "atropos-env"
 ATROPOS_NAME = "atropos-name"
@@ -27,6 +28,7 @@ ATROPOS_NAME = "atropos-name"
 KINDS: dict[str, str] = {
     NODE: "node name",
     CONSUMER: "consumer",
+    POLICY_LINE: "policy line",
     ATROPOS_TRAINER: "Atropos trainer registration",
     ATROPOS_ENV: "Atropos environment id",
     ATROPOS_NAME: "Atropos environment name",
@@ -53,12 +55,14 @@ def check(kind: str, name: str) -> str:
         raise BadRequest(f"no kind of name {kind!r}: one of {', '.join(KINDS)}")
     ok = {NODE: lambda: bool(NODE_NAME.fullmatch(name)),
           CONSUMER: lambda: 0 < len(name) <= MAX_CONSUMER_CHARS and name == name.strip(),
+          POLICY_LINE: lambda: bool(NODE_NAME.fullmatch(name)),  # the same shape as a node's (``LINE_NAME``)
           ATROPOS_TRAINER: lambda: name == TRAINER,
           ATROPOS_ENV: lambda: bool(_ENV_ID.fullmatch(name)),
           ATROPOS_NAME: lambda: bool(_ATROPOS_NAME.fullmatch(name))}[kind]()
     if not ok:
         shape = {NODE: "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
                  CONSUMER: f"1-{MAX_CONSUMER_CHARS} characters, no spaces at either end",
+                 POLICY_LINE: "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
                  ATROPOS_TRAINER: f"{TRAINER!r}", ATROPOS_ENV: "an environment id, a number from 0",
                  ATROPOS_NAME: "'atropos:' and 1-64 letters, digits, '.', '_' or '-'"}[kind]
         raise BadRequest(f"a {KINDS[kind]} is {shape}, not {name[:100]!r}")

@@ -23,13 +23,14 @@ from farmd.atropos.records import is_atropos_env
 from farmd.envs import VerifyContext, get
 from farmd.envs.catalog import EnvLookup
 from farmd.errors import BadRequest, FailedPrecondition, NotFound
-from farmd.names import CONSUMER
+from farmd.names import CONSUMER, POLICY_LINE
 from farmd.node import NodeInfo
 from farmd.rollout import rescore
 from farmd.scheduler import PolicyChunk, Scheduler
 from farmd.scheduler.delivery import Subscription
 from farmd.scheduler.history import History
 from farmd.scheduler.nodes import Nodes
+from farmd.scheduler.policies import LINE_NAME
 from farmd.store import Store, StoreError
 from farmd.store.names import NameRow
 
@@ -244,17 +245,23 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
     async def PublishPolicy(self, request_iterator: AsyncIterator[farm_pb2.PublishPolicyRequest],
                             context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.PublishPolicyResponse:
         async def call() -> farm_pb2.PublishPolicyResponse:
-            policy = await self._scheduler.policies.publish(self._policy_chunks_in(request_iterator))
+            policy = await self._scheduler.policies.publish(self._policy_chunks_in(request_iterator, context))
             return farm_pb2.PublishPolicyResponse(version=policy.version, sha256=policy.sha256, size=policy.size,
                                                   name=policy.name)
         return await guarded(context, call)
 
-    async def _policy_chunks_in(self, requests: AsyncIterator[farm_pb2.PublishPolicyRequest]
-                                ) -> AsyncGenerator[PolicyChunk, None]:
+    async def _policy_chunks_in(self, requests: AsyncIterator[farm_pb2.PublishPolicyRequest],
+                                context: grpc.aio.ServicerContext[Any, Any]) -> AsyncGenerator[PolicyChunk, None]:
         """The chunks as plain data, bounded as they arrive: the bound is on what one call may send, and
         a call over it ends before the chunk that would pass it is written (its upload then removed)."""
         size = 0
+        line = ""
         async for chunk in requests:
+            if chunk.name and not line:  # the line is the first name sent (``Policies.publish``)
+                line = chunk.name
+                if LINE_NAME.fullmatch(line):  # a malformed one is publish's to refuse
+                    # Publishing to another credential's line would make its torch:NAME jobs run these weights.
+                    await self._names.use(POLICY_LINE, line, context)
             size += len(chunk.data)
             if size > self._max_policy_bytes:
                 raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"a policy is at most "

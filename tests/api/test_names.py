@@ -24,6 +24,7 @@ from farmd.scheduler.config import SchedulerConfig
 from tests.api.conftest import InProcessFarm
 from tests.api.test_atropos import Atropos, group
 from tests.conftest import farmctl
+from tests.tlsutil import make_pki
 
 ROLES = {"alice": ("trainer",), "bob": ("trainer",), "ops": ("operator", "trainer"), "envy": ("environment",),
          "nodes-a": ("node",), "nodes-b": ("node",)}
@@ -137,6 +138,21 @@ def test_a_second_trainer_can_neither_read_nor_ack_anothers_cursor(farms: Farms)
     assert console_ack("alice").json() == {"cursor": "6"}
 
 
+def test_a_policy_line_is_its_first_publishers(farms: Farms) -> None:
+    farm = farms.start()
+    with FarmClient(farm.addr, token=token("alice")) as alice, FarmClient(farm.addr, token=token("bob")) as bob:
+        mine = alice.publish_policy(b"alice's weights", name="tiny")
+        # bob's weights on alice's line would be what every torch:tiny job runs, and so what her stream learns.
+        assert refusal(lambda: bob.publish_policy(b"bob's weights", name="tiny")) == \
+            held("policy line", "tiny", "alice", "bob")
+        assert refusal(lambda: bob.publish_policy(b"alice's weights", name="tiny"))[1] == "NAME_HELD", \
+            "nor make an old version of it current again"
+        assert alice.get_policy(name="tiny")[0] == mine["version"]
+        assert bob.publish_policy(b"bob's weights", name="small")["name"] == "small"
+        assert alice.publish_policy(b"alice's next", name="tiny")["version"] > mine["version"]
+        assert bob.get_policy(name="tiny")[1] == b"alice's next", "reading a line is anyone's with the role"
+
+
 def test_names_survive_a_restart_and_change_hands_only_by_an_operator(farms: Farms) -> None:
     farm = farms.start()
     with FarmClient(farm.addr, token=token("alice")) as alice:
@@ -204,8 +220,9 @@ def hello(name: str, pid: int = 1) -> node_pb2.WorkRequest:
 class Node:
     """A node's Work stream, spoken by hand: requests sent one at a time, each reply read."""
 
-    def __init__(self, addr: str, credential: str, name: str, pid: int = 1) -> None:
-        self._channel = grpc.insecure_channel(addr)
+    def __init__(self, addr: str, credential: str, name: str, pid: int = 1,
+                 tls: grpc.ChannelCredentials | None = None) -> None:
+        self._channel = grpc.secure_channel(addr, tls) if tls is not None else grpc.insecure_channel(addr)
         self._outbox: list[node_pb2.WorkRequest | None] = [hello(name, pid)]
         self._sent = 1
         self._stream = node_pb2_grpc.NodeServiceStub(self._channel).Work(self._requests(), metadata=auth(credential),
@@ -233,9 +250,10 @@ class Node:
         self._channel.close()
 
 
-def join_refusal(addr: str, credential: str, name: str) -> tuple[grpc.StatusCode, str, str]:
+def join_refusal(addr: str, credential: str, name: str, tls: grpc.ChannelCredentials | None = None
+                 ) -> tuple[grpc.StatusCode, str, str]:
     def join() -> None:
-        Node(addr, credential, name, pid=2)
+        Node(addr, credential, name, pid=2, tls=tls)
     return refusal(join)
 
 
@@ -269,3 +287,16 @@ def test_a_node_name_is_its_credentials_connected_disconnected_lost_or_restarted
     farm = farms.start(data.name)
     assert join_refusal(farm.addr, "nodes-b", "gpu-1") == held("node name", "gpu-1", "nodes-a", "nodes-b")
     assert join_refusal(farm.addr, "nodes-a", "gpu-2") == held("node name", "gpu-2", "nodes-b", "nodes-a")
+
+
+def test_with_a_ca_the_certificates_name_is_checked_first_and_the_credential_after(farms: Farms,
+                                                                                     tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki")
+    farm = farms.start(tls_cert=pki.server_cert, tls_key=pki.server_key, tls_ca=pki.ca)
+    tls = grpc.ssl_channel_credentials(pki.ca.read_bytes(), pki.client_key.read_bytes(), pki.client_cert.read_bytes())
+    addr = farm.addr.replace("127.0.0.1", "localhost")
+    why = join_refusal(addr, "nodes-a", "node-2", tls)
+    assert why[:2] == (grpc.StatusCode.PERMISSION_DENIED, "NODE_NAME_NOT_CERTIFIED"), "the certificate's name, as before"
+    Node(addr, "nodes-a", "node-1", tls=tls).close()
+    # The same certificate under another node credential: the name is the first credential's.
+    assert join_refusal(addr, "nodes-b", "node-1", tls) == held("node name", "node-1", "nodes-a", "nodes-b")
