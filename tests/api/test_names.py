@@ -168,12 +168,16 @@ def test_names_survive_a_restart_and_change_hands_only_by_an_operator(farms: Far
         proc = farmctl("--addr", farm.addr, "--token", token(who), "names", *args, "--json", check=check)
         return json.loads(proc.stdout)
 
+    shown = farmctl("--addr", farm.addr, "--token", token("ops"), "names", "list").stdout.decode()
+    assert "consumer" in shown and "grpo" in shown and "alice" in shown and "its first use" in shown
     listed = ctl("ops", "list")
     assert [(n["kind"], n["name"], n["credential"], n["assigned_by"]) for n in listed] == \
         [("consumer", "grpo", "alice", "")]
     assert ctl("alice", "list", check=False)["error"]["code"] == "PERMISSION_DENIED", "an operator's call"
     assert ctl("alice", "reassign", "consumer", "grpo", "alice", check=False)["error"]["code"] == "PERMISSION_DENIED"
     given = ctl("ops", "reassign", "consumer", "grpo", "bob")
+    said = farmctl("--addr", farm.addr, "--token", token("ops"), "names", "reassign", "consumer", "grpo", "bob")
+    assert said.stdout.decode().strip() == "consumer grpo now belongs to credential bob (it was bob)"
     assert (given["credential"], given["previous"], given["assigned_by"]) == ("bob", "alice", "ops")
     with FarmClient(farm.addr, token=token("bob")) as bob, FarmClient(farm.addr, token=token("alice")) as alice:
         assert bob.ack("grpo", 0) == 0
