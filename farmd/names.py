@@ -1,8 +1,8 @@
 """Names that belong to credentials: the kinds there are, what a name of each looks like, and the refusal a
 credential gets for using another's.
 
-A name is the credential's that first used it (a node's hello, a trainer's stream or ack, an Atropos
-registration); any other credential is refused with ``NameHeld`` until an operator reassigns it. Held here as
+A name is the credential's that first used it (a node's hello, a trainer's stream, ack or publish to a
+policy line, an Atropos registration); any other credential is refused with ``NameHeld`` until an operator reassigns it. Held here as
 data so the API, the Atropos queue and ``farmctl`` say the same thing; the rows are the store's
 (``farmd.store.names``). A farm with no credentials binds nothing: there is no credential to bind a name to.
 """

@@ -1,5 +1,5 @@
 """Names a call uses, bound to the credential that calls: a node's name in its hello, a consumer's in a stream
-or an ack. The calling credential is the one whose token the call carries (the role interceptor let it in);
+or an ack, a policy line's in a publish. The calling credential is the one whose token the call carries (the role interceptor let it in);
 a name the request claims never decides who the caller is. A farm with no credentials binds nothing.
 
 And the operator's two calls on names (``FarmService.ListNames`` and ``ReassignName``): what is held by whom,
