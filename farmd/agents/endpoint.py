@@ -380,6 +380,9 @@ def read_reply(data: bytes) -> ChatReply:
     raw_usage = reply.get("usage") or {}
     usage = {k: v for k, v in raw_usage.items() if isinstance(v, int) and not isinstance(v, bool)} \
         if isinstance(raw_usage, dict) else {}
+    for key, count in usage.items():  # counts a record sums over turns: each well inside int64
+        if not 0 <= count < domain.TOKEN_ID_BOUND:
+            raise ValueError(f"the reply's usage.{key[:40]} is {count}: a count of tokens is from 0 to 2**31")
     return ChatReply(choices=choices, usage=usage, prompt_token_ids=_ids(reply.get("prompt_token_ids")))
 
 

@@ -898,10 +898,14 @@ class Store:
     async def pass_rates(self) -> list[dict[str, Any]]:
         """Per environment and level: trajectories, passed, mean reward, errors (never scores); a red team's
         attempts left out (wrong on purpose, they would read as a policy failing)."""
+        # Only rewards in a reward's domain count in the mean: one stored out of it (an infinity, a text) would
+        # make every status read show it (``farmd.domain``; its record is served as unreadable).
+        bound = domain.EXTERNAL_SCORE_BOUND
         rows = await self._all(
-            "SELECT env, difficulty, COUNT(*), SUM(status='ok' AND passed), AVG(CASE WHEN status='ok' THEN reward END), "
+            "SELECT env, difficulty, COUNT(*), SUM(status='ok' AND passed), AVG(CASE WHEN status='ok' AND "
+            "typeof(reward) IN ('real', 'integer') AND reward BETWEEN ? AND ? THEN reward END), "
             "SUM(status='error') FROM trajectories WHERE substr(agent, 1, ?) != ? GROUP BY env, difficulty "
-            "ORDER BY env, difficulty", (len(RED_TEAM_PREFIX), RED_TEAM_PREFIX))
+            "ORDER BY env, difficulty", (-bound, bound, len(RED_TEAM_PREFIX), RED_TEAM_PREFIX))
         return [{"env": e, "difficulty": d, "trajectories": n, "passed": int(p or 0),
                  "mean_reward": float(r) if r is not None else None, "errors": int(err or 0)}
                 for e, d, n, p, r, err in rows]

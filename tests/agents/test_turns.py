@@ -83,6 +83,7 @@ async def test_a_server_without_logprobs_records_none_rather_than_inventing_them
     (Reply.text("hi", token_ids=[-3, 2], logprobs=[-0.5, -0.5]), "token_ids[0] is -3"),
     (Reply.text("hi", token_ids=[1, 2 ** 40], logprobs=[-0.5, -0.5], ids_as_tokens=True), "is 1099511627776"),
     (Reply.text("hi", token_ids=[1], prompt_token_ids=[5, -1]), "prompt_token_ids[1] is -1"),
+    (Reply.text("hi", prompt_tokens=-5), "usage.prompt_tokens is -5"),
 ])
 async def test_a_reply_out_of_its_domain_is_the_server_s_failure_retried_never_a_score(served: Reply,
                                                                                       named: str) -> None:

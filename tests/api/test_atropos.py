@@ -262,16 +262,17 @@ def test_numbers_out_of_their_domain_are_refused_per_group_and_the_groups_beside
     bad = [{**group(2, 10 * i), **change} for i, (change, _) in enumerate(OUT_OF_DOMAIN)]
     # Atropos's own conventions stay valid: scores past [0, 1] (its tests push 2.0; its environments -1.0), and
     # 1.0 as the logprob of a position that was not sampled.
-    good = [group(2, 500, scores=[2.0, -1.0]), group(2, 600, inference_logprobs=[[1.0, -0.5, -0.25]] * 2)]
-    pushed = [good[0], *bad, good[1]]
+    good = [group(2, 500, scores=[2.0, -1.0]), group(2, 600, inference_logprobs=[[1.0, -0.5, -0.25]] * 2),
+            group(2, 700, generation_params=_deep(14), overrides=[_deep(13), {}])]  # as deep as a group may be
+    pushed = [good[0], *bad, *good[1:]]
     reply = api.post("/scored_data_list", pushed)
     assert reply.status_code == 422, reply.text
     body = reply.json()
-    assert body["refused"] == list(range(1, len(bad) + 1)) and body["groups_processed"] == 2
+    assert body["refused"] == list(range(1, len(bad) + 1)) and body["groups_processed"] == 3
     for detail, (_, why) in zip(body["detail"], OUT_OF_DOMAIN, strict=True):
         assert why in detail["msg"], (detail, why)
     assert [d["loc"][:2] for d in body["detail"]] == [["body", i] for i in range(1, len(bad) + 1)]
-    assert api.get("/status").json()["queue_size"] == 2, "the groups beside the refused ones were kept"
+    assert api.get("/status").json()["queue_size"] == 3, "the groups beside the refused ones were kept"
     for change, why in OUT_OF_DOMAIN:  # alone, as /scored_data: refused the same way
         alone = api.post("/scored_data", {**group(2, 900), **change})
         assert alone.status_code == 422 and why in alone.text, alone.text
@@ -279,6 +280,7 @@ def test_numbers_out_of_their_domain_are_refused_per_group_and_the_groups_beside
     # What farm made of the kept groups streams, whole, with finite advantages.
     with FarmClient(farm.addr) as client:
         listed = client.trajectories(limit=100, full=True)
-        assert sorted(t.reward for t in listed) == [-1.0, 0.0, 1.0, 2.0]
+        assert sorted(t.reward for t in listed) == [-1.0, 0.0, 0.0, 1.0, 1.0, 2.0]
+        assert all(t.flags == ["external_score"] for t in listed), "each reads whole, none unreadable"
         batch = next(client.batches("pushed", batch_size=8, whole_groups=True, tensors=True))
-        assert len(batch.trajectories) == 4 and bool(batch.advantages.isfinite().all())
+        assert len(batch.trajectories) == 6 and bool(batch.advantages.isfinite().all())

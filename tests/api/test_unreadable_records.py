@@ -16,7 +16,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pyarrow.parquet as pq
+import pytest
 from farm_client import FarmClient
 from farm_client.tensors import collate
 
@@ -118,12 +120,15 @@ def assert_served(got: list[Trajectory] | list[Any], records: dict[int, Trajecto
                 assert t.turns[0].token_ids == [4, 5] and t.turns[0].logprobs == [-0.5, -0.25]
 
 
+@pytest.mark.slow
 def test_every_reader_goes_past_a_bad_stored_record(running_farm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     data = tmp_path / "farm"
     records, bad = seed(data)
-    farm = running_farm("--workers", "0", data_dir=data)
+    farm = running_farm("--workers", "0", "--http", "127.0.0.1:0", data_dir=data)
     with FarmClient(farm.addr) as client:
         assert_served(client.trajectories(limit=100, full=True), records, bad)
+        (rates,) = client.status()["pass_rates"]
+        assert rates["trajectories"] == len(records) and 0 <= rates["mean_reward"] <= 1, rates
         assert_served(client.trajectories(limit=100), records, bad, summaries=True)
         assert_served([client.trajectory(tid) for tid in sorted(records)], records, bad)
         pages = [t for page in client.trajectory_pages(page_size=5, full=True) for t in page]
@@ -139,6 +144,17 @@ def test_every_reader_goes_past_a_bad_stored_record(running_farm, tmp_path: Path
         assert len(tensors) == len(records) - len(bad)
         assert bool(tensors.advantages.isfinite().all()) and bool(tensors.logprobs.isfinite().all())
         assert set(tensors.skipped) == set(bad)
+
+    # The console's calls go through the same servicers, as JSON.
+    console = json.loads((data / "farmd.json").read_text())["console"]
+    for method, body in (("ListTrajectories", {"full": True, "page_size": 100}), ("GetTrajectory", {"id": min(bad)}),
+                         ("GetStatus", {}), ("GetHistory", {}), ("GetLearningCurve", {})):
+        reply = httpx.post(f"http://{console}/api/v1/FarmService/{method}", json=body)
+        assert reply.status_code == 200, (method, reply.text[:500])
+    listed = httpx.post(f"http://{console}/api/v1/FarmService/ListTrajectories", json={"full": True}).json()
+    assert sum(t.get("flags") == ["FLAG_UNREADABLE"] for t in listed["trajectories"]) == len(bad)
+    for command in (("status",), ("trajectories", "list"), ("trajectories", "show", str(min(bad)))):
+        assert farm.farmctl(*command).returncode == 0
 
     served = {}
     for fmt in ("jsonl", "parquet"):
@@ -167,6 +183,7 @@ def test_every_reader_goes_past_a_bad_stored_record(running_farm, tmp_path: Path
                 assert pq.read_table(out).equals(pq.read_table(served[(fmt, view)]))
 
 
+@pytest.mark.sandbox  # a worker: a host that cannot isolate starts none
 def test_a_rescore_passes_over_a_bad_stored_record_and_scores_the_rest(running_farm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     data = tmp_path / "farm"
     records, bad = seed(data)
