@@ -43,7 +43,8 @@ from farmd.records import MAX_NAME_CHARS, MAX_REASON_CHARS, Trajectory, Turn
 from farmd.text import bounded
 
 __all__ = ["EXTERNAL_SCORE_BOUND", "INT64_MAX", "LOGPROB_SLACK", "MAX_JSON_DEPTH", "TOKEN_ID_BOUND", "bad_logprob",
-           "bad_token_id", "check", "logprobs_problem", "problems", "reward_problem", "time_problem", "token_ids_problem", "tree_problem", "unreadable"]
+           "bad_token_id", "check", "logprobs_problem", "problems", "reward_problem", "time_problem",
+           "token_ids_problem", "tree_problem", "unreadable"]
 
 INT64_MAX = (1 << 63) - 1
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
@@ -66,8 +67,8 @@ MAX_JSON_DEPTH = 16
 tightest reader is protobuf's decoder (upb), which refuses a message nested more than 100 deep; a JSON object
 is three levels there (``Struct``, its map entry, ``Value``) and a list two, and a record's trees sit three
 or four levels down a stream message, so a tree 33 objects deep is refused on the trainer's side (measured
-in task metadata; 32 decodes). 16 is half of that. The others are far off: orjson writes 254 levels and reads 1024, Python's
-``json`` about 1000 (its recursion limit)."""
+in task metadata; 32 decodes). 16 is half of that. The others are far off: orjson writes 254 levels and reads
+1024, Python's ``json`` about 1000 (its recursion limit)."""
 EXTERNAL_SCORE_BOUND = 1e6
 """The largest magnitude of a score an Atropos environment pushed: any scale such an environment scores on
 (±1 by Atropos's convention, 0..10 judges), and far from where a group's mean or variance overflows (a
@@ -107,6 +108,8 @@ def _float_problem(value: object, where: str, low: float, high: float) -> str | 
 
 
 def _shown(value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10 ** 30:
+        return f"an integer of {value.bit_length()} bits"  # repr of a huge one can fail (4300 digits at most)
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -185,7 +188,7 @@ def tree_problem(value: Any, where: str, max_depth: int = MAX_JSON_DEPTH, *, fin
             continue
         if isinstance(node, int):
             if not -INT64_MAX - 1 <= node <= INT64_MAX:
-                return f"{_path(where, path)} is an integer past int64 ({str(node)[:24]}...)"
+                return f"{_path(where, path)} is an integer past int64 ({node.bit_length()} bits)"
             continue
         if isinstance(node, float):
             if finite and not math.isfinite(node):

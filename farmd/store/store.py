@@ -921,8 +921,18 @@ class Store:
     # -- scores (re-scoring adds, never overwrites) ---------------------------------------------
 
     async def add_scores(self, rows: list[tuple[int, str, float, bool, str, list[str], list[str]]]) -> int:
-        """(trajectory id, verifier version, reward, passed, status, reasons, flags) rows; existing kept."""
+        """(trajectory id, verifier version, reward, passed, status, reasons, flags) rows; existing kept. A row
+        whose verdict is out of its domain (``farmd.domain``) is not kept: logged, never read back."""
         now = time.time()
+        kept: list[tuple[int, str, float, bool, str, list[str], list[str]]] = []
+        for row in rows:
+            problem = domain.reward_problem(row[2], row[3], row[4])
+            if problem is None:
+                kept.append(row)
+            else:
+                log.error("a score of trajectory %s out of its domain was not kept: %s", row[0], problem,
+                          extra={"event": "refused_score", "trajectory": row[0]})
+        rows = kept
         async with self._write() as db:
             before = db.total_changes
             await db.executemany(

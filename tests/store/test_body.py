@@ -98,3 +98,24 @@ async def test_a_cut_body_is_an_unreadable_stub_not_a_shorter_record(tmp_path: P
         assert "runs past its end" in got.reasons[0]
     finally:
         await store.close()
+
+
+async def test_a_record_out_of_its_domain_is_not_stored_and_the_others_are(tmp_path: Path) -> None:
+    """Every entry checks its records first; the store checks once more, per record, so a record no reader could
+    serve is never written (its job stays leased and runs again) and the batch beside it is."""
+    store = await Store.open(tmp_path / "farm.db")
+    try:
+        await store.enqueue([("py-func", 1, 2, "chat:m", 3)])
+        jobs = sorted(await store.lease("w", 3, 30, 0), key=lambda j: j.id)
+        sent = [record(jobs[0].id, jobs[0].group_id, TURNS),
+                record(jobs[1].id, jobs[1].group_id, [Turn(token_ids=[-1, 2 ** 40])]),
+                record(jobs[2].id, jobs[2].group_id, [])]
+        sent[2].reward = float("nan")
+        assert await store.complete([("w", t) for t in sent]) == [jobs[0].id]
+        assert await store.trajectory(jobs[1].id) is None and await store.trajectory(jobs[2].id) is None
+        assert await store.add_scores([(jobs[0].id, "2", 1.5, True, "ok", [], []),
+                                       (jobs[0].id, "3", 1.0, True, "ok", [], [])]) == 1
+        kept = await store.trajectory(jobs[0].id)
+        assert kept is not None and [s.verifier_version for s in kept.scores] == ["3"]
+    finally:
+        await store.close()
