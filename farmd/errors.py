@@ -12,7 +12,8 @@ from __future__ import annotations
 
 __all__ = [
     "AgentError", "AgentSpecError", "BadRequest", "ConfigError", "Conflict", "CursorError", "EndpointError", "FailedPrecondition", "FarmError",
-    "ForcedStop", "InfraFailure", "IsolationUnavailable", "JoinRefused", "NameHeld", "NotFound", "PolicyError", "SandboxError", "StoreError",
+    "ForcedStop", "InfraFailure", "IsolationUnavailable", "JoinRefused", "NameHeld", "NotFound", "OutOfDomain", "PolicyError",
+    "SandboxError", "StoreError",
     "TaskBankError", "TaskError",
 ]
 
@@ -44,6 +45,18 @@ class ConfigError(FarmError):
 
 class BadRequest(FarmError):
     """A caller asked for something out of range or unknown; nothing was changed."""
+
+
+class OutOfDomain(BadRequest):
+    """A record holds numbers outside their domain (``farmd.domain``: a NaN reward, a token id past int32, a
+    positive logprob, JSON nested too deep). ``problems`` names each, with where; nothing of it was kept."""
+
+    reason = "OUT_OF_DOMAIN"
+
+    def __init__(self, problems: list[str]) -> None:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        super().__init__(f"a record out of its domain: {shown}")
+        self.problems = list(problems)
 
 
 class NotFound(FarmError):

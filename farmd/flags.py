@@ -44,5 +44,10 @@ EXTERNAL_SCORE = "external_score"
 """Scored outside the farm: an Atropos environment pushed the attempt with its score, which farm's verifier never
 judged (a trainer that trusts only farm's verdicts leaves these out)."""
 
+UNREADABLE = "unreadable"
+"""The stored record could not be read as one (a body that does not decode, a number out of its domain, JSON
+nested too deep): what is served in its place is a stub with its ids and an error verdict (no score), its
+reasons saying why, so every stream and listing goes on past it (``farmd.domain``)."""
+
 ALL = (SANDBOX_VIOLATION, SUSPECTED_HACK, TIMEOUT, NO_ANSWER, UNPARSEABLE, INVALID_TEXT, VERIFIER_FAULT,
-       TRUNCATED, QUARANTINED, WITHDRAWN, RED_TEAM_EXPLOIT, RED_TEAM_ESCAPE, EXTERNAL_SCORE)
+       TRUNCATED, QUARANTINED, WITHDRAWN, RED_TEAM_EXPLOIT, RED_TEAM_ESCAPE, EXTERNAL_SCORE, UNREADABLE)

@@ -17,6 +17,7 @@ still each trained on once, just not in one sequence.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -105,15 +106,52 @@ def group_advantages(rewards: Sequence[float], group_ids: Sequence[int],
 
     ``g`` is the rewards of the same group; ``std`` is the population standard deviation (divided by the
     group's size, not size - 1), so a group whose rewards are all equal has advantages of exactly 0.
+
+    Never NaN or infinite, whatever it is given: a reward that is not finite (no farm serves one) gets 0 and
+    counts for nothing in its group's mean and spread, and a group with a reward past 1 in magnitude is
+    computed scaled down by its largest, so squaring never overflows (the same advantages, to rounding).
     """
     by_group: dict[int, list[float]] = {}
     for reward, group in zip(rewards, group_ids, strict=True):
-        by_group.setdefault(group, []).append(reward)
-    stats: dict[int, tuple[float, float]] = {}
+        if math.isfinite(reward):
+            by_group.setdefault(group, []).append(reward)
+    stats: dict[int, tuple[float, float, float]] = {}
     for group, values in by_group.items():
-        mean = sum(values) / len(values)
-        stats[group] = (mean, (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5)
-    return [(r - stats[g][0]) / (stats[g][1] + eps) for r, g in zip(rewards, group_ids, strict=True)]
+        scale = max(1.0, max(abs(v) for v in values))
+        scaled = values if scale == 1.0 else [v / scale for v in values]
+        mean = sum(scaled) / len(scaled)
+        stats[group] = (scale, mean, (sum((v - mean) ** 2 for v in scaled) / len(scaled)) ** 0.5)
+    out = []
+    for r, g in zip(rewards, group_ids, strict=True):
+        if not math.isfinite(r):
+            out.append(0.0)
+            continue
+        scale, mean, std = stats[g]
+        out.append((r - mean) / (std + eps) if scale == 1.0 else (r / scale - mean) / (std + eps / scale))
+    return out
+
+
+TOKEN_ID_BOUND = 1 << 31
+"""Token ids a loss can index with are below this (int32); farmd holds every record it serves to the same."""
+LOGPROB_SLACK = 1e-3
+"""A sampling logprob reads at most this far above 0 (float rounding of a probability near 1; farmd's bound)."""
+
+
+def out_of_domain(trajectory: Trajectory) -> str | None:
+    """Why ``trajectory``'s numbers cannot go into a loss, or None: a reward that is not finite, a token id
+    negative or past int32, a logprob NaN, infinite or above 0. farmd checks every record it stores and serves
+    (an unreadable one comes as a stub with an error verdict); this is the trainer's own guard."""
+    if not math.isfinite(trajectory.reward):
+        return f"its reward is {trajectory.reward}"
+    for index, turn in enumerate(trajectory.turns):
+        for name in ("prompt_token_ids", "token_ids"):
+            ids = getattr(turn, name)
+            if ids and (min(ids) < 0 or max(ids) >= TOKEN_ID_BOUND):
+                return f"turn {index}'s {name} holds an id outside [0, 2**31)"
+        logprobs = turn.logprobs
+        if logprobs and not (math.isfinite(sum(logprobs)) and max(logprobs) <= LOGPROB_SLACK):
+            return f"turn {index}'s logprobs hold one that is not finite or is above 0"
+    return None
 
 
 def equal_reward_groups(trajectories: Iterable[Trajectory]) -> set[int]:

@@ -36,6 +36,7 @@ from farm_client.sequences import (
     check_tokens,
     equal_reward_groups,
     group_advantages,
+    out_of_domain,
     token_rows,
 )
 
@@ -124,7 +125,8 @@ def collate(trajectories: Sequence[Trajectory], *, pad_id: int = 0, max_length: 
 
     Pass whole groups (``FarmClient.batches(..., whole_groups=True)``): advantages are computed over the
     trajectories of each group given here. Trajectories whose verdict is an error (``status != "ok"``)
-    are not scores and get no row. ``skip_equal_rewards`` leaves out groups whose rewards are all equal
+    are not scores and get no row; nor do those holding a number a loss cannot take (``out_of_domain``: farmd
+    serves none, this is the trainer's own guard). ``skip_equal_rewards`` leaves out groups whose rewards are all equal
     (their advantages are all 0). A row longer than ``max_length`` tokens is, with ``overflow="truncate"``
     (the default), cut to its first ``max_length`` tokens (what is cut gets no loss; the row keeps its
     advantage and is marked in ``truncated``; a row cut before its first model token is left out), or with
@@ -140,6 +142,8 @@ def collate(trajectories: Sequence[Trajectory], *, pad_id: int = 0, max_length: 
     for t in trajectories:
         if t.status != "ok":
             skipped[t.id] = f"verdict {t.status or 'unknown'}: not a score"
+        elif (why := out_of_domain(t)) is not None:  # never a NaN in a loss, whatever a record holds
+            skipped[t.id] = f"out of its domain: {why}"
         else:
             scored.append(t)
     tokenized = []

@@ -44,6 +44,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from farmd import domain
 from farmd.agents.chat import TOOLS, ChatAgent, ChatLimits, Completion, Message
 from farmd.agents.sampling import Coalescer
 from farmd.errors import EndpointError
@@ -365,7 +366,10 @@ class OpenAIClient:
 def read_reply(data: bytes) -> ChatReply:
     """A chat completion's JSON as a ``ChatReply``; ValueError/TypeError/KeyError when it is not one.
 
-    Logprobs or token ids that are missing or malformed are left out (None), never repaired into values.
+    Logprobs or token ids that are missing or malformed are left out (None), never repaired into values. Ones
+    that are there but out of their domain (``farmd.domain``: a token id negative or past int32, a logprob NaN,
+    infinite or above 0) are the server's failure, never the attempt's: ValueError, so the request is retried
+    and, failing that, the rollout fails as infrastructure, never stored with them.
     """
     reply = json.loads(data)
     raw_choices = reply["choices"]
@@ -376,6 +380,9 @@ def read_reply(data: bytes) -> ChatReply:
     raw_usage = reply.get("usage") or {}
     usage = {k: v for k, v in raw_usage.items() if isinstance(v, int) and not isinstance(v, bool)} \
         if isinstance(raw_usage, dict) else {}
+    for key, count in usage.items():  # counts a record sums over turns: each well inside int64
+        if not 0 <= count < domain.TOKEN_ID_BOUND:
+            raise ValueError(f"the reply's usage.{key[:40]} is {count}: a count of tokens is from 0 to 2**31")
     return ChatReply(choices=choices, usage=usage, prompt_token_ids=_ids(reply.get("prompt_token_ids")))
 
 
@@ -394,6 +401,8 @@ def _read_choice(raw: Any, position: int) -> Choice:
         # vLLM's return_tokens_as_token_ids: every sampled token is written "token_id:N".
         matched = [_TOKEN_ID.fullmatch(t) for t in tokens]
         token_ids = [int(m.group(1)) for m in matched if m] if all(matched) else None
+    _in_domain(domain.token_ids_problem(token_ids or [], f"choice {position}'s token_ids"))
+    _in_domain(domain.logprobs_problem(logprobs or [], f"choice {position}'s logprobs"))
     if logprobs is not None and token_ids is not None and len(logprobs) != len(token_ids):
         log.warning("a reply's %d logprobs do not match its %d token ids: its logprobs are not kept",
                     len(logprobs), len(token_ids))
@@ -405,10 +414,17 @@ def _read_choice(raw: Any, position: int) -> Choice:
 
 
 def _ids(value: Any) -> list[int] | None:
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                              for v in value):
+    """Token ids as sent (None: absent, or not a list of integers); an integer out of range is ``_in_domain``'s."""
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return None
+    _in_domain(domain.token_ids_problem(value, "prompt_token_ids"))
     return value
+
+
+def _in_domain(problem: str | None) -> None:
+    if problem is not None:
+        raise ValueError(f"the reply's {problem}: a model server sends token ids in [0, 2**31) and logprobs of "
+                         "sampled tokens, finite and at most 0")
 
 
 def _logprobs(value: Any) -> tuple[list[float] | None, list[str] | None]:
@@ -420,8 +436,8 @@ def _logprobs(value: Any) -> tuple[list[float] | None, list[str] | None]:
     tokens: list[str] = []
     for entry in content:
         lp = entry.get("logprob") if isinstance(entry, dict) else None
-        if not isinstance(lp, int | float) or isinstance(lp, bool) or math.isnan(lp):
-            return None, None
+        if not isinstance(lp, int | float) or isinstance(lp, bool):
+            return None, None  # NaN, infinities and positive ones are kept for read_reply to refuse
         logprobs.append(float(lp))
         token = entry.get("token")
         tokens.append(token if isinstance(token, str) else "")

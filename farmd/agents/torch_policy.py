@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
+from farmd import domain
 from farmd.agents.base import Agent, AgentResult, Step
 from farmd.envs.base import Attempt, Episode, Task
 from farmd.errors import AgentError, BadRequest, EndpointError, FarmError, NotFound
@@ -323,6 +324,18 @@ def _check_and_load(blob: bytes, sha256: str, label: str) -> TinyLM:
         raise EndpointError(f"{label} is not a tinylm policy this worker can load: {exc}", transient=False) from None
 
 
+def _check_sampled(label: str, sampled: Sampled, vocab: int) -> None:
+    """The policy's own output in its domain (``farmd.domain``): token ids in its vocabulary, logprobs finite and
+    at most 0. Weights that went NaN sample nonsense: the policy's failure, never the attempt's (EndpointError,
+    retried as infrastructure), and never stored."""
+    problem = domain.token_ids_problem(sampled.token_ids, "token_ids", vocab) \
+        or domain.logprobs_problem(sampled.logprobs, "logprobs")
+    if problem is None and len(sampled.logprobs) != len(sampled.token_ids):
+        problem = f"{len(sampled.token_ids)} token ids and {len(sampled.logprobs)} logprobs"
+    if problem is not None:
+        raise EndpointError(f"{label}: the policy sampled out of its domain: {problem}")
+
+
 def check_options(temperature: float, max_tokens: int) -> None:
     """``ValueError`` for sampling options a torch agent does not take."""
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not math.isfinite(temperature) \
@@ -360,6 +373,7 @@ class TorchAgent(Agent):
         asked = time.monotonic()
         sampled = await loaded.batcher(self.temperature, self.max_tokens).sample(prompt, rollout_id)
         ended = time.monotonic()
+        _check_sampled(self.name, sampled, loaded.model.config.vocab_size)
         text = loaded.model.tokenizer.decode(sampled.token_ids)
         usage = Usage(prompt_tokens=len(prompt), completion_tokens=len(sampled.token_ids),
                       total_tokens=len(prompt) + len(sampled.token_ids), requests=1)

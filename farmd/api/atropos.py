@@ -143,23 +143,37 @@ class AtroposServer:
         return await _reply_large(request, await self._queue.latest_example())
 
     async def _scored_data(self, request: web.Request) -> web.StreamResponse:
-        (answer,) = await self._push(request, many=False)
+        (answer,), _refused = await self._push(request, many=False)
         return _reply(request, answer)
 
     async def _scored_data_list(self, request: web.Request) -> web.StreamResponse:
-        answers = await self._push(request, many=True)
+        """Atropos's answer for the groups kept. atroposlib has no answer for a list kept in part (it refuses a
+        list whole), so when some groups are refused the reply is a 422 whose ``detail`` names each refused
+        group's place and why (FastAPI's shape), beside the usual counts of the groups kept: the others were
+        stored. atroposlib's environments do not resend a list on a 4xx, so nothing is pushed twice."""
+        answers, refused = await self._push(request, many=True)
         buffered = [a for a in answers if a["status"] == "buffered"]
         reply: dict[str, Any] = {"status": "received", "groups_processed": len(answers)}
         if buffered:
             reply["buffered"] = len(buffered)
             reply["last_buffer_size"] = buffered[-1]["buffer_size"]
-        return _reply(request, reply)
+        if not refused:
+            return _reply(request, reply)
+        log.warning("Atropos push: %d of %d groups refused (%s), the others kept", len(refused),
+                    len(refused) + len(answers), refused[0].message[:300],
+                    extra={"event": "atropos_refused", "refused": len(refused), "kept": len(answers)})
+        reply.update(status="partial", refused=[exc.loc[0] for exc in refused],
+                     detail=[d for exc in refused for d in exc.detail()])
+        return _reply(request, reply, status=422)
 
-    async def _push(self, request: web.Request, *, many: bool) -> list[dict[str, Any]]:
+    async def _push(self, request: web.Request, *, many: bool) -> tuple[list[dict[str, Any]], list[groups.Invalid]]:
+        """The groups kept (the queue's answer for each) and the groups refused, each with its place and why."""
         sent = await _read(request)
         async with self._parsing:
             checked = await asyncio.to_thread(groups.scored_groups, await _inflated(request, sent), many=many)
-        return await self._queue.push(checked, owner=_owner(request))
+        kept = [c for c in checked if isinstance(c, groups.Checked)]
+        refused = [c for c in checked if isinstance(c, groups.Invalid)]
+        return (await self._queue.push(kept, owner=_owner(request)) if kept else []), refused
 
     async def _status(self, request: web.Request) -> web.StreamResponse:
         return _reply(request, self._queue.status())

@@ -21,11 +21,11 @@ import json
 import logging
 from typing import Any
 
-from farm.v1 import trajectory_pb2
-from farm_client.convert import from_message, to_message
+from farm_client.convert import from_message
 from farm_client.record import Trajectory as ClientTrajectory
 from farm_client.sequences import UntokenizedError, token_rows
 
+from farmd.api.trajectories import trajectory_pb
 from farmd.atropos.groups import SCORED_FIELDS, Checked
 from farmd.atropos.queue import AtroposQueue
 from farmd.atropos.settings import AtroposConfig
@@ -99,7 +99,7 @@ def _atropos_groups(trajectories: list[Trajectory]) -> tuple[list[Checked], int]
 def _group(members: list[Trajectory]) -> dict[str, Any] | None:
     tokens, masks, logprobs, scores, messages = [], [], [], [], []
     for t in sorted(members, key=lambda m: m.id):
-        record = from_message(to_message(t, trajectory_pb2.Trajectory()), ClientTrajectory)
+        record = from_message(trajectory_pb(t), ClientTrajectory)  # a record the wire refuses: a stub, no tokens
         try:
             rows = token_rows(record)
         except UntokenizedError:

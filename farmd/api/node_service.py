@@ -22,6 +22,7 @@ import grpc
 from farm.v1 import node_pb2, node_pb2_grpc, trajectory_pb2
 from farm_client.convert import from_message
 
+from farmd import domain
 from farmd.api.errors import Refused, guarded_stream
 from farmd.api.names import NameGuard
 from farmd.errors import BadRequest, FailedPrecondition, FarmError
@@ -62,7 +63,9 @@ def _trajectory(data: bytes, job_id: int, node: str) -> Trajectory:
     trajectory = from_message(message, Trajectory)
     if trajectory.id != job_id:
         raise BadRequest(f"the record sent for job {job_id} is job {trajectory.id}'s")
-    return dataclasses.replace(trajectory, node=node).sealed()
+    # Every number in its domain, the reward in farm's own (a node's verdict is never an outside score):
+    # a record out of it is refused whole, with each problem named (OutOfDomain), and never stored.
+    return domain.check(dataclasses.replace(trajectory, node=node).sealed(), external=False)
 
 
 class _Parts:

@@ -8,12 +8,16 @@ fits one reply and page on. A stream is never failed by what an attempt stored.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 from farm.v1 import farm_pb2, trajectory_pb2
 from farm_client.convert import to_message
 
+from farmd import domain
 from farmd.records import Trajectory
+
+log = logging.getLogger("farmd.api.trajectories")
 
 MESSAGE_BUDGET_BYTES = 8 << 20
 """Trajectories per message stop before this many bytes: well under the send limit, and small enough
@@ -25,13 +29,27 @@ def trajectory_pb(t: Trajectory) -> trajectory_pb2.Trajectory:
 
 
 def _sized(t: Trajectory) -> tuple[trajectory_pb2.Trajectory, int]:
-    """The message and its size (computing a size serializes the message: done once)."""
-    message = to_message(t, trajectory_pb2.Trajectory())
-    size = message.ByteSize()
-    if size > MESSAGE_BUDGET_BYTES:  # a record from before bounds were kept: cut it on the way out
-        message = to_message(t.sealed(), trajectory_pb2.Trajectory())
+    """The message and its size (computing a size serializes the message: done once). A record the wire
+    cannot carry goes as the stub that says so: the store serves every record it reads checked
+    (``farmd.domain``), so this is the last guard, for what that check does not know of."""
+    try:
+        message = to_message(t, trajectory_pb2.Trajectory())
+        size = message.ByteSize()
+        if size > MESSAGE_BUDGET_BYTES:  # a record from before bounds were kept: cut it on the way out
+            message = to_message(t.sealed(), trajectory_pb2.Trajectory())
+            size = message.ByteSize()
+    except Exception as exc:  # whatever a field's value makes protobuf raise (ValueError, TypeError, ...)
+        log.error("trajectory %s cannot be sent as a record (%s: %s): sent as an unreadable stub", t.id,
+                  type(exc).__name__, str(exc)[:300], extra={"event": "unreadable_trajectory", "trajectory": t.id})
+        stub = domain.unreadable({name: getattr(t, name, None) for name in _STUB_FIELDS},
+                                 f"the wire record refused it: {type(exc).__name__}: {str(exc)[:200]}")
+        message = to_message(stub, trajectory_pb2.Trajectory())
         size = message.ByteSize()
     return message, size
+
+
+_STUB_FIELDS = ("id", "seq", "group_id", "run_id", "env", "env_version", "seed", "difficulty", "agent",
+                "policy_version", "verifier_version", "node", "finished_at")
 
 
 def batch_messages(trajectories: list[Trajectory], up_to: int) -> Iterator[farm_pb2.StreamTrajectoriesResponse]:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from farmd import jsonio
+from farmd import domain, jsonio
 from farmd.atropos.records import as_trajectories
 from farmd.records import Trajectory
 from farmd.store.atropos import pack, pack_records
@@ -32,6 +32,11 @@ MAX_GROUPS = 4096
 """Groups in one ``/scored_data_list``."""
 MAX_NAME = 200
 _INT64 = 1 << 63
+MAX_PUSHED_DEPTH = domain.MAX_JSON_DEPTH - 2
+"""How deep a free-form field of a group (generation parameters, overrides, a message) may nest: its farm
+trajectories keep it two levels down their details (``{"atropos": {"generation_params": ...}}``), which are
+held to ``domain.MAX_JSON_DEPTH``."""
+_IGNORED = -100
 
 SCORED_FIELDS = ("tokens", "masks", "scores", "advantages", "ref_logprobs", "messages", "generation_params",
                  "inference_logprobs", "overrides", "group_overrides", "images", "env_id", "distill_token_ids",
@@ -130,6 +135,35 @@ def _floats(items: list[Any], loc: list[str | int]) -> list[float]:
     return [_float(x, [*loc, j]) for j, x in enumerate(items)]
 
 
+def _token_ids(items: list[Any], loc: list[str | int]) -> list[int]:
+    """A row of token ids: integers in [0, 2**31) (``farmd.domain``), where ``_ints`` takes any int64."""
+    bad = domain.bad_token_id(items)
+    if bad is not None:
+        raise Invalid([*loc, bad[0]], bad[1])
+    return items
+
+
+def _tree(value: Any, loc: list[str | int]) -> Any:
+    """A free-form field: JSON within ``MAX_PUSHED_DEPTH``, integers within int64, floats finite."""
+    problem = domain.tree_problem(value, "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in loc)[1:],
+                                  MAX_PUSHED_DEPTH)
+    if problem is not None:
+        raise Invalid(loc, problem)
+    return value
+
+
+def _sampled(rows: list[list[float]] | None, masks: list[list[int]], name: str) -> None:
+    """Logprobs one per token are sampling logprobs where the mask trains: at most 0 there (Atropos marks the
+    other positions 1.0, and a row not one per token is not read as turns)."""
+    for i, (row, mask) in enumerate(zip(rows or [], masks, strict=False)):
+        if len(row) != len(mask):
+            continue
+        trained = [j for j, m in enumerate(mask) if m != _IGNORED]
+        bad = domain.bad_logprob([row[j] for j in trained])
+        if bad is not None:
+            raise Invalid([name, i, trained[bad[0]]], f"{bad[1]} (a trained position)")
+
+
 def scored_group(raw: Any, where: list[str | int] | None = None) -> dict[str, Any]:
     """A scored group checked, with every field Atropos hands back (None where not sent). Fields it does not
     know are dropped, as Atropos drops them."""
@@ -143,33 +177,40 @@ def scored_group(raw: Any, where: list[str | int] | None = None) -> dict[str, An
         sequences = _list(raw["tokens"], ["tokens"], MAX_SEQUENCES)
         if not sequences:
             raise Invalid(["tokens"], "a group holds at least one sequence")
-        tokens = [_ints(_list(seq, ["tokens", i], MAX_TOKENS), ["tokens", i]) for i, seq in enumerate(sequences)]
+        tokens = [_token_ids(_list(seq, ["tokens", i], MAX_TOKENS), ["tokens", i]) for i, seq in enumerate(sequences)]
         lengths = [len(seq) for seq in tokens]
         group: dict[str, Any] = {"tokens": tokens, "masks": _rows(raw["masks"], "masks", lengths, "int")}
         scores = _list(raw["scores"], ["scores"], MAX_SEQUENCES)
         if len(scores) != len(tokens):
             raise Invalid(["scores"], f"has {len(scores)} scores for {len(tokens)} sequences")
-        group["scores"] = [_float(s, ["scores", i]) for i, s in enumerate(scores)]
+        group["scores"] = [_score(s, ["scores", i]) for i, s in enumerate(scores)]
         for name in ("advantages", "ref_logprobs", "inference_logprobs"):
             group[name] = None if raw.get(name) is None else _rows(raw[name], name, lengths, "float", exact=False)
+        _sampled(group["inference_logprobs"], group["masks"], "inference_logprobs")
         group["messages"] = None if raw.get("messages") is None else _messages(raw["messages"])
         for name in ("generation_params", "group_overrides"):
             value = raw.get(name)
             if value is not None and not isinstance(value, dict):
                 raise Invalid([name], "must be an object")
-            group[name] = value
+            group[name] = _tree(value, [name])
         overrides = raw.get("overrides")
         if overrides is not None and not all(isinstance(o, dict) for o in _list(overrides, ["overrides"],
                                                                                 MAX_SEQUENCES)):
             raise Invalid(["overrides"], "must be a list of objects")
-        group["overrides"] = overrides
-        group["images"] = raw.get("images")
+        group["overrides"] = _tree(overrides, ["overrides"])
+        group["images"] = _tree(raw.get("images"), ["images"])
         env_id = raw.get("env_id")
         group["env_id"] = None if env_id is None else _int(env_id, ["env_id"])
         if group["env_id"] is not None and group["env_id"] < 0:
             raise Invalid(["env_id"], "must not be negative")
         for name, kind in (("distill_token_ids", "int"), ("distill_logprobs", "float")):
             group[name] = None if raw.get(name) is None else _distill(raw[name], name, lengths, kind)
+        for name, first_bad in (("distill_token_ids", domain.bad_token_id), ("distill_logprobs", domain.bad_logprob)):
+            for i, row in enumerate(group[name] or []):
+                for j, top in enumerate(row):
+                    bad = first_bad(top)
+                    if bad is not None:
+                        raise Invalid([name, i, j, bad[0]], bad[1])
     except Invalid as exc:
         raise Invalid([*loc, *exc.loc], exc.message) from None
     return {name: group.get(name) for name in SCORED_FIELDS}
@@ -181,7 +222,16 @@ def _messages(value: Any) -> list[list[dict[str, Any]]]:
         for j, message in enumerate(_list(conversation, ["messages", i], MAX_TOKENS)):
             if not isinstance(message, dict) or "role" not in message or "content" not in message:
                 raise Invalid(["messages", i, j], "Message must have 'role' and 'content' fields")
+            _tree(message, ["messages", i, j])
     return conversations
+
+
+def _score(value: Any, loc: list[str | int]) -> float:
+    """A pushed score: finite, within ``domain.EXTERNAL_SCORE_BOUND`` (Atropos scores on its own scale)."""
+    score = _float(value, loc)
+    if abs(score) > domain.EXTERNAL_SCORE_BOUND:
+        raise Invalid(loc, f"is {score:g}; a score is at most {domain.EXTERNAL_SCORE_BOUND:g} either side of 0")
+    return score
 
 
 def _distill(value: Any, name: str, lengths: list[int], kind: str) -> list[list[list[Any]]]:
@@ -193,14 +243,21 @@ def _distill(value: Any, name: str, lengths: list[int], kind: str) -> list[list[
              for j, top in enumerate(_list(row, [name, i], MAX_TOKENS))] for i, row in enumerate(rows)]
 
 
-def scored_groups(body: bytes, *, many: bool) -> list[Checked]:
+def scored_groups(body: bytes, *, many: bool) -> list[Checked | Invalid]:
     """``/scored_data`` (one group) or ``/scored_data_list``'s body: each group checked, with its stored form
-    and its trajectories."""
+    and its trajectories, or why it is refused (``Invalid``, its place in ``loc``). One group's refusal is
+    that group's: the others of a list are kept. A body that is no group or list of groups raises."""
     raw, exact = _json_exact(body)
     items = _list(raw, [], MAX_GROUPS) if many else [raw]
-    out = []
+    out: list[Checked | Invalid] = []
     for i, item in enumerate(items):
-        group = scored_group(item, [i] if many else [])
+        try:
+            group = scored_group(item, [i] if many else [])
+        except Invalid as exc:
+            if not many:
+                raise
+            out.append(exc)
+            continue
         records = as_trajectories(group)
         out.append(Checked(group, pack(jsonio.dump(group, exact=exact)), records,
                            pack_records(records)))
@@ -216,6 +273,8 @@ def _json_exact(body: bytes) -> tuple[Any, bool]:
         return jsonio.parse(body)
     except (UnicodeDecodeError, ValueError) as exc:
         raise Invalid([], f"the body is not JSON: {exc}") from None
+    except RecursionError:  # Python's json, past orjson's 1024 levels
+        raise Invalid([], "the body is JSON nested deeper than any group is") from None
 
 
 _REGISTRATION: dict[str, Callable[[Any, list[str | int]], Any]] = {"wandb_group": _str, "wandb_project": _str, "batch_size": _int, "max_token_len": _int,

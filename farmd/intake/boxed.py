@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from farmd import domain
 from farmd.errors import FarmError
 from farmd.intake.package import Package
 from farmd.sandbox import BoxResult, Sandbox, SandboxPolicy
@@ -117,6 +118,12 @@ class BoxedEnvironment:
             raise ContributedError("generate", "the task has no prompt")
         if not isinstance(public, dict):
             raise ContributedError("generate", "'public' must be a dict")
+        # Posed with every attempt and stored in every trajectory of the task: its numbers and nesting held to
+        # the record's domain here, where they are the environment's fault (NaN, an integer past int64,
+        # nesting no reader can decode), not discovered by every stream and export that meets them.
+        problem = domain.tree_problem(public, "public")
+        if problem is not None:
+            raise ContributedError("generate", f"the task's {problem}")
         if len(prompt) > MAX_PROMPT_CHARS:
             raise ContributedError("generate", f"the prompt is {len(prompt)} characters; at most {MAX_PROMPT_CHARS}")
         return ContributedTask(valid_text(prompt)[0], public)

@@ -16,6 +16,7 @@ from typing import Protocol
 from farmd.envs import Attempt, VerifyContext, get, verify_safely
 from farmd.envs.catalog import EnvLookup
 from farmd.errors import FailedPrecondition
+from farmd.flags import UNREADABLE
 from farmd.records import Trajectory
 
 PAGE = 200
@@ -67,6 +68,9 @@ async def rescore(scores: Scores, ctx: VerifyContext | None, env_name: str, limi
         for t in page:
             if env.verifier_version in done.get(t.id, set()):
                 already += 1
+                continue
+            if UNREADABLE in t.flags:  # a stored record the store could not read: nothing to verify again
+                errors += 1
                 continue
             # Hidden test data is never stored: it is regenerated from (seed, difficulty).
             task = await env.make_task(t.seed, t.difficulty, ctx)

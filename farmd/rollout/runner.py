@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import fields
 
+from farmd import domain
 from farmd.agents import Agent
 from farmd.agents.base import AgentResult
 from farmd.envs import (
@@ -82,7 +83,7 @@ async def run_rollout(job: Job, env: Environment, agent: Agent, ctx: VerifyConte
         verdict.flag(flag)
     ended = time.monotonic()
     usage = result.usage
-    return Trajectory(
+    made_record = Trajectory(
         id=job.id, group_id=job.group_id, env=job.env, env_version=task.env_version, seed=job.seed,
         difficulty=job.difficulty, agent=job.agent, policy_version=job.policy_version, reward=verdict.reward,
         passed=verdict.passed, status=verdict.status, reasons=verdict.reasons, flags=verdict.flags,
@@ -93,6 +94,12 @@ async def run_rollout(job: Job, env: Environment, agent: Agent, ctx: VerifyConte
         agent_error=result.error or "", started_at=started_wall, finished_at=time.time(),
         timings=Timings(task=made - started, agent=acted - made, verify=ended - acted, total=ended - started),
     ).sealed()
+    # Agents and verifiers check what they produce; a record still out of its domain is a bug of farm's own,
+    # never the attempt's: not stored, retried (the store would refuse it anyway).
+    found = domain.problems(made_record, external=False)
+    if found:
+        raise InfraFailure(f"the rollout made a record out of its domain: {'; '.join(found[:3])}"[:1000])
+    return made_record
 
 
 USAGE_FIELDS = tuple(f.name for f in fields(Usage))

@@ -66,7 +66,9 @@ class ActivityRecords:
                                              max_policy_version=int(v or 0))
                for b, env, n, p, e, d, v in rows}
         flagged = await self._store._all(
-            f"SELECT {bucket} AS b, env, f.value, COUNT(*) FROM trajectories, json_each(trajectories.flags) AS f "
+            # A flags column that is not JSON (never written so) would fail the whole query: read as none.
+            f"SELECT {bucket} AS b, env, f.value, COUNT(*) FROM trajectories, json_each(CASE WHEN "
+            "json_valid(trajectories.flags) THEN trajectories.flags ELSE '[]' END) AS f "
             f"WHERE finished_at >= ? AND {_NOT_RED_TEAM} GROUP BY b, env, f.value",
             (since, width_s, since, *_RED_TEAM_ARGS))
         for b, env, flag, n in flagged:

@@ -28,6 +28,7 @@ from typing import Any
 
 import aiosqlite
 
+from farmd import domain
 from farmd.errors import CursorError, StoreError
 from farmd.private import create_file, make_dir
 from farmd.records import (
@@ -140,6 +141,19 @@ def _pack(traj: Trajectory) -> bytes:
 
 
 pack_body = _pack
+
+
+def _checked_bodies(records: dict[int, Trajectory]) -> tuple[dict[int, bytes], dict[int, list[str]]]:
+    """Each record's body, or what is out of its domain (``farmd.domain``), by id: in a thread."""
+    bodies: dict[int, bytes] = {}
+    refused: dict[int, list[str]] = {}
+    for tid, t in records.items():
+        found = domain.problems(t)
+        if found:
+            refused[tid] = found
+        else:
+            bodies[tid] = _pack(t)
+    return bodies, refused
 """For records made outside the store's own writes (``farmd.store.atropos``): packed off the event loop."""
 
 
@@ -247,16 +261,65 @@ def _read_json(raw: str | bytes) -> Any:
 
 
 def _trajectory(row: aiosqlite.Row) -> Trajectory:
-    """A row as a record; a row read without its body (a summary) has NULL there."""
-    plain: dict[str, Any] = dict(zip(_COLUMN_FIELDS, (row[i] for i in _COLUMN_INDEX), strict=True))
-    plain["passed"] = bool(plain["passed"])
+    """A row as a record; a row read without its body (a summary) has NULL there.
+
+    A row that does not read as a record with every number in its domain (``farmd.domain``) comes back as a
+    stub that says so (``unreadable``), logged: one bad row must never fail the stream, listing or export
+    that meets it. Rows are written checked; this is for what an older farmd, a bug or a hand with the
+    database file left there."""
+    columns = dict(zip(_COLUMN_FIELDS, (row[i] for i in _COLUMN_INDEX), strict=True))
+    try:
+        record = _record(columns, row[_BODY_INDEX])
+        found = domain.problems(record)
+    except Exception as exc:  # what a stored body can make a decoder raise is open-ended; each is this row's
+        found = [f"{type(exc).__name__}: {str(exc)[:300]}"]
+    if not found:
+        return record
+    _log_unreadable(columns.get("id"), found)
+    return domain.unreadable(columns, "; ".join(found[:3]))
+
+
+def _record(columns: dict[str, Any], body: bytes | None) -> Trajectory:
+    plain = dict(columns)
+    passed = plain["passed"]
+    plain["passed"] = bool(passed) if passed in (0, 1) else passed  # anything else is out of its domain
     plain["reasons"] = _read_json(plain["reasons"])
     plain["flags"] = _read_json(plain["flags"])
     plain["run_id"] = plain["run_id"] or 0
-    body = row[_BODY_INDEX]
     if body is not None:
         plain.update(_unpack(body))
     return from_plain(Trajectory, plain)
+
+
+_LOGGED_UNREADABLE: dict[object, None] = {}
+"""Rows logged as unreadable by this process (the last few thousand): every stream that passes one meets it
+again, and one line per row says it."""
+
+
+def _log_unreadable(traj_id: object, problems: list[str]) -> None:
+    key = traj_id if isinstance(traj_id, int) else repr(traj_id)[:40]
+    if key in _LOGGED_UNREADABLE:
+        return
+    _LOGGED_UNREADABLE[key] = None
+    if len(_LOGGED_UNREADABLE) > 4096:
+        _LOGGED_UNREADABLE.pop(next(iter(_LOGGED_UNREADABLE)))
+    log.error("stored trajectory %s cannot be read (%s): served as an unreadable stub", key,
+              "; ".join(problems[:3])[:1000], extra={"event": "unreadable_trajectory", "trajectory": key})
+
+
+def _score(version: Any, reward: Any, passed: Any, status: Any, reasons: Any, flags: Any, at: Any) -> Score | None:
+    """A score row as a ``Score``; None when it is not one in its domain (a later score is left out, never
+    the record it scores)."""
+    try:
+        score = Score(version if isinstance(version, str) else "", reward, passed in (1, True), status,
+                      _read_json(reasons), _read_json(flags), at)
+    except Exception:  # a score's JSON columns that do not decode, as a trajectory's body (see _trajectory)
+        return None
+    if passed not in (0, 1) or domain.reward_problem(score.reward, score.passed, score.status) \
+            or not isinstance(score.reasons, list) or not isinstance(score.flags, list) \
+            or domain.time_problem(at, "scored_at"):
+        return None
+    return score
 
 
 def _trajectories(rows: list[Any]) -> list[Trajectory]:
@@ -590,7 +653,13 @@ class Store:
         if not items:
             return []
         latest = {traj.id: (owner, traj) for owner, traj in items}  # one job reported twice: once
-        bodies = await asyncio.to_thread(lambda: {tid: _pack(t) for tid, (_, t) in latest.items()})
+        bodies, refused = await asyncio.to_thread(_checked_bodies, {tid: t for tid, (_, t) in latest.items()})
+        for tid, found in refused.items():
+            # Every entry checks its records first (a node's, a model's, an Atropos push); one that got here
+            # anyway is not stored, so no reader meets it: its job stays leased until the lease runs out.
+            log.error("trajectory %d is out of its domain and was not stored: %s", tid, "; ".join(found[:3])[:1000],
+                      extra={"event": "refused_trajectory", "trajectory": tid})
+            del latest[tid]
         now = time.time()
         by_owner: dict[str, list[int]] = {}
         for tid, (owner, _) in latest.items():
@@ -746,7 +815,10 @@ class Store:
         for gid, reward, version in await self._all(
                 f"SELECT group_id, reward, policy_version FROM trajectories WHERE group_id IN ({marks}) "
                 f"AND status='ok' ORDER BY id", [g[0] for g in groups]):
-            rewards.setdefault(gid, []).append((float(reward), int(version)))
+            # A reward out of any domain (a NaN is stored as NULL) or a version that is not one counts for
+            # nothing here; its record is served as unreadable (``_trajectory``).
+            if domain.reward_problem(reward, False, "ok", external=True) is None and isinstance(version, int):
+                rewards.setdefault(gid, []).append((float(reward), int(version)))
         return [{"id": gid, "done_seq": done, "env": env, "seed": seed, "difficulty": difficulty, "agent": agent,
                  "size": size, "rewards": [r for r, _ in rewards.get(gid, [])],
                  "policy_version": max((v for _, v in rewards.get(gid, [])), default=0)}
@@ -806,7 +878,11 @@ class Store:
             for tid, v, r, p, st, rs, fl, at in await self._all(
                     "SELECT trajectory_id, verifier_version, reward, passed, status, reasons, flags, scored_at "
                     f"FROM scores WHERE trajectory_id IN ({','.join('?' * len(ids))}) ORDER BY scored_at", ids):
-                by_id[int(tid)].scores.append(Score(v, r, bool(p), st, _read_json(rs), _read_json(fl), at))
+                score = _score(v, r, p, st, rs, fl, at)
+                if score is not None:
+                    by_id[int(tid)].scores.append(score)
+                else:
+                    _log_unreadable(f"{tid} (a score under {str(v)[:60]})", ["a score out of its domain"])
         return trajectories
 
     async def group_trajectories(self, group_ids: list[int], body: bool = True) -> list[Trajectory]:
@@ -825,10 +901,14 @@ class Store:
     async def pass_rates(self) -> list[dict[str, Any]]:
         """Per environment and level: trajectories, passed, mean reward, errors (never scores); a red team's
         attempts left out (wrong on purpose, they would read as a policy failing)."""
+        # Only rewards in a reward's domain count in the mean: one stored out of it (an infinity, a text) would
+        # make every status read show it (``farmd.domain``; its record is served as unreadable).
+        bound = domain.EXTERNAL_SCORE_BOUND
         rows = await self._all(
-            "SELECT env, difficulty, COUNT(*), SUM(status='ok' AND passed), AVG(CASE WHEN status='ok' THEN reward END), "
+            "SELECT env, difficulty, COUNT(*), SUM(status='ok' AND passed), AVG(CASE WHEN status='ok' AND "
+            "typeof(reward) IN ('real', 'integer') AND reward BETWEEN ? AND ? THEN reward END), "
             "SUM(status='error') FROM trajectories WHERE substr(agent, 1, ?) != ? GROUP BY env, difficulty "
-            "ORDER BY env, difficulty", (len(RED_TEAM_PREFIX), RED_TEAM_PREFIX))
+            "ORDER BY env, difficulty", (-bound, bound, len(RED_TEAM_PREFIX), RED_TEAM_PREFIX))
         return [{"env": e, "difficulty": d, "trajectories": n, "passed": int(p or 0),
                  "mean_reward": float(r) if r is not None else None, "errors": int(err or 0)}
                 for e, d, n, p, r, err in rows]
@@ -844,8 +924,18 @@ class Store:
     # -- scores (re-scoring adds, never overwrites) ---------------------------------------------
 
     async def add_scores(self, rows: list[tuple[int, str, float, bool, str, list[str], list[str]]]) -> int:
-        """(trajectory id, verifier version, reward, passed, status, reasons, flags) rows; existing kept."""
+        """(trajectory id, verifier version, reward, passed, status, reasons, flags) rows; existing kept. A row
+        whose verdict is out of its domain (``farmd.domain``) is not kept: logged, never read back."""
         now = time.time()
+        kept: list[tuple[int, str, float, bool, str, list[str], list[str]]] = []
+        for row in rows:
+            problem = domain.reward_problem(row[2], row[3], row[4])
+            if problem is None:
+                kept.append(row)
+            else:
+                log.error("a score of trajectory %s out of its domain was not kept: %s", row[0], problem,
+                          extra={"event": "refused_score", "trajectory": row[0]})
+        rows = kept
         async with self._write() as db:
             before = db.total_changes
             await db.executemany(

@@ -305,3 +305,19 @@ async def test_torch_specs(source: MemorySource, runtime: TorchRuntime) -> None:
     assert parse_torch_spec(" torch:tiny?max_tokens=4 ") == TorchSpec("tiny", 1.0, 4)
     with pytest.raises(AgentSpecError, match="unknown option"):
         parse_torch_spec("torch:tiny?n=2")
+
+
+async def test_a_policy_that_samples_nan_logprobs_fails_as_infrastructure_never_a_record(
+        source: MemorySource, runtime: TorchRuntime) -> None:
+    """Finite weights (so it loads) whose logits overflow float32: log_softmax gives NaN. Its output is out of its
+    domain: an EndpointError (retried as infrastructure), never a trajectory carrying NaN to a trainer."""
+    torch.manual_seed(1)
+    model = tinylm.TinyLM(tinylm.LMConfig()).eval()
+    with torch.no_grad():
+        model.ln.weight.fill_(3e38)
+        model.embed.weight.mul_(100)
+    version = source.publish(tinylm.save(model))
+    agent = TorchAgent("tiny", runtime, temperature=1.0, max_tokens=4)
+    with pytest.raises(EndpointError) as failed:
+        await agent.attempt(_task(), None, version, rollout_id=3)
+    assert failed.value.transient and "logprobs[0] is nan" in str(failed.value), str(failed.value)

@@ -75,6 +75,25 @@ async def test_a_server_without_logprobs_records_none_rather_than_inventing_them
     assert (turn.has_logprobs, turn.logprobs, turn.token_ids) == (False, [], [1, 2, 3]), "counts disagree: not kept"
 
 
+@pytest.mark.parametrize(("served", "named"), [
+    (Reply.text("hi", token_ids=[1, 2], logprobs=[-0.5, float("nan")]), "logprobs[1] is nan"),
+    (Reply.text("hi", token_ids=[1, 2], logprobs=[-0.5, float("-inf")]), "logprobs[1] is -inf"),
+    (Reply.text("hi", token_ids=[1, 2], logprobs=[-0.5, 0.75]), "a sampled token's logprob is at most 0"),
+    (Reply.text("hi", token_ids=[1, 2 ** 31], logprobs=[-0.5, -0.5]), "token_ids[1] is 2147483648"),
+    (Reply.text("hi", token_ids=[-3, 2], logprobs=[-0.5, -0.5]), "token_ids[0] is -3"),
+    (Reply.text("hi", token_ids=[1, 2 ** 40], logprobs=[-0.5, -0.5], ids_as_tokens=True), "is 1099511627776"),
+    (Reply.text("hi", token_ids=[1], prompt_token_ids=[5, -1]), "prompt_token_ids[1] is -1"),
+    (Reply.text("hi", prompt_tokens=-5), "usage.prompt_tokens is -5"),
+])
+async def test_a_reply_out_of_its_domain_is_the_server_s_failure_retried_never_a_score(served: Reply,
+                                                                                      named: str) -> None:
+    async with fake_endpoint(lambda request: served) as ep, agent(ep.url, max_attempts=2) as a:
+        with pytest.raises(EndpointError) as failed:
+            await a.attempt(SAY_HI, None, 0)
+    assert failed.value.transient and len(ep.requests) == 2, "asked again, then an infrastructure failure"
+    assert named in str(failed.value), str(failed.value)
+
+
 async def test_logprobs_and_token_ids_can_be_turned_off() -> None:
     async with fake_endpoint() as ep, agent(ep.url, logprobs=False, token_ids=False) as a:
         await a.attempt(SAY_HI, None, 0)

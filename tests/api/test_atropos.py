@@ -137,12 +137,14 @@ def test_gzip_both_ways_and_bad_groups_are_refused_whole(atropos_farm) -> None: 
     refused({"tokens": [[1]], "masks": [[1]], "scores": [1.0], "messages": [[{"role": "user"}]]}, 422,
             "Message must have 'role' and 'content' fields")
     many = [group(1, 1), {"tokens": [[1]], "masks": [[1, 2]], "scores": [0.0]}]
-    assert api.post("/scored_data_list", many).status_code == 422
+    partial = api.post("/scored_data_list", many)
+    assert partial.status_code == 422 and (partial.json()["refused"], partial.json()["groups_processed"]) == ([1], 1)
+    assert partial.json()["detail"][0]["loc"] == ["body", 1, "masks", 0], "the refused group's place, and why"
     bad_gzip = api.post("/scored_data", content=b"\x1f\x8bnot gzip", headers={"Content-Encoding": "gzip"})
     assert bad_gzip.status_code == 400 and bad_gzip.text == "Invalid gzip payload"
     bomb = gzip.compress(b"[" + b" " * (260 << 20) + b"]", compresslevel=1)
     assert api.post("/scored_data", content=bomb, headers={"Content-Encoding": "gzip"}).status_code == 413
-    assert api.get("/status").json()["queue_size"] == 0, "nothing of a refused request was kept"
+    assert api.get("/status").json()["queue_size"] == 1, "nothing of a refused group was kept, the group beside it was"
 
 
 def test_a_restart_keeps_the_queue_the_buffers_and_the_step(atropos_farm) -> None:  # type: ignore[no-untyped-def]
@@ -229,3 +231,56 @@ def test_pushed_groups_are_farm_trajectories_a_farm_trainer_can_stream(atropos_f
     assert sorted(g["tokens"] for g in served) == sorted([tokens, [[40, 41, 42], [41, 42, 43]]]), \
         "the queue serves them as pushed"
     assert next(g for g in served if g["tokens"] == tokens)["messages"] == messages
+
+
+def _deep(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+# Groups of two that do not hold numbers in their domain: each refused with its reason, its place named.
+OUT_OF_DOMAIN: list[tuple[dict[str, Any], str]] = [
+    ({"scores": [1e308, 1e308]}, "a score is at most"),
+    ({"tokens": [[1, -1, 3], [1, 2, 3]]}, "is -1, outside 0..2147483647"),
+    ({"tokens": [[1, 2, 3], [1, 2, 2 ** 31]]}, "is 2147483648"),
+    ({"tokens": [[1, 2, 3], [1, 2, 2 ** 40]]}, "is 1099511627776"),
+    ({"inference_logprobs": [[1.0, -0.5, 0.5], [1.0, -0.5, -0.5]]}, "a sampled token's logprob is at most 0"),
+    ({"generation_params": _deep(150)}, "nested more than 14 deep"),
+    ({"generation_params": {"seed": 2 ** 63}}, "integer past int64"),
+    ({"overrides": [{"t": 1}, {"t": _deep(40)}]}, "nested more than 14 deep"),
+    ({"messages": [[{"role": "user", "content": _deep(60)}], [{"role": "user", "content": "x"}]]},
+     "nested more than 14 deep"),
+    ({"distill_token_ids": [[[1], [2], [-3]], [[1], [2], [3]]]}, "is -3"),
+]
+
+
+def test_numbers_out_of_their_domain_are_refused_per_group_and_the_groups_beside_them_kept(atropos_farm) -> None:  # type: ignore[no-untyped-def]
+    farm, api = atropos_farm()
+    api.post("/register", {**REGISTRATION, "batch_size": 64})
+    bad = [{**group(2, 10 * i), **change} for i, (change, _) in enumerate(OUT_OF_DOMAIN)]
+    # Atropos's own conventions stay valid: scores past [0, 1] (its tests push 2.0; its environments -1.0), and
+    # 1.0 as the logprob of a position that was not sampled.
+    good = [group(2, 500, scores=[2.0, -1.0]), group(2, 600, inference_logprobs=[[1.0, -0.5, -0.25]] * 2),
+            group(2, 700, generation_params=_deep(14), overrides=[_deep(13), {}])]  # as deep as a group may be
+    pushed = [good[0], *bad, *good[1:]]
+    reply = api.post("/scored_data_list", pushed)
+    assert reply.status_code == 422, reply.text
+    body = reply.json()
+    assert body["refused"] == list(range(1, len(bad) + 1)) and body["groups_processed"] == 3
+    for detail, (_, why) in zip(body["detail"], OUT_OF_DOMAIN, strict=True):
+        assert why in detail["msg"], (detail, why)
+    assert [d["loc"][:2] for d in body["detail"]] == [["body", i] for i in range(1, len(bad) + 1)]
+    assert api.get("/status").json()["queue_size"] == 3, "the groups beside the refused ones were kept"
+    for change, why in OUT_OF_DOMAIN:  # alone, as /scored_data: refused the same way
+        alone = api.post("/scored_data", {**group(2, 900), **change})
+        assert alone.status_code == 422 and why in alone.text, alone.text
+
+    # What farm made of the kept groups streams, whole, with finite advantages.
+    with FarmClient(farm.addr) as client:
+        listed = client.trajectories(limit=100, full=True)
+        assert sorted(t.reward for t in listed) == [-1.0, 0.0, 0.0, 1.0, 1.0, 2.0]
+        assert all(t.flags == ["external_score"] for t in listed), "each reads whole, none unreadable"
+        batch = next(client.batches("pushed", batch_size=8, whole_groups=True, tensors=True))
+        assert len(batch.trajectories) == 6 and bool(batch.advantages.isfinite().all())

@@ -101,6 +101,37 @@ def test_advantages_are_group_relative_with_population_std() -> None:
     assert group_advantages([1.0, 1.0], [1, 1]) == [0.0, 0.0]
 
 
+@pytest.mark.parametrize("rewards", [[math.nan, 1.0, 0.0], [math.inf, 0.0, 1.0], [1e308, 1e308, 0.0],
+                                     [-1e308, 1e308, 5.0], [1e200, 0.0, 1.0], [1e100, 0.0, 1.0]])
+def test_advantages_are_never_nan_whatever_the_rewards(rewards: list[float]) -> None:
+    """Belt and braces: farmd serves no reward out of its domain, and a trainer's advantages stay finite anyway."""
+    advantages = group_advantages(rewards, [1, 1, 1])
+    assert all(math.isfinite(a) for a in advantages), advantages
+    finite = [r for r in rewards if math.isfinite(r)]
+    assert [a for a, r in zip(advantages, rewards, strict=True) if not math.isfinite(r)] == [0.0] * (3 - len(finite))
+    if len(finite) == 3 and max(map(abs, finite)) <= 1e100:  # scaled, the same advantages as the formula's
+        mean = sum(finite) / 3
+        std = math.sqrt(sum((r - mean) ** 2 for r in finite) / 3)
+        assert advantages == pytest.approx([(r - mean) / (std + 1e-6) for r in finite])
+    assert group_advantages([0.0, 1.0, 0.5], [1, 1, 2]) == pytest.approx([-1.0, 1.0, 0.0], abs=1e-5)
+
+
+def test_a_record_out_of_its_domain_gets_no_row() -> None:
+    good = [trajectory(1, 1, 1.0, "a"), trajectory(2, 1, 0.0, "b")]
+    nan_reward = trajectory(3, 1, math.nan, "c")
+    nan_logprob = trajectory(4, 1, 1.0, "d")
+    nan_logprob.turns[0] = dataclasses.replace(nan_logprob.turns[0], logprobs=[math.nan] * len(nan_logprob.turns[0].token_ids))
+    positive = trajectory(5, 1, 1.0, "e")
+    positive.turns[0] = dataclasses.replace(positive.turns[0], logprobs=[0.5] * len(positive.turns[0].token_ids))
+    negative_id = trajectory(6, 1, 0.0, "f")
+    negative_id.turns[0] = dataclasses.replace(negative_id.turns[0], token_ids=[-1] * len(negative_id.turns[0].token_ids))
+    batch = collate([*good, nan_reward, nan_logprob, positive, negative_id])
+    assert batch.trajectory_ids.tolist() == [1, 2]
+    assert batch.advantages.tolist() == pytest.approx([1.0, -1.0], abs=1e-5), "they count in no group either"
+    assert all("out of its domain" in batch.skipped[i] for i in (3, 4, 5, 6)), batch.skipped
+    assert bool(batch.logprobs.isfinite().all())
+
+
 def test_equal_reward_groups_are_skipped_only_when_asked() -> None:
     flat = [trajectory(1, 1, 1.0, "a"), trajectory(2, 1, 1.0, "b")]
     mixed = [trajectory(3, 2, 0.0, "c"), trajectory(4, 2, 1.0, "d")]

@@ -76,3 +76,23 @@ async def test_a_hostile_verifier_is_an_error_never_a_pass(tmp_path: Path, body:
             await env.verify(1, 1, "3")
     assert evidence in failed.value.evidence, failed.value.evidence
     assert not await asyncio.to_thread(Path("/etc/farm-planted").exists)
+
+
+@pytest.mark.parametrize(("public", "evidence"), [
+    ("{'target': target, 'deep': DEEP}", "public is nested more than 16 deep (at public.deep.a"),
+    ("{'target': target, 'n': 10 ** 30}", "public.n is an integer past int64"),
+    ("{'target': target, 'x': float('nan')}", "public.x is nan"),
+    ("{'target': target, 'examples': [{'input': [float('inf')]}]}", "public.examples[0].input[0] is inf"),
+])
+async def test_a_public_task_out_of_its_domain_is_the_environment_s_fault(tmp_path: Path, public: str,
+                                                                         evidence: str) -> None:
+    """What the generator makes public is posed with every attempt and stored in every trajectory: a number or a
+    nesting no reader can take is refused where it is made, as the environment's failure."""
+    deep = "{'a': " * 150 + "1" + "}" * 150
+    source = WORD_COUNT.replace('"public": {"target": target}', '"public": ' + public.replace("DEEP", deep))
+    assert source != WORD_COUNT
+    async with Sandbox() as sandbox:
+        env = BoxedEnvironment(package(tmp_path, source), sandbox, KEY)
+        with pytest.raises(ContributedError) as failed:
+            await env.generate(7, 2)
+    assert failed.value.op == "generate" and evidence in failed.value.evidence, failed.value.evidence

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
 import struct
 import zlib
 from pathlib import Path
 
-import pytest
-
+from farmd.domain import FLOAT32_MAX
 from farmd.records import ChatMessage, PosedTask, SamplingParams, Trajectory, Turn, Usage, to_plain
 from farmd.store import Store
 
@@ -33,14 +31,15 @@ def record(job_id: int, group_id: int, turns: list[Turn]) -> Trajectory:
 
 
 TURNS = [
-    Turn(message_index=2, prompt_messages=2, completion="first", prompt_token_ids=[0, 151_935, 2 ** 32 - 1],
-         token_ids=[7, 8], logprobs=[f32(-0.0001234), -1e-300, -math.inf], has_logprobs=True, finish_reason="stop",
-         usage=Usage(prompt_tokens=3, completion_tokens=2)),
+    # The ends of each domain (farmd.domain): the largest int32 token id, the smallest float32 logprob.
+    Turn(message_index=2, prompt_messages=2, completion="first", prompt_token_ids=[0, 151_935, 2 ** 31 - 1],
+         token_ids=[7, 8, 9], logprobs=[f32(-0.0001234), -1e-300, -FLOAT32_MAX], has_logprobs=True,
+         finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=3)),
     # Its message was edited after the reply (so the text is kept apart); no logprobs came back.
     Turn(message_index=4, prompt_messages=4, completion="second", prompt_token_ids=list(range(1000)),
          token_ids=[5], finish_reason="length"),
-    # Not what a server sends, but a record may hold it: kept as given.
-    Turn(message_index=9, completion="orphan", token_ids=[-1, 2 ** 40], logprobs=[0.5]),
+    # No message of its own (a turn whose reply was not kept in the conversation).
+    Turn(message_index=9, completion="orphan", token_ids=[3, 2 ** 20], logprobs=[-0.5, -0.25], has_logprobs=True),
 ]
 
 
@@ -84,7 +83,7 @@ async def test_a_body_of_json_only_is_still_read(tmp_path: Path) -> None:
         await store.close()
 
 
-async def test_a_cut_body_is_an_error_not_a_shorter_record(tmp_path: Path) -> None:
+async def test_a_cut_body_is_an_unreadable_stub_not_a_shorter_record(tmp_path: Path) -> None:
     db = tmp_path / "farm.db"
     store = await Store.open(db)
     try:
@@ -94,7 +93,29 @@ async def test_a_cut_body_is_an_error_not_a_shorter_record(tmp_path: Path) -> No
         with sqlite3.connect(db) as conn:
             (body,) = conn.execute("SELECT body FROM trajectories WHERE id=?", (job.id,)).fetchone()
             conn.execute("UPDATE trajectories SET body=? WHERE id=?", (body[:-4], job.id))
-        with pytest.raises(ValueError):
-            await store.trajectory(job.id)
+        got = await store.trajectory(job.id)
+        assert got is not None and (got.id, got.status, got.flags, got.turns) == (job.id, "error", ["unreadable"], [])
+        assert "runs past its end" in got.reasons[0]
+    finally:
+        await store.close()
+
+
+async def test_a_record_out_of_its_domain_is_not_stored_and_the_others_are(tmp_path: Path) -> None:
+    """Every entry checks its records first; the store checks once more, per record, so a record no reader could
+    serve is never written (its job stays leased and runs again) and the batch beside it is."""
+    store = await Store.open(tmp_path / "farm.db")
+    try:
+        await store.enqueue([("py-func", 1, 2, "chat:m", 3)])
+        jobs = sorted(await store.lease("w", 3, 30, 0), key=lambda j: j.id)
+        sent = [record(jobs[0].id, jobs[0].group_id, TURNS),
+                record(jobs[1].id, jobs[1].group_id, [Turn(token_ids=[-1, 2 ** 40])]),
+                record(jobs[2].id, jobs[2].group_id, [])]
+        sent[2].reward = float("nan")
+        assert await store.complete([("w", t) for t in sent]) == [jobs[0].id]
+        assert await store.trajectory(jobs[1].id) is None and await store.trajectory(jobs[2].id) is None
+        assert await store.add_scores([(jobs[0].id, "2", 1.5, True, "ok", [], []),
+                                       (jobs[0].id, "3", 1.0, True, "ok", [], [])]) == 1
+        kept = await store.trajectory(jobs[0].id)
+        assert kept is not None and [s.verifier_version for s in kept.scores] == ["3"]
     finally:
         await store.close()
