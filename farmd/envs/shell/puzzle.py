@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -41,6 +42,15 @@ class Puzzle:
     """Files the final tree must hold (file tasks)."""
     scope: tuple[str, ...] = ()
     """Directories whose regular files must be exactly the expected ones, nothing more."""
+    answer_form: str = ""
+    """The form ``answer_format`` asks the final answer to take, as a regular expression its compared text
+    (``normalize_answer``) must match in full (answer tasks; one without is a generator bug): a rule of the
+    task, held apart from whether the answer is right (``Shell.rules``)."""
+
+    def __post_init__(self) -> None:
+        if self.finish == "answer":
+            ensure(bool(self.answer_form) and re.fullmatch(self.answer_form, self.answer) is not None,
+                   f"{self.family}: an answer task's answer must have the form its answer_format states")
 
 
 class GeneratorBug(FarmError):
