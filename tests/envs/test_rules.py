@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
+import shlex
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -258,6 +259,39 @@ async def _shell_answer_form(ctx: VerifyContext) -> list[Verdict]:
     return verdicts
 
 
+async def _shell_left_alone(ctx: VerifyContext) -> list[Verdict]:
+    """Each family whose directories are checked whole: the right result, and then one thing more that the task
+    said to leave alone (a new file among them; an original file's content changed)."""
+    jobs = []
+    for family in ("edit-config", "move-files"):
+        for difficulty in (1, 4):
+            task = _first("shell", lambda t, f=family: t.metadata["family"] == f, difficulty)
+            ref = SHELL.reference(task)
+            top = task.metadata["checked_dirs"][-1]
+            changed = (f"f=$(find {' '.join(task.metadata['checked_dirs'])} -type f | sort | head -n 1); "
+                       "echo changed >> \"$f\"")
+            new = f"mkdir -p {top}; echo 'new = 1' > {top}/new.ini"
+            jobs += [(task, Attempt(final="", actions=[*ref.actions, extra])) for extra in (changed, new)]
+            # Work left undone, or an edit made wrong, is a wrong answer, not a breach.
+            undone = await verify_safely(SHELL, task, Attempt(final="", actions=["true"]), ctx)
+            assert not undone.passed and RULE_BROKEN not in undone.flags, (family, undone.to_json())
+            if family == "edit-config":
+                puzzle = SHELL.puzzle(task.seed, task.difficulty)
+                rel, want = next((p, e.content) for p, e in puzzle.expected.items() if e.content != puzzle.files[p])
+                lines = want.decode().split("\n")
+                at = next(i for i, (a, b) in enumerate(zip(puzzle.files[rel].decode().split("\n"), lines, strict=True))
+                          if a != b)
+                lines[at] += "9"  # the edited line, with a wrong value
+                edited = [*ref.actions, f"printf %s {shlex.quote(chr(10).join(lines))} > {rel}"]
+                wrong = await verify_safely(SHELL, task, Attempt(final="", actions=edited), ctx)
+                assert not wrong.passed and RULE_BROKEN not in wrong.flags, wrong.to_json()
+    verdicts = list(await asyncio.gather(*[verify_safely(SHELL, t, a, ctx) for t, a in jobs]))
+    for verdict in verdicts:
+        assert any("Change nothing else" in r or "original contents" in r for r in verdict.reasons[:1]), \
+            verdict.reasons
+    return verdicts
+
+
 def _renamed(source: str, entry: str) -> str:
     return re.sub(rf"\bdef {entry}\(", "def _reference(", source, count=1)
 
@@ -300,6 +334,7 @@ BREAKS: dict[tuple[str, str], Case] = {
     ("shell", "action budget"): _shell_budget,
     ("shell", "time per action"): _shell_time,
     ("shell", "answer form"): _shell_answer_form,
+    ("shell", "files left alone"): _shell_left_alone,
     ("py-func", "argument"): _pyfunc_argument,
     ("kernel", "imports"): _kernel_imports,
     ("kernel", "arguments"): _kernel_arguments,

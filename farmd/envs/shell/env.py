@@ -6,7 +6,7 @@ import asyncio
 import re
 
 from farmd.envs.base import Attempt, Conduct, EpisodeEnvironment, Rule, Task, VerifyContext
-from farmd.envs.shell.checks import check_answer, check_tree, normalize_answer, read_regular
+from farmd.envs.shell.checks import check_answer, check_tree, disturbed, normalize_answer, read_regular
 from farmd.envs.shell.episode import ShellEpisode
 from farmd.envs.shell.puzzle import GeneratorBug, Puzzle
 from farmd.envs.shell.puzzles import FAMILIES, build_puzzle, family_of
@@ -15,6 +15,7 @@ from farmd.errors import TaskError
 from farmd.text import valid_text
 from farmd.verifier.verdict import (
     NO_ANSWER,
+    RULE_BROKEN,
     SANDBOX_VIOLATION,
     SUSPECTED_HACK,
     TIMEOUT,
@@ -31,7 +32,10 @@ class Shell(EpisodeEnvironment[ShellEpisode]):
 
     name = "shell"
     version = "1"
-    verifier_version = "1"
+    verifier_version = "2"
+    """2: the task's rules held (a 31st command asked for, a command past its time, an answer out of its form:
+    0); 1 judged an episode by its answer or files alone, and rewarded an attempt that asked for more commands
+    than allowed once the ones run had solved it. Rescoring judges version 1's trajectories again."""
     max_difficulty = 5
     exploit_kind = "shell"
     max_steps = MAX_STEPS
@@ -66,6 +70,8 @@ class Shell(EpisodeEnvironment[ShellEpisode]):
         form (``Puzzle.answer_form``), which the prompt states in ``answer_format``."""
         rules = super().rules(task)
         puzzle = self.puzzle(task.seed, task.difficulty)
+        if puzzle.scope:  # what it sees of the tree is the verifier's: it flags a breach itself (_verdict)
+            rules = (*rules, Rule("files left alone", puzzle.left_alone))
         if puzzle.finish != "answer":
             return rules
         form = re.compile(puzzle.answer_form)
@@ -109,9 +115,15 @@ class Shell(EpisodeEnvironment[ShellEpisode]):
             problems = (check_answer(puzzle, final) if puzzle.finish == "answer"
                         else await asyncio.to_thread(check_tree, puzzle, episode.tree))
             planted = await asyncio.to_thread(_planted, puzzle, episode)
+            moved = await asyncio.to_thread(disturbed, puzzle, episode.tree) if problems else []
         except (TaskError, GeneratorBug, OSError) as exc:
             return errored(v, f"cannot check the episode: {type(exc).__name__}: {exc}")
-        return _verdict(v, puzzle, episode, problems, planted)
+        verdict = _verdict(v, puzzle, episode, problems, planted)
+        if moved:
+            verdict.flag(RULE_BROKEN)
+            verdict.reasons.insert(0, f"broke the task's rule on the files left alone ('{puzzle.left_alone}'): "
+                                      f"{moved[0]}")
+        return verdict
 
 
 def _planted(puzzle: Puzzle, episode: ShellEpisode) -> dict[str, str]:
