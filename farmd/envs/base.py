@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -310,6 +311,20 @@ class EpisodeEnvironment(Environment, Generic[E]):
     """Seconds each action gets (its prompt says ``time_words``)."""
     action_noun: str = "action"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A subclass's judge_episode is its verdict on the answer or the files; called by anyone (a test, a
+        # tool, judge_episode_safely), it comes back held to the task's rules, which the episode counted.
+        own = cls.__dict__.get("judge_episode")
+        if own is not None and not getattr(own, "_holds_rules", False):
+            @functools.wraps(own)
+            async def judge_episode(self: EpisodeEnvironment[E], task: Task, episode: E, final: str,
+                                    ctx: VerifyContext) -> Verdict:
+                return await _held(self, task, episode.conduct(final), await own(self, task, episode, final, ctx))
+
+            judge_episode._holds_rules = True  # type: ignore[attr-defined]
+            setattr(cls, "judge_episode", judge_episode)  # noqa: B010 (mypy refuses assigning a method)
+
     def rules(self, task: Task) -> tuple[Rule, ...]:
         max_steps, noun, seconds = self.max_steps, self.action_noun, self.step_time_s
 
@@ -330,7 +345,7 @@ class EpisodeEnvironment(Environment, Generic[E]):
     @abc.abstractmethod
     async def judge_episode(self, task: Task, episode: E, final: str, ctx: VerifyContext) -> Verdict:
         """Judge an episode the agent has just played, without replaying it: whether its answer or what it left
-        is right. The task's rules are not this method's to check (``judge_episode_safely`` holds them)."""
+        is right. The task's rules are not this method's to check: the class wraps it to hold them."""
 
     async def verify(self, task: Task, attempt: Attempt, ctx: VerifyContext) -> Verdict:
         """Replay the attempt's actions in a fresh episode and judge it as a rollout's own episode is judged:
@@ -349,8 +364,7 @@ class EpisodeEnvironment(Environment, Generic[E]):
         try:
             for action in actions:
                 await episode.act(action)
-            verdict = await self.judge_episode(task, episode, attempt.final, ctx)
-            return hold_to_rules(verdict, self.rules(task), episode.conduct(attempt.final))
+            return await self.judge_episode(task, episode, attempt.final, ctx)  # held to the rules: see above
         except (FarmError, OSError) as exc:
             return errored(v, f"the replay failed: {type(exc).__name__}: {exc}")
         finally:

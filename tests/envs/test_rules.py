@@ -128,6 +128,15 @@ async def test_asking_for_more_actions_than_allowed_scores_zero_though_the_extra
     assert "it asked for 4 moves" in over.reasons[0]
 
 
+async def test_an_environment_s_own_judge_comes_back_held_to_the_rules() -> None:
+    env = Answers()
+    task = env.generate(0, 1)
+    episode = await env.episode(task, _no_box())
+    for _ in range(4):
+        await episode.act("look")
+    _broke(await env.judge_episode(task, episode, "42", _no_box()), "at most 3 moves")
+
+
 async def test_the_budget_is_counted_even_where_the_episode_has_none_of_its_own() -> None:
     env = Answers(episode_budget=None)
     _broke(await _play(env, ["look"] * 9), "at most 3 moves")
