@@ -349,7 +349,8 @@ class EpisodeEnvironment(Environment, Generic[E]):
 
     async def verify(self, task: Task, attempt: Attempt, ctx: VerifyContext) -> Verdict:
         """Replay the attempt's actions in a fresh episode and judge it as a rollout's own episode is judged:
-        by ``judge_episode`` and the task's rules. An attempt over its budget is judged unplayed."""
+        by ``judge_episode`` and the task's rules. An attempt that breaks a rule before it is played (more
+        actions than the budget, an answer out of its form) gets its 0 unplayed: no box is spent on it."""
         v = self.verifier_version
         asked = Conduct(final=attempt.final, actions=len(attempt.actions))
         if _broken(self.rules(task), asked):
@@ -462,16 +463,19 @@ def _broken(rules: Sequence[Rule], conduct: Conduct) -> list[tuple[Rule, str]]:
 _RULE_WORDS_SHOWN = 120
 _INLINE_CHARS = 4096
 """Final texts up to this long are held to the rules on the event loop (microseconds: a rule reads its text in
-linear time); longer ones, up to the 100 KB a verifier reads, in a thread."""
+linear time, and bounds what it reads); longer ones in a thread."""
 
 
 async def _held(env: Environment, task: Task, conduct: Conduct, verdict: Verdict) -> Verdict:
     if verdict.status != "ok":
         return verdict
-    rules = env.rules(task)
-    if len(conduct.final) > _INLINE_CHARS:
-        return await asyncio.to_thread(hold_to_rules, verdict, rules, conduct)
-    return hold_to_rules(verdict, rules, conduct)
+    try:
+        rules = env.rules(task)
+        if len(conduct.final) > _INLINE_CHARS:
+            return await asyncio.to_thread(hold_to_rules, verdict, rules, conduct)
+        return hold_to_rules(verdict, rules, conduct)
+    except Exception as exc:  # the environment's own code failed: never the attempt's pass, nor its fault
+        return errored(env.verifier_version, f"cannot hold the attempt to the task's rules: {_describe(exc)}")
 
 
 async def _blame(env: Environment, task: Task, ctx: VerifyContext, error: str) -> Verdict:
