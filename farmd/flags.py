@@ -24,6 +24,10 @@ it entered the farm, and the attempt judged as repaired."""
 VERIFIER_FAULT = "verifier_fault"
 """The verifier failed while judging this attempt but judges the task's reference soundly: whatever the
 attempt did to it, the attempt gets 0 (a verifier error is never an escape from a 0)."""
+RULE_BROKEN = "rule_broken"
+"""The attempt broke a rule its task states (more actions than allowed, a command past its time, a forbidden import,
+an argument modified, an answer not in the form asked for): reward 0 whatever else it got right; the reason names
+the rule."""
 TRUNCATED = "truncated"
 """Part of the attempt was cut to the farm's bounds: a model reply longer than the agent keeps (the
 attempt judged is the reply as kept), or a stored field over the trajectory record's bounds (the
@@ -50,4 +54,4 @@ nested too deep): what is served in its place is a stub with its ids and an erro
 reasons saying why, so every stream and listing goes on past it (``farmd.domain``)."""
 
 ALL = (SANDBOX_VIOLATION, SUSPECTED_HACK, TIMEOUT, NO_ANSWER, UNPARSEABLE, INVALID_TEXT, VERIFIER_FAULT,
-       TRUNCATED, QUARANTINED, WITHDRAWN, RED_TEAM_EXPLOIT, RED_TEAM_ESCAPE, EXTERNAL_SCORE, UNREADABLE)
+       RULE_BROKEN, TRUNCATED, QUARANTINED, WITHDRAWN, RED_TEAM_EXPLOIT, RED_TEAM_ESCAPE, EXTERNAL_SCORE, UNREADABLE)

@@ -1,11 +1,13 @@
 """``farmctl redteam``: adversaries through a live farm, as ordinary rollouts, and the host checked after.
 
 For every environment asked (default: every built-in, and every approved contributed version), one run per
-attack: the exploit library's attempts at its kind (``redteam:exploit:NAME``), and, where its attempts run
-as code, the escapes (``redteam:escape:NAME``, carrying this run's nonce, the host canary's port and the
-farm's). They are queued, leased to nodes, boxed, verified and stored like any rollout; an attempt is held
-when it earned nothing. Then the host is searched for what no verdict shows (``redteam_host``). Exit 1 if
-anything was breached.
+attack and family of its tasks (``farmd.intake.redteam.plan``): the exploit library's attempts at its kind
+(``redteam:exploit:NAME``) at every family, on the family's first seeds (the same every run: a run holds or
+breaches by what the farm does, not by the draw), and, where its attempts run as code, the escapes
+(``redteam:escape:NAME``, carrying this run's nonce, the host canary's port and the farm's). They are queued,
+leased to nodes, boxed, verified and stored like any rollout; an attempt is held when it earned nothing. The
+report counts per exploit and family. Then the host is searched for what no verdict shows (``redteam_host``).
+Exit 1 if anything was breached.
 """
 
 from __future__ import annotations
@@ -29,19 +31,8 @@ from farmd.cli.remote_cmd import client, farm_client
 from farmd.cli.shown import joined, text
 from farmd.envs.catalog import CONTRIBUTED_PREFIX
 from farmd.envs.registry import get, names
-from farmd.intake.escapes import for_kind as escapes_for
-from farmd.intake.exploits import for_kind
-from farmd.intake.redteam import NOT_AN_ATTACK
+from farmd.intake.redteam import NOT_AN_ATTACK, Attack, Family, contributed_family, families_of, plan
 from farmd.verifier.secret import KEY_FILE
-
-_SEED_SPACE = 1 << 31
-
-
-@dataclasses.dataclass(frozen=True)
-class Attack:
-    env: str
-    spec: str
-    tried: str
 
 
 @click.command()
@@ -49,17 +40,21 @@ class Attack:
               help="An environment to attack (repeatable; default: every built-in and approved contributed one).")
 @click.option("--exploits", "max_exploits", type=click.IntRange(min=0), default=None,
               help="At most N of the exploit library's attempts per environment (default: all of them).")
+@click.option("--exploit", "named", multiple=True, metavar="NAME",
+              help="Only the exploit NAME (repeatable; default: the whole library).")
 @click.option("--escapes/--no-escapes", "with_escapes", default=True, help="Try escapes from the boxes too.")
-@click.option("--seeds", type=click.IntRange(1, 100), default=1, help="Tasks each attack is tried on.")
+@click.option("--seeds", type=click.IntRange(1, 100), default=1,
+              help="Tasks each attack is tried on in each family of tasks (its first N seeds).")
 @click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="The coordinator's data dir, when it is on this host: its verifier key is looked for in every "
                    "red-team trajectory and its files for leftovers.")
 @click.option("--timeout", type=click.FloatRange(1, 86400), default=1800.0, help="Seconds to wait for the rollouts.")
 @json_option
 @click.pass_obj
-def redteam(state: CliState, envs: tuple[str, ...], max_exploits: int | None, with_escapes: bool, seeds: int,
-            data_dir: Path | None, timeout: float, as_json: bool) -> None:
-    """Attack a running farm through its own rollouts, and check the host after: exits 1 on any breach."""
+def redteam(state: CliState, envs: tuple[str, ...], max_exploits: int | None, named: tuple[str, ...],
+            with_escapes: bool, seeds: int, data_dir: Path | None, timeout: float, as_json: bool) -> None:
+    """Attack a running farm through its own rollouts, every exploit at every family of tasks, and check the
+    host after: exits 1 on any breach."""
     nonce = secrets.token_hex(8)
     canary = Canary()
     farm_port = int(state.addr.rsplit(":", 1)[1]) if ":" in state.addr else 0
@@ -68,8 +63,13 @@ def redteam(state: CliState, envs: tuple[str, ...], max_exploits: int | None, wi
     try:
         with client(state) as c:
             kinds = _kinds(c, state, envs)
-            attacks = _attacks(kinds, max_exploits, with_escapes, urlencode(marker))
-            runs = _queue(c, attacks, seeds)
+            families = {env: _families(env, seeds) for env in kinds}
+            attacks = plan(kinds, families, exploits=named, max_exploits=max_exploits, escapes=with_escapes,
+                           marker=urlencode(marker))
+            if not attacks:
+                fail("nothing to attack: no exploit of that name for these environments", EXIT_FAILED,
+                     kind="INVALID_ARGUMENT")
+            runs = _queue(c, attacks)
             _wait(c, [r for r, _ in runs], timeout, quiet=as_json)
             rows, texts = _results(c, runs)
     finally:
@@ -114,32 +114,18 @@ def _contributed_kinds(state: CliState) -> dict[str, str]:
     return {s.env: s.kind for s in approved}
 
 
-def _attacks(kinds: dict[str, str], max_exploits: int | None, with_escapes: bool, marker: str) -> list[Attack]:
-    attacks = []
-    for env, kind in kinds.items():
-        # A contributed verifier's calls are bounded in seconds: the hangs cost that there, a judge's whole
-        # wall time elsewhere.
-        library = for_kind(kind, slow=env.startswith(CONTRIBUTED_PREFIX))
-        chosen = library if max_exploits is None else _spread(library, max_exploits)
-        attacks += [Attack(env, f"redteam:exploit:{e.name}", f"exploit {e.name}") for e in chosen]
-        if with_escapes:
-            attacks += [Attack(env, f"redteam:escape:{e.name}?{marker}", f"escape {e.name}")
-                        for e in escapes_for(kind)]
-    return attacks
+def _families(env: str, seeds: int) -> list[Family]:
+    """The families of ``env``'s tasks and their seeds: a built-in's from its own code, here; a contributed
+    one's tasks are made in its boxes, so they are one family."""
+    if env.startswith(CONTRIBUTED_PREFIX):
+        return [contributed_family(env, seeds)]
+    return families_of(get(env), seeds)
 
 
-def _spread(items: list[Any], n: int) -> list[Any]:
-    """``n`` of ``items``, spread over the list (a library is grouped by family: the first few are alike)."""
-    if n >= len(items):
-        return items
-    return [items[i * len(items) // n] for i in range(n)]
-
-
-def _queue(c: Any, attacks: list[Attack], seeds: int) -> list[tuple[int, Attack]]:
+def _queue(c: Any, attacks: list[Attack]) -> list[tuple[int, Attack]]:
     runs = []
     for attack in attacks:
-        tasks = [secrets.randbelow(_SEED_SPACE) for _ in range(seeds)]
-        run = c.run(attack.env, attack.spec, group_size=1, seeds=tasks, difficulty=1)
+        run = c.run(attack.env, attack.spec, group_size=1, seeds=list(attack.seeds), difficulty=attack.difficulty)
         runs.append((run["id"], attack))
     return runs
 
@@ -173,12 +159,14 @@ def _results(c: Any, runs: list[tuple[int, Attack]]) -> tuple[list[dict[str, Any
             result = "breached" if t.reward > 0 or t.passed else "held"
             if t.agent_error == NOT_AN_ATTACK:
                 result = "not an attack"  # the exploit's attempt was the task's right answer (a bare-answer task)
-            rows.append({"attempt": t.id, "env": attack.env, "tried": attack.tried, "agent": t.agent,
-                         "node": t.node, "reward": t.reward, "flags": list(t.flags), "result": result})
+            rows.append({"attempt": t.id, "env": attack.env, "family": attack.family, "seed": t.seed,
+                         "difficulty": t.difficulty, "tried": attack.tried, "agent": t.agent, "node": t.node,
+                         "reward": t.reward, "flags": list(t.flags), "result": result})
             texts.append((f"trajectory {t.id}", json.dumps(dataclasses.asdict(t), default=str)))
         for _ in range(run["failed"]):  # an infrastructure failure is no verdict: shown, neither held nor breached
-            rows.append({"attempt": None, "env": attack.env, "tried": attack.tried, "agent": attack.spec,
-                         "node": "", "reward": None, "flags": [], "result": "failed"})
+            rows.append({"attempt": None, "env": attack.env, "family": attack.family, "seed": None,
+                         "difficulty": attack.difficulty, "tried": attack.tried, "agent": attack.spec, "node": "",
+                         "reward": None, "flags": [], "result": "failed"})
     return rows, texts
 
 
@@ -192,6 +180,17 @@ def _secrets(state: CliState, data_dir: Path | None) -> dict[str, bytes]:
     return found
 
 
+def cells(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The report per attempt tried and family of tasks: how many of its attempts were held, breached, failed."""
+    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in rows:
+        cell = out.setdefault((r["env"], r.get("family", ""), r["tried"]),
+                              {"env": r["env"], "family": r.get("family", ""), "tried": r["tried"], "held": 0,
+                               "breached": 0, "failed": 0, "not an attack": 0})
+        cell[r["result"]] += 1
+    return list(out.values())
+
+
 def _report(rows: list[dict[str, Any]], host: list[Breach], as_json: bool) -> None:
     held = sum(r["result"] == "held" for r in rows)
     breached = sum(r["result"] == "breached" for r in rows) + len(host)
@@ -199,19 +198,21 @@ def _report(rows: list[dict[str, Any]], host: list[Breach], as_json: bool) -> No
     moot = sum(r["result"] == "not an attack" for r in rows)
     attempts = held + breached
     summary = f"{attempts} attempts, {held} held, {breached} breached"
+    per_cell = cells(rows)
+    breached_cells = sum(c["breached"] > 0 for c in per_cell)
     if as_json:
-        emit_json({"attempts": rows, "host": [dataclasses.asdict(b) for b in host],
+        emit_json({"attempts": rows, "cells": per_cell, "host": [dataclasses.asdict(b) for b in host],
                    "summary": {"attempts": attempts, "held": held, "breached": breached, "failed": failed,
-                               "not_attacks": moot}})
+                               "not_attacks": moot, "cells": len(per_cell), "breached_cells": breached_cells}})
         return
-    table = Table("attempt", "environment", "tried", "reward", "flags", "result", box=None)
+    table = Table("attempt", "environment", "family", "tried", "reward", "flags", "result", box=None)
     for r in rows:
         style = {"held": "green", "breached": "bold red", "failed": "yellow", "not an attack": "dim"}[r["result"]]
-        table.add_row(str(r["attempt"] or "-"), text(r["env"]), text(r["tried"]),
+        table.add_row(str(r["attempt"] or "-"), text(r["env"]), text(r.get("family", "")), text(r["tried"]),
                       "-" if r["reward"] is None else f"{r['reward']:g}", joined(r["flags"]),
                       text(r["result"], style))
     for b in host:
-        table.add_row("host", "-", text(b.what), "-", "", text("breached", "bold red"))
+        table.add_row("host", "-", "-", text(b.what), "-", "", text("breached", "bold red"))
     out = console()
     out.print(table)
     for b in host:
@@ -220,4 +221,9 @@ def _report(rows: list[dict[str, Any]], host: list[Breach], as_json: bool) -> No
         out.print(text(f"{failed} attempts failed for the farm's reasons (never a verdict): see farmctl runs list"))
     if moot:
         out.print(text(f"{moot} exploits were the right answer where answers are bare: no attack, not counted"))
+    for c in per_cell:
+        if c["breached"]:
+            out.print(text(f"breached: {c['tried']} at {c['env']} ({c['family']}), {c['breached']} of "
+                           f"{c['held'] + c['breached']} attempts", "bold red"))
+    out.print(f"{len(per_cell)} attacks x families, {breached_cells} breached")
     out.print(summary)

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from farmd.envs.base import Attempt, SubmissionEnvironment, Task, VerifyContext
+from farmd.envs.base import Attempt, Conduct, Rule, SubmissionEnvironment, Task, VerifyContext
 from farmd.errors import TaskError
 from farmd.text import valid_text
 from farmd.verifier.answer import has_non_ascii_digits, looks_like_injection, several_candidates
@@ -152,6 +152,9 @@ class Arith(SubmissionEnvironment):
     def reference(self, task: Task) -> Attempt:
         return Attempt(final=str(self.problem(task.seed, task.difficulty).value))
 
+    def rules(self, task: Task) -> tuple[Rule, ...]:
+        return RULES
+
     async def verify(self, task: Task, attempt: Attempt, ctx: VerifyContext) -> Verdict:
         # Directly, not in a thread: judging is a bounded regex over at most 100 characters and a few
         # draws of a seeded generator (microseconds, less than a hop to a thread and back would cost).
@@ -187,6 +190,19 @@ class Arith(SubmissionEnvironment):
         hack = has_non_ascii_digits(answer) or looks_like_injection(text)
         hedge = several_candidates(answer, "expression")  # "3 or 4", "3,4", "3\n4"; not "4-1+5"
         return failed(v, hedge or _malformed(answer), flags=(SUSPECTED_HACK,) if hack or hedge else ())
+
+
+def _misformed(c: Conduct) -> str | None:
+    """Why the final text is not the one form ``ANSWER_FORMAT`` allows, or None (no answer is ``no_answer``'s)."""
+    if len(c.final) > _MAX_TEXT_CHARS:
+        return f"the attempt is {len(c.final)} characters long"
+    answer = c.final.strip(_SURROUNDING)
+    if not answer or (_CANONICAL.fullmatch(answer) and len(answer) <= MAX_ANSWER_CHARS):
+        return None
+    return _malformed(answer)
+
+
+RULES = (Rule("answer form", ANSWER_FORMAT, _misformed),)
 
 
 def _malformed(answer: str) -> str:

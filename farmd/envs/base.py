@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -24,10 +25,19 @@ from typing import Any, Generic, Literal, TypeVar
 from farmd.envs.task_cache import TaskCache
 from farmd.errors import FarmError, TaskError
 from farmd.sandbox import Sandbox, SandboxPolicy
+from farmd.sandbox.result import CPU_TIME, WALL_TIME
 from farmd.text import valid_text
 from farmd.verifier.boxjudge import JudgeReport, run_judge
 from farmd.verifier.secret import VerifierKey, public_rng
-from farmd.verifier.verdict import INVALID_TEXT, VERIFIER_FAULT, Verdict, errored, failed, unreadable_source
+from farmd.verifier.verdict import (
+    INVALID_TEXT,
+    RULE_BROKEN,
+    VERIFIER_FAULT,
+    Verdict,
+    errored,
+    failed,
+    unreadable_source,
+)
 
 TaskKind = Literal["submission", "actions"]
 
@@ -76,11 +86,69 @@ class Observation:
     """Bounds the command's box hit (wall, memory, output, ...): the step's box outcome, for the record."""
 
 
+@dataclass(frozen=True)
+class Conduct:
+    """How an attempt went about its task, besides what it answered: what the task's stated rules hold it to."""
+
+    final: str = ""
+    actions: int = 0
+    """Actions the agent asked for, those refused past the task's budget included: asking was the breach."""
+    bounds: tuple[tuple[str, ...], ...] = ()
+    """For each action that ran, in order, the bounds its box hit (``farmd.sandbox.result`` names)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule a task states to the model (in its prompt or answer format), held in the verdict: an attempt that
+    breaks it gets 0 and ``rule_broken``, whatever else it got right (``hold_to_rules``)."""
+
+    name: str
+    words: str
+    """The rule as the task states it, word for word (tests hold every task's prompt to holding them)."""
+    broken: Callable[[Conduct], str | None] | None = None
+    """Why an attempt's conduct broke the rule, or None when it did not; checked by the farm on every verdict,
+    so that a verifier that reads only the answer cannot forget it. None here: the verifier can see it (code
+    run in its judge's box) and flags a breach itself."""
+
+
 class Episode(abc.ABC):
-    """A multi-turn attempt in progress (action tasks)."""
+    """A multi-turn attempt in progress (action tasks).
+
+    A subclass implements ``step``; ``act`` is the farm's, here alone, so that no episode can lose count of
+    what was asked of it: every action is counted, one past ``max_steps`` is refused unrun, and the count and
+    each step's bounds are the episode's ``conduct``, which ``judge_episode_safely`` holds to the task's rules.
+    """
+
+    max_steps: int | None = None
+    """Actions this episode runs; None: no bound of its own (the task's rules still count every ask)."""
+    action_noun: str = "action"
+    _asked: int = 0
+    _bounds: tuple[tuple[str, ...], ...] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "act" in cls.__dict__:
+            raise TypeError(f"{cls.__name__} overrides Episode.act: implement step() instead (act counts every "
+                            "action against the task's rules)")
+
+    async def act(self, action: str) -> Observation:
+        """Run one action (``step``), unless the episode's budget is spent: then it is refused unrun, and the
+        ask is counted all the same."""
+        self._asked += 1
+        if self.max_steps is not None and self._asked > self.max_steps:
+            return Observation(f"[not run: all {self.max_steps} {self.action_noun}s are used; asking for more "
+                               "breaks the task's rules]", None, done=True)
+        obs = await self.step(action)
+        self._bounds = (*self._bounds, tuple(obs.violations))
+        return obs
+
+    def conduct(self, final: str) -> Conduct:
+        """What this episode saw the agent do, with ``final`` its answer."""
+        return Conduct(final=final, actions=self._asked, bounds=self._bounds)
 
     @abc.abstractmethod
-    async def act(self, action: str) -> Observation: ...
+    async def step(self, action: str) -> Observation:
+        """Run one action the budget allows; what the agent sees after it."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...
@@ -151,6 +219,20 @@ class Environment(abc.ABC):
         Both interfaces have it: a stored attempt is judged again (rescoring, audits, a verifier's
         recall, ``_blame``'s control), and an episode's attempt is its actions, replayed."""
 
+    def rules(self, task: Task) -> tuple[Rule, ...]:
+        """Every rule ``task`` states to the model beyond "be right" (a budget, a time, what may not be done,
+        the form of the answer), each held in the verdict (``hold_to_rules``). Default: none."""
+        return ()
+
+    def families(self) -> tuple[str, ...]:
+        """The kinds of task this environment makes that an attack may meet differently (a puzzle family, an
+        operation, an input type): ``farmctl redteam`` meets every attack with each. Default: one, all alike."""
+        return (self.name,)
+
+    def family_of(self, seed: int, difficulty: int) -> str:
+        """Which of ``families`` task ``(seed, difficulty)`` is; cheap (no task is made where it can be helped)."""
+        return self.families()[0]
+
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.version, "verifier_version": self.verifier_version,
                 "max_difficulty": self.max_difficulty}
@@ -204,9 +286,57 @@ class SourceEnvironment(SubmissionEnvironment):
 E = TypeVar("E", bound=Episode)
 
 
+def budget_words(max_steps: int, noun: str) -> str:
+    """How a task states its action budget (``EpisodeEnvironment``'s rule holds the prompt to these words)."""
+    return f"at most {max_steps} {noun}s"
+
+
+def time_words(seconds: float, noun: str) -> str:
+    """How a task states the time each action gets."""
+    return f"Each {noun} gets {seconds:g} seconds"
+
+
 class EpisodeEnvironment(Environment, Generic[E]):
     """An environment whose agent acts through an episode of type ``E`` (actions and observations), then
-    gives a final text. ``verify`` replays a recorded attempt's actions in a fresh episode."""
+    gives a final text. ``verify`` replays a recorded attempt's actions in a fresh episode.
+
+    Every episode environment states an action budget and a time per action, and both are its rules
+    (``rules``): an attempt that asks for more actions than allowed, or runs one past its time, gets 0
+    however its final answer or files look, on a rollout's own episode and on a replay alike.
+    """
+
+    max_steps: int = 0
+    """Actions an attempt may ask for (set by every subclass; its prompt says ``budget_words``)."""
+    step_time_s: float = 0.0
+    """Seconds each action gets (its prompt says ``time_words``)."""
+    action_noun: str = "action"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A subclass's judge_episode is its verdict on the answer or the files; called by anyone (a test, a
+        # tool, judge_episode_safely), it comes back held to the task's rules, which the episode counted.
+        own = cls.__dict__.get("judge_episode")
+        if own is not None and not getattr(own, "_holds_rules", False):
+            @functools.wraps(own)
+            async def judge_episode(self: EpisodeEnvironment[E], task: Task, episode: E, final: str,
+                                    ctx: VerifyContext) -> Verdict:
+                return await _held(self, task, episode.conduct(final), await own(self, task, episode, final, ctx))
+
+            judge_episode._holds_rules = True  # type: ignore[attr-defined]
+            setattr(cls, "judge_episode", judge_episode)  # noqa: B010 (mypy refuses assigning a method)
+
+    def rules(self, task: Task) -> tuple[Rule, ...]:
+        max_steps, noun, seconds = self.max_steps, self.action_noun, self.step_time_s
+
+        def too_many(c: Conduct) -> str | None:
+            return f"it asked for {c.actions} {noun}s" if c.actions > max_steps else None
+
+        def too_long(c: Conduct) -> str | None:
+            late = [i for i, bounds in enumerate(c.bounds, 1) if WALL_TIME in bounds or CPU_TIME in bounds]
+            return f"{noun} {late[0]} ran out of its time and was stopped" if late else None
+
+        return (Rule("action budget", budget_words(max_steps, noun), too_many),
+                Rule("time per action", time_words(seconds, noun), too_long))
 
     @abc.abstractmethod
     async def episode(self, task: Task, ctx: VerifyContext) -> E:
@@ -214,7 +344,32 @@ class EpisodeEnvironment(Environment, Generic[E]):
 
     @abc.abstractmethod
     async def judge_episode(self, task: Task, episode: E, final: str, ctx: VerifyContext) -> Verdict:
-        """Judge an episode the agent has just played, without replaying it."""
+        """Judge an episode the agent has just played, without replaying it: whether its answer or what it left
+        is right. The task's rules are not this method's to check: the class wraps it to hold them."""
+
+    async def verify(self, task: Task, attempt: Attempt, ctx: VerifyContext) -> Verdict:
+        """Replay the attempt's actions in a fresh episode and judge it as a rollout's own episode is judged:
+        by ``judge_episode`` and the task's rules. An attempt that breaks a rule before it is played (more
+        actions than the budget, an answer out of its form) gets its 0 unplayed: no box is spent on it."""
+        v = self.verifier_version
+        asked = Conduct(final=attempt.final, actions=len(attempt.actions))
+        if _broken(self.rules(task), asked):
+            return hold_to_rules(failed(v), self.rules(task), asked)
+        # Replayed as valid text (verify_safely repairs and flags it; this is for callers that come here
+        # directly): an action holding a lone surrogate could not even be written into a box.
+        actions = [valid_text(str(action))[0] for action in attempt.actions]
+        try:
+            episode = await self.episode(task, ctx)
+        except (FarmError, OSError) as exc:
+            return errored(v, f"cannot start an episode: {type(exc).__name__}: {exc}")
+        try:
+            for action in actions:
+                await episode.act(action)
+            return await self.judge_episode(task, episode, attempt.final, ctx)  # held to the rules: see above
+        except (FarmError, OSError) as exc:
+            return errored(v, f"the replay failed: {type(exc).__name__}: {exc}")
+        finally:
+            await episode.close()
 
 
 def kind_of(env: Environment) -> TaskKind:
@@ -227,6 +382,9 @@ async def verify_safely(env: Environment, task: Task, attempt: Attempt, ctx: Ver
 
     The attempt is judged as valid text (``valid_attempt``), flagged ``invalid_text`` if anything in it
     had to be replaced: every caller (rollouts, rescoring, audits, ``farmctl verify``) comes through here.
+
+    Whatever the verifier says, the task's stated rules hold (``hold_to_rules``): an attempt that broke one
+    gets 0 and ``rule_broken``.
 
     A verifier that fails on purpose (``errored``: its reference failed, a box would not start)
     reports an infrastructure failure, and so does a failure of the farm's own parts
@@ -243,7 +401,8 @@ async def verify_safely(env: Environment, task: Task, attempt: Attempt, ctx: Ver
         return errored(env.verifier_version, f"{type(exc).__name__}: {exc}")
     except Exception as exc:
         verdict = await _blame(env, task, ctx, f"the verifier raised {_describe(exc)}")
-    return _flag_repaired(verdict, repaired)
+    conduct = Conduct(final=attempt.final, actions=len(attempt.actions))
+    return _flag_repaired(await _held(env, task, conduct, verdict), repaired)
 
 
 def valid_attempt(attempt: Attempt) -> tuple[Attempt, int]:
@@ -266,7 +425,9 @@ def _flag_repaired(verdict: Verdict, repaired: int) -> Verdict:
 
 async def judge_episode_safely(env: EpisodeEnvironment[E], task: Task, episode: E, final: str,
                                ctx: VerifyContext) -> Verdict:
-    """``env.judge_episode`` under the rules of ``verify_safely``."""
+    """``env.judge_episode`` under the rules of ``verify_safely``, and the episode's conduct (every action
+    asked, refused ones too; each step's bounds) held to the task's rules: an episode's verdict can read only
+    the final answer, and an attempt over its budget still gets nothing."""
     final, repaired = valid_text(final)
     try:
         verdict = await env.judge_episode(task, episode, final, ctx)
@@ -274,7 +435,47 @@ async def judge_episode_safely(env: EpisodeEnvironment[E], task: Task, episode: 
         return errored(env.verifier_version, f"{type(exc).__name__}: {exc}")
     except Exception as exc:
         verdict = await _blame(env, task, ctx, f"the verifier raised {_describe(exc)}")
-    return _flag_repaired(verdict, repaired)
+    return _flag_repaired(await _held(env, task, episode.conduct(final), verdict), repaired)
+
+
+def hold_to_rules(verdict: Verdict, rules: Sequence[Rule], conduct: Conduct) -> Verdict:
+    """``verdict`` with the task's ``rules`` held: each rule ``conduct`` broke flags it ``rule_broken`` with a
+    reason naming the rule, and a verdict flagged so (here or by the verifier) is worth 0. A verifier error
+    stays an error: it is no score to take away, and never a pass."""
+    if verdict.status != "ok":
+        return verdict
+    for rule, why in _broken(rules, conduct):
+        verdict.flag(RULE_BROKEN)
+        words = rule.words if len(rule.words) <= _RULE_WORDS_SHOWN else rule.words[:_RULE_WORDS_SHOWN] + "..."
+        reason = f"broke the task's rule on its {rule.name} ('{words}'): {why}"
+        if reason not in verdict.reasons:
+            verdict.reasons.insert(0, reason)
+    if RULE_BROKEN in verdict.flags:
+        verdict.reward = 0.0
+        verdict.passed = False
+    return verdict
+
+
+def _broken(rules: Sequence[Rule], conduct: Conduct) -> list[tuple[Rule, str]]:
+    return [(rule, why) for rule in rules if rule.broken is not None and (why := rule.broken(conduct)) is not None]
+
+
+_RULE_WORDS_SHOWN = 120
+_INLINE_CHARS = 4096
+"""Final texts up to this long are held to the rules on the event loop (microseconds: a rule reads its text in
+linear time, and bounds what it reads); longer ones in a thread."""
+
+
+async def _held(env: Environment, task: Task, conduct: Conduct, verdict: Verdict) -> Verdict:
+    if verdict.status != "ok":
+        return verdict
+    try:
+        rules = env.rules(task)
+        if len(conduct.final) > _INLINE_CHARS:
+            return await asyncio.to_thread(hold_to_rules, verdict, rules, conduct)
+        return hold_to_rules(verdict, rules, conduct)
+    except Exception as exc:  # the environment's own code failed: never the attempt's pass, nor its fault
+        return errored(env.verifier_version, f"cannot hold the attempt to the task's rules: {_describe(exc)}")
 
 
 async def _blame(env: Environment, task: Task, ctx: VerifyContext, error: str) -> Verdict:

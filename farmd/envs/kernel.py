@@ -35,13 +35,19 @@ from typing import Any
 
 import numpy as np
 
-from farmd.envs.base import Attempt, JudgeRun, SourceEnvironment, Task, VerifyContext
+from farmd.envs.base import Attempt, JudgeRun, Rule, SourceEnvironment, Task, VerifyContext
 from farmd.sandbox import SandboxPolicy
 from farmd.verifier import judge
 from farmd.verifier.kernels import CHECKS, SPEED_AT_PARITY, WARMUP, Tolerance, judge_kernel
 
 ENTRY_POINT = "kernel"
 ALLOWED_IMPORTS = frozenset({"numpy", "math"})
+IMPORTS_RULE = "Only numpy and math may be imported"
+NO_MODIFYING = "it must not modify its arguments"
+RULES = (Rule("imports", IMPORTS_RULE), Rule("arguments", NO_MODIFYING))
+"""What every kernel task states beyond being right, as it states it: held in the judge's box (imports refused
+before the code runs, the audit hook while it runs, each call's inputs compared with what was sent), where a
+breach fails the attempt flagged ``rule_broken``."""
 MAX_SUBMISSION_BYTES = 100_000
 TIMED = 12
 """Timed rounds that count: each a fresh input answered by the reference and by the submission,
@@ -199,13 +205,13 @@ class Kernel(SourceEnvironment):
         prompt = (
             f"Write a fast NumPy function `{ENTRY_POINT}({signature})` that returns "
             f"{s.op.words.format(**s.consts)}.\n\nArguments:\n{arg_lines}\n\n"
-            f"Return a {s.out.dtype} array of shape {s.out.shape}; it must not modify its arguments.\n\n"
+            f"Return a {s.out.dtype} array of shape {s.out.shape}; {NO_MODIFYING}.\n\n"
             f"It is checked on fresh hidden inputs (including large magnitudes and constant rows), within a "
             f"tolerance of rtol={s.op.rtol:g} scaled by the output's magnitude; the dtype and shape must be exact. "
             "A correct function is then timed against a reference implementation on fresh inputs, by the CPU "
             "time each takes on one thread: the reward grows with its speed "
             f"({SPEED_AT_PARITY:g} at the reference's speed, 1.0 at twice as fast). "
-            "Only numpy and math may be imported. Submit Python source code that defines the function."
+            f"{IMPORTS_RULE}. Submit Python source code that defines the function."
         )
         return self.task(seed, difficulty, prompt, entry_point=ENTRY_POINT,
                          metadata={"op": s.op.name, "args": [[a.name, list(a.shape), a.dtype] for a in s.args],
@@ -213,6 +219,15 @@ class Kernel(SourceEnvironment):
 
     def reference(self, task: Task) -> Attempt:
         return Attempt(final=self.spec(task.seed, task.difficulty).reference_source())
+
+    def rules(self, task: Task) -> tuple[Rule, ...]:
+        return RULES
+
+    def families(self) -> tuple[str, ...]:
+        return tuple(op.name for op in OPS)
+
+    def family_of(self, seed: int, difficulty: int) -> str:
+        return self.spec(seed, difficulty).op.name
 
     def inputs(self, s: Spec, task: Task, ctx: VerifyContext) -> list[list[np.ndarray]]:
         """Hidden inputs: CHECKS correctness cases (edge cases first), then WARMUP + TIMED fresh ones."""

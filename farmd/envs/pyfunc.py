@@ -16,13 +16,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from farmd.envs.base import Attempt, JudgeRun, SourceEnvironment, Task, VerifyContext, numbered
+from farmd.envs.base import Attempt, JudgeRun, Rule, SourceEnvironment, Task, VerifyContext, numbered
 from farmd.errors import TaskError
 from farmd.sandbox import SandboxPolicy
 from farmd.verifier import canon as C
 from farmd.verifier.calls import judge_calls
 
 ENTRY_POINT = "transform"
+NO_MODIFYING = "The function must not modify its argument"
+RULES = (Rule("argument", NO_MODIFYING),)
+"""What every task states beyond being right: held in the judge's box (each call's argument compared before and
+after), where a breach fails the attempt flagged ``rule_broken``."""
 HIDDEN_RANDOM = 20
 MAX_SUBMISSION_BYTES = 200_000
 POLICY = SandboxPolicy(wall_time_s=20, cpu_time_s=20, memory_mb=256, pids=32, disk_mb=16, tmp_mb=16,
@@ -231,7 +235,7 @@ class PyFunc(SourceEnvironment):
         prompt = (
             f"Write a Python function `{ENTRY_POINT}(x)` that takes {_NOUN[chain.start]} and returns "
             f"{_NOUN[chain.result]}, computed in these steps:\n{numbered(steps)}\n\n"
-            f"The function must not modify its argument. Examples:\n{shown}\n\n"
+            f"{NO_MODIFYING}. Examples:\n{shown}\n\n"
             "Submit Python source code that defines the function."
         )
         return self.task(seed, difficulty, prompt, examples=examples, entry_point=ENTRY_POINT,
@@ -239,6 +243,16 @@ class PyFunc(SourceEnvironment):
 
     def reference(self, task: Task) -> Attempt:
         return Attempt(final=self._chain(task.seed, task.difficulty).source())
+
+    def rules(self, task: Task) -> tuple[Rule, ...]:
+        return RULES
+
+    def families(self) -> tuple[str, ...]:
+        return tuple(f"{kind} in" for kind in _NOUN)
+
+    def family_of(self, seed: int, difficulty: int) -> str:
+        """By what the function takes: an attack on its argument (modifying it, echoing it) differs by it."""
+        return f"{self._chain(seed, difficulty).start} in"
 
     def hidden_inputs(self, task: Task, ctx: VerifyContext) -> list[Any]:
         chain = self._chain(task.seed, task.difficulty)

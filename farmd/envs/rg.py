@@ -25,10 +25,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from farmd.envs.base import Attempt, SubmissionEnvironment, Task, VerifyContext
+from farmd.envs.base import Attempt, Conduct, Rule, SubmissionEnvironment, Task, VerifyContext
 from farmd.errors import TaskError
 from farmd.text import valid_text
 from farmd.verifier.answer import (
+    MAX_EXPRESSION_CHARS,
+    MAX_TEXT_CHARS,
     AnswerKind,
     BadExpression,
     extract_single_answer,
@@ -115,6 +117,42 @@ _FORMATS: dict[AnswerKind, str] = {
             "<answer>Eve</answer>: no sentence and no second candidate.",
 }
 
+ONE_BLOCK = "More than one block, or a block that holds more than one candidate answer, scores 0"
+
+
+def _one_answer(text: str) -> tuple[str | None, str | None]:
+    """The one block's answer, or why the text breaks the block rule; (None, None) when there is no answer to
+    hold to a form (none at all is ``no_answer``'s; over the bound the verifier refuses it unread)."""
+    if len(text) > MAX_TEXT_CHARS:
+        return None, None
+    answer, problem = extract_single_answer(text)
+    if problem is not None:
+        return None, (None if NO_ANSWER in problem.flags else str(problem))
+    return answer or None, None
+
+
+def _not_one_block(kind: AnswerKind, c: Conduct) -> str | None:
+    answer, why = _one_answer(c.final)
+    return why if why is not None or answer is None else several_candidates(answer, kind)
+
+
+_FORM_EXPRESSION = re.compile(r"[0-9+\-*/() ]+", re.ASCII)
+
+
+def _misformed(kind: AnswerKind, c: Conduct) -> str | None:
+    """Why the one block's answer is not of the form ``_FORMATS[kind]`` states; a hedge is the block rule's."""
+    answer, _ = _one_answer(c.final)
+    if answer is None or several_candidates(answer, kind) is not None:
+        return None
+    if kind == "number":
+        ok = not has_non_ascii_digits(answer) and parse_number(answer) is not None
+        return None if ok else "the answer is not one number in ASCII digits"
+    if kind == "expression":
+        ok = len(answer) <= MAX_EXPRESSION_CHARS and _FORM_EXPRESSION.fullmatch(answer) is not None
+        return None if ok else "the answer holds more than ASCII digits, + - * / ( ) and spaces"
+    return None if is_single_word(answer) else "the answer is not one word"
+
+
 _DRAWS = 16
 """Items tried per task before giving up; nearly always the first is taken."""
 
@@ -156,14 +194,18 @@ class ReasoningGym(SubmissionEnvironment):
         answer_format = _FORMATS[self.settings.answer]
         prompt = (f"{str(item.entry['question']).rstrip()}\n\n"
                   "Answer format (this overrides any format instructions above): give your final answer as "
-                  f"{answer_format} Text outside the block is not read. More than one block, or a block that "
-                  "holds more than one candidate answer, scores 0.")
+                  f"{answer_format} Text outside the block is not read. {ONE_BLOCK}.")
         metadata = {"dataset": self.dataset, "source": f"reasoning-gym {RG_VERSION}",
                     "answer_kind": self.settings.answer, "knobs": dict(self.settings.levels[difficulty - 1])}
         return self.task(seed, difficulty, prompt, answer_format=answer_format, metadata=metadata)
 
     def reference(self, task: Task) -> Attempt:
         return Attempt(final=f"<answer>{self._item(task.seed, task.difficulty).oracle}</answer>")
+
+    def rules(self, task: Task) -> tuple[Rule, ...]:
+        kind = self.settings.answer
+        return (Rule("answer block", ONE_BLOCK, functools.partial(_not_one_block, kind)),
+                Rule("answer form", _FORMATS[kind], functools.partial(_misformed, kind)))
 
     async def verify(self, task: Task, attempt: Attempt, ctx: VerifyContext) -> Verdict:
         # Making a zebra puzzle can take a second: keep the event loop free meanwhile. An exception

@@ -20,7 +20,15 @@ from typing import Any
 from farmd.sandbox import BoxResult, Sandbox, SandboxPolicy
 from farmd.text import bounded, decode, valid_text
 from farmd.verifier import judge
-from farmd.verifier.verdict import SANDBOX_VIOLATION, SUSPECTED_HACK, TIMEOUT, UNPARSEABLE, Verdict, failed
+from farmd.verifier.verdict import (
+    RULE_BROKEN,
+    SANDBOX_VIOLATION,
+    SUSPECTED_HACK,
+    TIMEOUT,
+    UNPARSEABLE,
+    Verdict,
+    failed,
+)
 
 JUDGE_SOURCE = Path(judge.__file__).read_bytes()
 JUDGE_COMMAND = ["python3", "-I", "-S", "-B", f"{judge.SPEC_DIR}/judge.py"]
@@ -254,6 +262,7 @@ def opening_verdict(version: str, report: JudgeReport) -> tuple[Verdict, bool]:
         return verdict, False
     if report.refused is not None:
         verdict.flag(SUSPECTED_HACK)
+        verdict.flag(RULE_BROKEN)  # refused for breaking its task's rules, before it ran
         verdict.reasons.append(report.refused)
         return verdict, False
     if report.import_error:
@@ -262,6 +271,8 @@ def opening_verdict(version: str, report: JudgeReport) -> tuple[Verdict, bool]:
             verdict.flag(UNPARSEABLE)
         if report.import_error.startswith(("SystemExit", "KeyboardInterrupt", judge.RULE_BROKEN)):
             verdict.flag(SUSPECTED_HACK)
+        if report.import_error.startswith(judge.RULE_BROKEN):
+            verdict.flag(RULE_BROKEN)
         return verdict, False
     if report.anomalies or not report.done:
         # A correct submission never answers out of turn nor stops the judge before its last word.

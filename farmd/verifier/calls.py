@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from farmd.verifier import canon as C
-from farmd.verifier.boxjudge import JudgeReport, opening_verdict
-from farmd.verifier.verdict import SUSPECTED_HACK, TIMEOUT, Verdict
+from farmd.verifier.boxjudge import JudgeReport, broke_a_rule, opening_verdict
+from farmd.verifier.verdict import RULE_BROKEN, SUSPECTED_HACK, TIMEOUT, Verdict
 
 
 def judge_calls(version: str, report: JudgeReport, expected: list[Any], *, rel_tol: float = 0.0,
@@ -36,6 +36,8 @@ def judge_calls(version: str, report: JudgeReport, expected: list[Any], *, rel_t
             wrong += 1
             if outcome.error and "not accepted" in outcome.error and "builtins." not in outcome.error:
                 verdict.flag(SUSPECTED_HACK)
+            if broke_a_rule(outcome):  # it modified its argument, which every call task forbids
+                verdict.flag(RULE_BROKEN)
             if len(verdict.reasons) < 5:
                 verdict.reasons.append(f"test {i}: raised {outcome.error}")
             continue

@@ -217,7 +217,8 @@ def _runner(head: "Record", req_r: int, resp_w: int) -> "NoReturn":
                 result = fn(*args)
                 value = dumps(canon(result))
                 if dumps(canon(args)) != before:
-                    raise NotCanonical("the function modified its argument")
+                    broken.append(MODIFIED_ARGUMENT)
+                    raise _RuleBroken
                 _write_frame(resp_w, {"id": test_id, "ok": True, "value": value})
             else:
                 arrays = []
@@ -245,7 +246,8 @@ def _runner(head: "Record", req_r: int, resp_w: int) -> "NoReturn":
                 for arr, (dtype, shape, start, end) in zip(arrays, spans, strict=True):
                     sent = body if start == 0 and end == len(body) else body[start:end]
                     if arr.dtype.str != dtype or list(arr.shape) != shape or arr.tobytes() != sent:
-                        raise NotCanonical("the function modified its argument")
+                        broken.append(MODIFIED_ARGUMENT)
+                        raise _RuleBroken
                 data = memoryview(out).cast("B") if out.size and out.flags.c_contiguous else out.tobytes(order="C")
                 _write_frame(resp_w, {"id": test_id, "ok": True, "dtype": out.dtype.str,
                                       "shape": list(out.shape)}, data)
@@ -313,6 +315,8 @@ def _describe(exc: BaseException) -> str:
 
 RULE_BROKEN = "RuleBroken"
 """How a runner's error (or import error) begins when the code broke a rule of its task."""
+MODIFIED_ARGUMENT = "the function modified its argument, which its task forbids"
+"""Every task of a judge's says so: the rule broken by a call whose arguments differ after it."""
 
 _DYNAMIC_NAMES = frozenset({
     "__import__", "exec", "eval", "compile", "open", "globals", "locals", "vars", "breakpoint", "getattr",

@@ -20,7 +20,7 @@ import numpy as np
 
 from farmd.verifier.boxjudge import JudgeReport, TestOutcome, broke_a_rule, opening_verdict
 from farmd.verifier.speed import Speed, paired_speed
-from farmd.verifier.verdict import SUSPECTED_HACK, TIMEOUT, Verdict, errored
+from farmd.verifier.verdict import RULE_BROKEN, SUSPECTED_HACK, TIMEOUT, Verdict, errored
 
 CHECKS = 4
 """Correctness tests before timing (edge cases among them)."""
@@ -75,6 +75,7 @@ def judge_kernel(version: str, tol: Tolerance, report: JudgeReport, expected: li
                 verdict.flag(TIMEOUT if outcome.lost == "timeout" else SUSPECTED_HACK)
             if outcome is not None and broke_a_rule(outcome):
                 verdict.flag(SUSPECTED_HACK)
+                verdict.flag(RULE_BROKEN)
             if len(verdict.reasons) < 5:
                 verdict.reasons.append(f"test {i}: {why}")
             continue

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from farmd.flags import (
     INVALID_TEXT,
     NO_ANSWER,
+    RULE_BROKEN,
     SANDBOX_VIOLATION,
     SUSPECTED_HACK,
     TIMEOUT,
@@ -27,7 +28,7 @@ from farmd.flags import (
 Status = Literal["ok", "error"]
 
 
-__all__ = ["INVALID_TEXT", "NO_ANSWER", "SANDBOX_VIOLATION", "SUSPECTED_HACK", "TIMEOUT", "TRUNCATED",
+__all__ = ["INVALID_TEXT", "NO_ANSWER", "RULE_BROKEN", "SANDBOX_VIOLATION", "SUSPECTED_HACK", "TIMEOUT", "TRUNCATED",
            "UNPARSEABLE", "VERIFIER_FAULT", "Status", "Verdict", "errored", "failed", "unreadable_source"]
 
 

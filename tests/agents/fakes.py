@@ -13,7 +13,7 @@ class ListEpisode(Episode):
         self.commands: list[str] = []
         self.closed = False
 
-    async def act(self, action: str) -> Observation:
+    async def step(self, action: str) -> Observation:
         self.commands.append(action)
         return Observation(f"output of {action!r}", len(self.commands) % 2, done=len(self.commands) >= self.max_steps)
 

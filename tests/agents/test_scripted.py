@@ -120,8 +120,8 @@ async def test_random_shell_without_an_episode_still_gives_actions_and_a_guess()
 class TreeEpisode(ListEpisode):
     """Lists two files (one with a space in its name) for ``find``."""
 
-    async def act(self, action: str) -> Observation:
-        obs = await super().act(action)
+    async def step(self, action: str) -> Observation:
+        obs = await super().step(action)
         return Observation("./data/a.txt\n./data/b c.txt\n", 0) if action.startswith("find") else obs
 
 

@@ -128,6 +128,46 @@ def check_tree(puzzle: Puzzle, tree: Path) -> list[str]:
     return problems
 
 
+def disturbed(puzzle: Puzzle, tree: Path) -> list[str]:
+    """What the task said to leave alone and was not (``Puzzle.left_alone``), as far as it can be told from a
+    wrong answer: a new file under a checked directory, which the task does not give, or a file the task
+    expects to keep an original file's content (left in place, or moved) that holds something else. Work left
+    undone (a file not moved, an edit not made, a file missing) is a wrong answer, not this."""
+    if not puzzle.scope:
+        return []
+    problems: list[str] = []
+    for top in puzzle.scope:
+        extra = sorted(_regular_files(tree, top) - {p for p in puzzle.expected if p.startswith(f"{top}/")})
+        new = [p for p in extra if p not in puzzle.files or read_regular(tree, p) != puzzle.files[p]]
+        if new:
+            problems.append(f"{len(new)} new or changed file(s) under {top}/ that the task does not give, e.g. "
+                            f"{_shown(new[0])}")
+    originals = set(puzzle.files.values())
+    for rel, expect in puzzle.expected.items():
+        got = read_regular(tree, rel)
+        if got is None or matches(expect, got) is None:
+            continue
+        if expect.content in originals:
+            problems.append(f"{rel} was to keep its original contents")
+        elif (line := _other_line_changed(expect, puzzle.files.get(rel), got)) is not None:
+            problems.append(f"{rel}: line {line} was to stay as it is")
+    return problems
+
+
+def _other_line_changed(expect: Expect, original: bytes | None, got: bytes) -> int | None:
+    """In a file edited in place (an INI file whose edit changes values, never the lines' count), the first
+    line that the edit leaves as it was and ``got`` does not, or None (a count changed: the first line past
+    the shorter)."""
+    if expect.kind != "ini" or original is None or (text := _decoded(got)) is None:
+        return None
+    before, want, have = _as_ini(original.decode()), _as_ini(expect.content.decode()), _as_ini(text)
+    if len(before) != len(want):
+        return None
+    if len(have) != len(want):
+        return min(len(have), len(want)) + 1
+    return next((i for i, (b, w, h) in enumerate(zip(before, want, have, strict=True), 1) if b == w != h), None)
+
+
 def _shown(path: str) -> str:
     return os.fsencode(path).decode("utf-8", errors="backslashreplace")[:200]
 

@@ -18,7 +18,7 @@ from farmd.envs.shell.rules import (
 )
 from farmd.envs.shell.tree import bound_tree, new_root
 from farmd.errors import TaskError
-from farmd.sandbox import Sandbox
+from farmd.sandbox import Sandbox, SandboxPolicy
 from farmd.sandbox.result import WALL_TIME
 
 
@@ -48,11 +48,17 @@ class ShellEpisode(Episode):
     Create it with ``await ShellEpisode.start(...)``; ``close()`` removes the tree.
     """
 
-    def __init__(self, sandbox: Sandbox, root: Path, max_steps: int = MAX_STEPS) -> None:
+    action_noun = "command"
+    max_steps: int
+
+    def __init__(self, sandbox: Sandbox, root: Path, max_steps: int = MAX_STEPS,
+                 policy: SandboxPolicy = STEP_POLICY) -> None:
         self._sandbox = sandbox
         self._root = root
         self.tree = root / "tree"
         self.max_steps = max_steps
+        self.policy = policy
+        """Each command's box (the task's prompt states its time: tests alone pass another)."""
         self.steps = 0
         self.violations: list[str] = []
         """``"step N: bound"`` for every bound a step's box hit."""
@@ -64,28 +70,27 @@ class ShellEpisode(Episode):
 
     @classmethod
     async def start(cls, sandbox: Sandbox, files: Mapping[str, bytes], scratch_dir: Path | None = None,
-                    max_steps: int = MAX_STEPS) -> ShellEpisode:
+                    max_steps: int = MAX_STEPS, policy: SandboxPolicy = STEP_POLICY) -> ShellEpisode:
         root = await asyncio.to_thread(new_root, files, scratch_dir)
-        return cls(sandbox, root, max_steps)
+        return cls(sandbox, root, max_steps, policy)
 
-    async def act(self, action: str) -> Observation:
+    async def step(self, action: str) -> Observation:
         """Run one command; what it printed (shortened) and its exit status come back, plus notes on bounds
-        it hit and on files that do not carry over. Raises SandboxError only when the sandbox fails."""
+        it hit and on files that do not carry over. Raises SandboxError only when the sandbox fails. (A
+        command past the budget never comes here: ``Episode.act`` refuses it and counts the ask.)"""
         async with self._lock:
-            return await self._act(action)
+            return await self._step(action)
 
-    async def _act(self, action: str) -> Observation:
+    async def _step(self, action: str) -> Observation:
         if self._closed:
             raise TaskError("this episode is closed")
-        if self.steps >= self.max_steps:
-            return Observation(f"[not run: all {self.max_steps} commands are used]", None, done=True)
         self.steps += 1
         done = self.steps >= self.max_steps
         problem = _command_problem(action)
         if problem is not None:
             return Observation(f"[not run: {problem}]", None, done=done)
         keep = self._root / f"step-{self.steps}"
-        result = await self._sandbox.run(["sh", "-c", action], STEP_POLICY, files=self.tree, keep=keep)
+        result = await self._sandbox.run(["sh", "-c", action], self.policy, files=self.tree, keep=keep)
         skipped = list(result.harvest.skipped) if result.harvest is not None else []
         skipped += await asyncio.to_thread(self._adopt, keep)
         for path, why in skipped:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -41,6 +42,22 @@ class Puzzle:
     """Files the final tree must hold (file tasks)."""
     scope: tuple[str, ...] = ()
     """Directories whose regular files must be exactly the expected ones, nothing more."""
+    left_alone: str = ""
+    """The words (in ``goal`` or ``answer_format``) that tell the agent to leave alone what the task does not
+    ask it to change: required where ``scope`` is checked, and held as a rule of the task (``disturbed``)."""
+    answer_form: str = ""
+    """The form ``answer_format`` asks the final answer to take, as a regular expression its compared text
+    (``normalize_answer``) must match in full (answer tasks; one without is a generator bug): a rule of the
+    task, held apart from whether the answer is right (``Shell.rules``)."""
+
+    def __post_init__(self) -> None:
+        if self.scope:
+            ensure(bool(self.left_alone) and self.left_alone in f"{self.goal}\n{self.answer_format}",
+                   f"{self.family}: a task whose directories are checked whole must say, in words it holds, that "
+                   "nothing else may change")
+        if self.finish == "answer":
+            ensure(bool(self.answer_form) and re.fullmatch(self.answer_form, self.answer) is not None,
+                   f"{self.family}: an answer task's answer must have the form its answer_format states")
 
 
 class GeneratorBug(FarmError):

@@ -3,10 +3,13 @@ words for them (one place, so that the prompt cannot drift from what is enforced
 
 from __future__ import annotations
 
+from farmd.envs.base import budget_words, time_words
 from farmd.sandbox import SandboxPolicy
 
+ACTION_NOUN = "command"
 MAX_STEPS = 30
-"""Commands an episode may run; an attempt with more fails."""
+"""Commands an attempt may ask for; one that asks for more gets 0 (``rule_broken``), even if the extra ones were
+refused unrun."""
 MAX_COMMAND_BYTES = 16 * 1024
 MAX_FINAL_CHARS = 4096
 """Longer final answers (of answer tasks) fail without a look."""
@@ -31,6 +34,8 @@ COMMON = (
     "directory holds your files (`find . | sort` lists them). Only regular files and directories carry over "
     "from one command to the next: shell variables, the current directory, background processes, /tmp, "
     "symbolic links, FIFOs and set-id bits do not (a hard link becomes a second copy; execute bits stay). "
-    "Tools: POSIX sh, coreutils, grep, sed, awk, find, sort, python3; no network. Each "
-    f"command gets {STEP_POLICY.wall_time_s:g} seconds; at most {MAX_STEPS} commands."
+    "Tools: POSIX sh, coreutils, grep, sed, awk, find, sort, python3; no network. "
+    f"{time_words(STEP_POLICY.wall_time_s, ACTION_NOUN)}; {budget_words(MAX_STEPS, ACTION_NOUN)}."
 )
+"""What every task says of its episode; its last sentence states the rules ``Shell.rules`` holds (the episode
+environment's own: in the words it checks for)."""

@@ -66,4 +66,5 @@ def make(rng: random.Random, d: int) -> Puzzle:
         answer=str(count),
         answer_format="Finish with a final answer: the number alone, in decimal digits. The files you leave "
                       "are not checked.",
+        answer_form="[0-9]+",
     )

@@ -23,6 +23,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "auth": ("timeout", "retries", "realm", "port"),
     "queue": ("workers", "size", "retries", "host"),
 }
+LEFT_ALONE = "Change nothing else"
 _NUMERIC = frozenset({"port", "workers", "timeout", "pool", "size", "ttl", "rotate", "cpus", "memory", "retries"})
 
 
@@ -126,7 +127,7 @@ def make(rng: random.Random, d: int) -> Puzzle:
     if d >= 5:
         changes.append("`workers` to twice the value of `cpus` in section `[host]`")
     where = "`etc/app.ini`" if d <= 3 else "the INI files under `etc/conf.d/` (the one that has it)"
-    goal = (f"In section `[{target}]` of {where}, set {' and '.join(changes)}. Change nothing else: every other "
+    goal = (f"In section `[{target}]` of {where}, set {' and '.join(changes)}. {LEFT_ALONE}: every other "
             "line of every file under `etc/` must stay as it is (spaces around `=` and at line ends do not "
             "matter), and leave no other files under `etc/`.")
     return Puzzle(
@@ -135,4 +136,5 @@ def make(rng: random.Random, d: int) -> Puzzle:
         expected=MappingProxyType({p: Expect("ini", c) for p, c in final.items()}), scope=("etc",),
         answer_format="Finish by leaving the edited files in place. The final state of `etc/` is checked; the "
                       "final answer text is ignored.",
+        left_alone=LEFT_ALONE,
     )

@@ -70,4 +70,5 @@ def make(rng: random.Random, d: int) -> Puzzle:
         answer_format=("Finish with a final answer: the file's path relative to the working directory and the "
                        "line's number (counting from 1), joined by a colon, e.g. `data/notes/todo.txt:7`, and "
                        "nothing else. The files you leave are not checked."),
+        answer_form=r"[^\s:]+:[0-9]+",
     )

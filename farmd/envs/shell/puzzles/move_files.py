@@ -19,6 +19,9 @@ def _body(rng: random.Random, i: int) -> list[str]:
     return [f"id: {i}", sentence(rng)]
 
 
+LEFT_ALONE = "the files the rule gives, each with its original contents"
+
+
 @dataclass
 class _Moves:
     files: dict[str, bytes]
@@ -111,6 +114,6 @@ def make(rng: random.Random, d: int) -> Puzzle:
         actions=(moves.action,), expected=MappingProxyType({p: Expect("bytes", c) for p, c in moves.final.items()}),
         scope=moves.scope,
         answer_format=(f"Finish by leaving the files in place. The final state of {checked} is checked: exactly "
-                       "the files the rule gives, each with its original contents (empty directories do not "
-                       "matter). The final answer text is ignored."),
+                       f"{LEFT_ALONE} (empty directories do not matter). The final answer text is ignored."),
+        left_alone=LEFT_ALONE,
     )
