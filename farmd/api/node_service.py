@@ -26,6 +26,7 @@ from farmd.api.errors import Refused, guarded_stream
 from farmd.errors import BadRequest, FailedPrecondition, FarmError
 from farmd.records import JobState, Trajectory
 from farmd.scheduler.nodes import MAX_CHECKS, MAX_FACT_CHARS, MAX_FACTS, Hello, Node, Nodes
+from farmd.store.nodes import Completion
 from farmd.text import bounded
 
 log = logging.getLogger("farmd.api.nodes")
@@ -128,13 +129,19 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
                 name=node.name, version=self._version, lease_s=self._lease_s,
                 heartbeat_s=self._nodes.heartbeat_s, verifier_key=self._key))
             replies: asyncio.Queue[node_pb2.WorkResponse | None] = asyncio.Queue()
+            node.closer = lambda: replies.put_nowait(None)  # a quarantine ends the stream at once
             reader = asyncio.get_running_loop().create_task(self._read(node, requests, replies))
             try:
                 while (reply := await replies.get()) is not None:
                     yield reply
             finally:
+                node.closer = None
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
+            if node.quarantine_reason:
+                raise Refused(grpc.StatusCode.PERMISSION_DENIED, _text(
+                    f"node {node.name!r} is quarantined: {node.quarantine_reason}. It gets no work until an operator "
+                    f"clears it (farmctl nodes clear {node.name})", 2000), "NODE_QUARANTINED")
         finally:
             self._nodes.leave(node)
 
@@ -222,5 +229,7 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
                             _text(str(exc), 300), extra={"event": "bad_result", "node": node.name, "job": job_id})
                 continue
             items.append((owner, trajectory))
-        stored = await self._nodes.complete(node, items) if items else []
-        return node_pb2.WorkResponse(results=node_pb2.ResultsReply(stored=stored, handled=handled))
+        completed = await self._nodes.report(node, items) if items else Completion()
+        return node_pb2.WorkResponse(results=node_pb2.ResultsReply(
+            stored=completed.reported, handled=handled,
+            refused=[node_pb2.Refusal(job_id=job, reason=_text(why, 1000)) for job, why in completed.refused.items()]))

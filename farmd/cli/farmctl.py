@@ -39,7 +39,7 @@ _COMMANDS = {
     "submission": "farmd.cli.intake_cmd:submission_group", "review": "farmd.cli.intake_cmd:review_group",
     "quarantine": "farmd.cli.intake_cmd:quarantine", "bounty": "farmd.cli.intake_cmd:bounty_group",
     "contributor": "farmd.cli.intake_cmd:contributor_group", "funnel": "farmd.cli.intake_cmd:funnel",
-    "redteam": "farmd.cli.redteam_cmd:redteam",
+    "redteam": "farmd.cli.redteam_cmd:redteam", "nodes": "farmd.cli.nodes_cmd:nodes_group",
 }
 """Each command and where it lives: imported only when it runs."""
 
