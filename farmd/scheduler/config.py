@@ -53,7 +53,7 @@ class SchedulerConfig:
     """The share of a node's jobs that are known-answer canaries, sent to it alone (never below
     ``CANARY_SHARE_FLOOR``): each job it leases adds this much on average to what it is owed, and a canary group
     goes once that covers the group's size."""
-    canary_first_within: int = 16
+    canary_first_within: int = 4
     """A node's first canary comes after a random one of its first this many jobs."""
     node_refusals_quarantine: int = 3
     """Results a node reports under another job's identity before it is quarantined."""

@@ -316,7 +316,7 @@ class Nodes:
                  for owner, t in items]
         done = await self._scheduler.complete_for(items, refuse_mismatch=True) if items else Completion()
         node.in_flight.difference_update(t.id for _, t in items)
-        node.done += len(done.reported)
+        node.done += len(done.stored)
         if done.refused:
             await self._refused(node, done.refused)
         if node.state != QUARANTINED:
@@ -419,9 +419,6 @@ class Nodes:
         log.warning("node %s cleared by an operator: it may join again (it was quarantined: %s)", name, reason,
                     extra={"event": "node_cleared", "node": name})
         return reason
-
-    def quarantined(self) -> dict[str, tuple[str, float]]:
-        return dict(self._quarantined)
 
     def _gauge(self) -> None:
         if self._scheduler.metrics is not None:

@@ -298,9 +298,9 @@ class Store:
         self.intake = IntakeRecords(self)
         self.activity = ActivityRecords(self)
         self.atropos = AtroposRecords(self)
+        """The intake funnel's rows (submissions, reputation, bounties, quarantines)."""
         self.nodes = NodeRecords(self)
         """Quarantined nodes, canary groups, and the checks of nodes' results."""
-        """The intake funnel's rows (submissions, reputation, bounties, quarantines)."""
 
     @classmethod
     async def open(cls, path: Path) -> Store:
@@ -745,13 +745,16 @@ class Store:
             [(g,) for g in group_ids])
 
     async def job_counts(self) -> dict[str, int]:
-        """Jobs in every state: counts every job ever queued (for status, not for loops)."""
-        rows = await self._all("SELECT state, COUNT(*) FROM jobs GROUP BY state")
+        """Jobs in every state: counts every job ever queued (for status, not for loops); a node's canaries are
+        not the farm's work (each node's row counts its own)."""
+        rows = await self._all("SELECT state, COUNT(*) FROM jobs WHERE for_node IS NULL GROUP BY state")
         return {state: n for state, n in rows}
 
     async def open_job_counts(self) -> dict[str, int]:
-        """Queued and leased jobs only: an index range as long as the queue, cheap every second."""
-        rows = await self._all("SELECT state, COUNT(*) FROM jobs WHERE state IN ('queued', 'leased') GROUP BY state")
+        """Queued and leased jobs only (canaries not: no trainer's demand waits on one): an index range as long
+        as the queue, cheap every second."""
+        rows = await self._all("SELECT state, COUNT(*) FROM jobs WHERE state IN ('queued', 'leased') "
+                               "AND for_node IS NULL GROUP BY state")
         return {state: n for state, n in rows}
 
     async def group_progress(self, group_ids: list[int]) -> tuple[int, int, int, int]:

@@ -93,6 +93,9 @@ async def test_at_the_floor_a_nodes_first_results_and_a_share_of_the_rest_are_ve
         confirmed = [t for t in await scheduler.store.trajectories(limit=2000, body=False)
                      if t.verified_by == "coordinator"]
         assert len(confirmed) == picked and {t.id for t in confirmed} >= {j.id for j in jobs[:REVERIFY_FIRST_FLOOR]}
+        evidence = await scheduler.store.nodes.checks("steady", limit=1000)
+        assert sorted(c.job_id for c in evidence) == sorted(t.id for t in confirmed)
+        assert {(c.kind, c.outcome) for c in evidence} == {("reverify", "agreed")}
     finally:
         await nodes.stop()
 
