@@ -86,8 +86,8 @@ def nodes_table(info: dict[str, Any]) -> Table:
         iso = Text("yes", "green") if n["isolation_ok"] else Text("NO", "red")
         versions = ", ".join(str(v) for v in n["policy_versions"][-5:]) or "-"
         disagreed = n.get("disagreed", 0)
-        checked = Text(f"{n.get('checked', 0)} ({n.get('canaries', 0)} canaries)" +
-                       (f", {disagreed} disagreed" if disagreed else ""), "red" if disagreed else "")
+        checked = Text(f"{n.get('checked', 0)}" + (f" ({disagreed} wrong)" if disagreed else ""),
+                       "red" if disagreed else "")
         refused = Text(str(n.get("refused", 0)), "red" if n.get("refused") else "")
         table.add_row(text(n["name"]), text(n["address"]), state, str(n["capacity"]), str(n["in_flight"]),
                       str(n["done"]), str(n["failed"]), checked, refused, _ago(n.get("last_heartbeat")), versions, iso)
