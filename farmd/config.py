@@ -200,7 +200,7 @@ def _coerce_scheduler(table: dict[str, Any]) -> SchedulerConfig:
             table = {**table, key: tuple(table[key])}
     try:
         return SchedulerConfig(**table)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise ConfigError(f"[scheduler]: {exc}") from exc
 
 

@@ -49,6 +49,7 @@ from farmd.names import CONSUMER
 from farmd.node import NodeInfo
 from farmd.private import make_data_dir_private, write_file
 from farmd.rollout import Worker
+from farmd.rollout.reverify import Rechecker
 from farmd.sandbox import Sandbox, check_host
 from farmd.sandbox.host import missing
 from farmd.scheduler import Scheduler
@@ -151,9 +152,12 @@ class Daemon:
         await self.funnel.start()  # approved versions served before a worker leases their jobs
         if self.worker is not None:
             await self.worker.start()
+        # Joined nodes' verdicts are checked on the coordinator's own boxes (its workers', or intake's few).
+        own = ctx or (VerifyContext(sandbox=self.sandbox, key=key, scratch_dir=None) if self.sandbox else None)
         self.nodes = Nodes(self.scheduler, lost_after_s=self.config.scheduler.node_lost_s,
                            local=self.worker.node if self.worker is not None else None,
-                           local_status=self._local_node if self.worker is not None else None)
+                           local_status=self._local_node if self.worker is not None else None,
+                           checker=Rechecker(own, self.catalog.get) if own is not None else None)
         await self.nodes.start()
         self.history = History(self.scheduler, self.nodes)
         await self.history.start()
@@ -255,7 +259,8 @@ class Daemon:
                 "in_flight": worker.in_flight, "done": worker.counters["ran"],
                 "failed": worker.counters["infra_failures"], "last_heartbeat": now, "last_seen": now,
                 "joined_at": now, "policy_versions": worker.policy_versions(), "isolation_ok": True,
-                "version": __version__, "facts": {}}
+                "version": __version__, "facts": {}, "refused": 0, "checked": 0, "disagreed": 0, "canaries": 0,
+                "quarantine_reason": "", "quarantined_at": None}
 
     async def _start_metrics(self) -> str | None:
         """Serve Prometheus metrics when asked to; returns where."""

@@ -83,6 +83,19 @@ class Metrics:
                                   ["method", "code"], registry=r)
         self.grpc_seconds = Histogram("farm_grpc_call_seconds", "API call time, by method (a stream: as long as "
                                       "it stays open)", ["method"], buckets=_LATENCY_BUCKETS, registry=r)
+        # A fleet's trust in its nodes: by kind and outcome only (node names are the status rows', unbounded here).
+        self.node_results_refused = Counter("farm_node_results_refused", "Results joined nodes reported under "
+                                            "another job's identity (environment, agent, seed, ...): not stored",
+                                            registry=r)
+        self.node_checks = Counter("farm_node_checks", "Joined nodes' results the coordinator checked, by kind "
+                                   "(reverify: verified again; canary: a known-answer job) and outcome (agreed, "
+                                   "disagreed, inconclusive: it could not judge; dropped: too many waiting)",
+                                   ["kind", "outcome"], registry=r)
+        self.node_quarantines = Counter("farm_node_quarantines", "Joined nodes quarantined: their verdicts "
+                                        "disagreed with the coordinator's, or they kept reporting under other leases",
+                                        registry=r)
+        self.nodes_quarantined = Gauge("farm_nodes_quarantined", "Nodes quarantined now (until an operator clears "
+                                       "them)", registry=r)
         self._endpoints = frozenset(endpoints)
         self._lag_series: set[tuple[str, str]] = set()
         # Series that exist before anything happened, so a rate over them starts at zero, not at the first event.
@@ -90,6 +103,9 @@ class Metrics:
             self.tokens.labels(kind)
         for name in self._endpoints:
             self.endpoint_errors.labels(name)
+        for kind in ("reverify", "canary"):
+            for outcome in ("agreed", "disagreed", "inconclusive", "dropped"):
+                self.node_checks.labels(kind, outcome)
 
     def watch_boxes(self, counts: Callable[[], Mapping[str, int]]) -> None:
         """Report the sandbox's box outcomes (it counts them; it does not know about Prometheus)."""

@@ -63,6 +63,23 @@ go first (the last turn's prompt holds them), then whole turns' tokens."""
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """A node's name in a fleet: lease owners are ``<name>:<pid>:<nonce>``, so never a colon."""
 
+VERIFIED_LOCAL = "local"
+"""``verified_by`` of a verdict the coordinator's own worker gave."""
+VERIFIED_COORDINATOR = "coordinator"
+"""``verified_by`` of a node's verdict the coordinator verified again and found the same."""
+VERIFIED_EXTERNAL = "external"
+"""``verified_by`` of a score pushed from outside (an Atropos environment's): farm's verifier never judged it."""
+
+
+def verified_by_node(name: str) -> str:
+    """``verified_by`` of a joined node's verdict, as it reported it (not checked)."""
+    return f"node:{name}"
+
+
+KNOWN_ANSWER_AGENT = re.compile(r"reference|random(:-?[0-9]{1,18})?")
+"""Agent specs whose every attempt is a function of the task alone (``reference``, ``random[:SEED]``): the
+coordinator can run the same job itself and know the exact answer and verdict a node must report (a canary)."""
+
 RED_TEAM_PREFIX = "redteam:"
 """Agent specs of ``farmctl redteam``'s adversaries: their trajectories are kept, flagged, and never taken as
 evidence of how hard a task is (the task bank) or how the farm's policy does (pass rates)."""
@@ -121,7 +138,7 @@ class Trajectory(record.Trajectory):
 
 
 SUMMARY_FIELDS = ("id", "seq", "group_id", "run_id", "env", "seed", "difficulty", "agent", "policy_version",
-                  "reward", "passed", "status", "flags", "verifier_version", "node", "finished_at")
+                  "reward", "passed", "status", "flags", "verifier_version", "node", "finished_at", "verified_by")
 """What a trajectory is listed by (``farmctl trajectories list``, a summary-only stream)."""
 BODY_FIELDS = ("task", "messages", "turns", "steps", "final", "verdict_details")
 """The bulk of a record: left out of summaries."""

@@ -258,6 +258,11 @@ class FarmClient:
         return {"scored": reply.scored, "already": reply.already, "errors": reply.errors,
                 "verifier_version": reply.verifier_version}
 
+    def clear_node(self, name: str) -> dict[str, Any]:
+        """Let a quarantined node join again (an operator's call): why it had been quarantined."""
+        reply = self._stub.ClearNode(farm_pb2.ClearNodeRequest(name=name), metadata=self._metadata)
+        return {"name": name, "cleared": reply.cleared, "reason": reply.reason}
+
     # -- the trainer's side -----------------------------------------------------------------------
 
     def batches(self, consumer: str, batch_size: int = 64, *, whole_groups: bool = False, max_staleness: int = 0,
@@ -432,5 +437,8 @@ def status_dict(reply: farm_pb2.GetStatusResponse) -> dict[str, Any]:
                        "last_heartbeat": n.last_heartbeat.ToNanoseconds() / 1e9 if n.HasField("last_heartbeat") else None,
                        "last_seen": n.last_seen.ToNanoseconds() / 1e9 if n.HasField("last_seen") else None,
                        "policy_versions": list(n.policy_versions), "isolation_ok": n.isolation_ok,
-                       "version": n.version, "facts": dict(n.facts)} for n in reply.nodes]
+                       "version": n.version, "facts": dict(n.facts), "refused": n.refused, "checked": n.checked,
+                       "disagreed": n.disagreed, "canaries": n.canaries, "quarantine_reason": n.quarantine_reason,
+                       "quarantined_at": n.quarantined_at.ToNanoseconds() / 1e9 if n.HasField("quarantined_at")
+                       else None} for n in reply.nodes]
     return plain

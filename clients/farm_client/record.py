@@ -161,6 +161,10 @@ class Trajectory:
     finished_at: float = 0.0
     seq: int = 0
     """Position in the stream trainers consume (assigned by the store when it is stored)."""
+    verified_by: str = ""
+    """Whose verdict ``reward`` is: ``local`` (the farm's own worker), ``node:NAME`` (a joined node's, not
+    checked), ``coordinator`` (a node's, verified again by the farm and found the same), ``external`` (pushed
+    with its score from outside); "" for records stored before farm kept it."""
 
     @property
     def completion_token_count(self) -> int:

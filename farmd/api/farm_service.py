@@ -25,6 +25,7 @@ from farmd.envs.catalog import EnvLookup
 from farmd.errors import BadRequest, FailedPrecondition, NotFound
 from farmd.names import CONSUMER, POLICY_LINE
 from farmd.node import NodeInfo
+from farmd.records import NODE_NAME
 from farmd.rollout import rescore
 from farmd.scheduler import PolicyChunk, Scheduler
 from farmd.scheduler.delivery import Subscription
@@ -322,6 +323,18 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
                                             verifier_version=done.verifier_version)
         return await guarded(context, call)
 
+    async def ClearNode(self, request: farm_pb2.ClearNodeRequest,
+                        context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.ClearNodeResponse:
+        async def call() -> farm_pb2.ClearNodeResponse:
+            if self._nodes is None:
+                raise FailedPrecondition("this farmd keeps no fleet")
+            if not NODE_NAME.fullmatch(request.name):
+                raise BadRequest("a node's name is 1-64 letters, digits, '.', '_' or '-', starting with a letter or "
+                                 "digit")
+            reason = await self._nodes.clear(request.name)
+            return farm_pb2.ClearNodeResponse(cleared=True, reason=reason)
+        return await guarded(context, call)
+
 
 def run_pb(run: dict[str, Any]) -> farm_pb2.Run:
     message = farm_pb2.Run(
@@ -393,7 +406,7 @@ def _consumer(name: str) -> str | None:
 
 
 _NODE_STATES = {"connected": farm_pb2.NODE_STATE_CONNECTED, "disconnected": farm_pb2.NODE_STATE_DISCONNECTED,
-                "lost": farm_pb2.NODE_STATE_LOST}
+                "lost": farm_pb2.NODE_STATE_LOST, "quarantined": farm_pb2.NODE_STATE_QUARANTINED}
 
 
 def _node_pb(row: dict[str, Any]) -> farm_pb2.NodeStatus:
@@ -401,7 +414,11 @@ def _node_pb(row: dict[str, Any]) -> farm_pb2.NodeStatus:
         name=row["name"], address=row["address"], state=_NODE_STATES.get(row["state"], farm_pb2.NODE_STATE_UNSPECIFIED),
         capacity=row["capacity"], in_flight=row["in_flight"], done=row["done"], failed=row["failed"],
         policy_versions=row["policy_versions"], isolation_ok=row["isolation_ok"], version=row["version"],
-        facts=row["facts"])
+        facts=row["facts"], refused=row.get("refused", 0), checked=row.get("checked", 0),
+        disagreed=row.get("disagreed", 0), canaries=row.get("canaries", 0),
+        quarantine_reason=row.get("quarantine_reason", ""))
+    if row.get("quarantined_at") is not None:
+        node.quarantined_at.FromNanoseconds(round(row["quarantined_at"] * 1e9))
     if row["last_heartbeat"] is not None:
         node.last_heartbeat.FromNanoseconds(round(row["last_heartbeat"] * 1e9))
     node.last_seen.FromNanoseconds(round(row["last_seen"] * 1e9))

@@ -29,6 +29,7 @@ from farmd.errors import BadRequest, FailedPrecondition, FarmError
 from farmd.names import NODE
 from farmd.records import NODE_NAME, JobState, Trajectory
 from farmd.scheduler.nodes import MAX_CHECKS, MAX_FACT_CHARS, MAX_FACTS, Hello, Node, Nodes
+from farmd.store.nodes import Completion
 from farmd.text import bounded
 
 log = logging.getLogger("farmd.api.nodes")
@@ -139,13 +140,19 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
                 name=node.name, version=self._version, lease_s=self._lease_s,
                 heartbeat_s=self._nodes.heartbeat_s, verifier_key=self._key))
             replies: asyncio.Queue[node_pb2.WorkResponse | None] = asyncio.Queue()
+            node.closer = lambda: replies.put_nowait(None)  # a quarantine ends the stream at once
             reader = asyncio.get_running_loop().create_task(self._read(node, requests, replies))
             try:
                 while (reply := await replies.get()) is not None:
                     yield reply
             finally:
+                node.closer = None
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
+            if node.quarantine_reason:
+                raise Refused(grpc.StatusCode.PERMISSION_DENIED, _text(
+                    f"node {node.name!r} is quarantined: {node.quarantine_reason}. It gets no work until an operator "
+                    f"clears it (farmctl nodes clear {node.name})", 2000), "NODE_QUARANTINED")
         finally:
             self._nodes.leave(node)
 
@@ -224,14 +231,21 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
                 whole.append(done)
         items: list[tuple[str, Trajectory]] = []
         handled: list[int] = []
+        unreadable: dict[int, str] = {}
         for job_id, owner, data in whole:
             handled.append(job_id)
             try:
                 trajectory = await asyncio.to_thread(_trajectory, data, job_id, node.name)
             except Exception as exc:  # its lease runs out and the job runs again: a bad record is never stored
+                unreadable[job_id] = _text(f"the record cannot be stored: {exc}", 1000)
                 log.warning("node %s sent a record for job %d that cannot be read: %s", node.name, job_id,
                             _text(str(exc), 300), extra={"event": "bad_result", "node": node.name, "job": job_id})
                 continue
             items.append((owner, trajectory))
-        stored = await self._nodes.complete(node, items) if items else []
-        return node_pb2.WorkResponse(results=node_pb2.ResultsReply(stored=stored, handled=handled))
+        completed = await self._nodes.report(node, items) if items else Completion()
+        if unreadable:
+            await self._nodes.refused(node, unreadable)
+        refused = {**unreadable, **completed.refused}
+        return node_pb2.WorkResponse(results=node_pb2.ResultsReply(
+            stored=completed.reported, handled=handled,
+            refused=[node_pb2.Refusal(job_id=job, reason=_text(why, 1000)) for job, why in refused.items()]))

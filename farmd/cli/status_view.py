@@ -78,15 +78,27 @@ def _ago(at: object) -> str:
 
 def nodes_table(info: dict[str, Any]) -> Table:
     """The fleet: each node's slots, what it runs and ran, when it last spoke, which policies it holds."""
-    table = Table("node", "address", "state", "capacity", "in flight", "done", "failed", "last heartbeat",
-                  "policies cached", "isolation", title="nodes", title_justify="left")
+    table = Table("node", "address", "state", "capacity", "in flight", "done", "failed", "checked", "refused",
+                  "last heartbeat", "policies cached", "isolation", title="nodes", title_justify="left")
     for n in info.get("nodes", []):
-        state = Text(n["state"], {"connected": "green", "lost": "red"}.get(n["state"], "yellow"))
+        state = Text(n["state"], {"connected": "green", "lost": "red", "quarantined": "bold red"}.get(n["state"],
+                                                                                                  "yellow"))
         iso = Text("yes", "green") if n["isolation_ok"] else Text("NO", "red")
         versions = ", ".join(str(v) for v in n["policy_versions"][-5:]) or "-"
+        disagreed = n.get("disagreed", 0)
+        checked = Text(f"{n.get('checked', 0)}" + (f" ({disagreed} wrong)" if disagreed else ""),
+                       "red" if disagreed else "")
+        refused = Text(str(n.get("refused", 0)), "red" if n.get("refused") else "")
         table.add_row(text(n["name"]), text(n["address"]), state, str(n["capacity"]), str(n["in_flight"]),
-                      str(n["done"]), str(n["failed"]), _ago(n.get("last_heartbeat")), versions, iso)
+                      str(n["done"]), str(n["failed"]), checked, refused, _ago(n.get("last_heartbeat")), versions, iso)
     return table
+
+
+def quarantine_lines(info: dict[str, Any]) -> list[Text]:
+    """Why each quarantined node is (the reason quotes what a node sent: shown, never obeyed)."""
+    return [Text.assemble(Text("quarantined ", "bold red"), text(n["name"]), ": ", text(n.get("quarantine_reason", "")),
+                          " (farmctl nodes clear ", text(n["name"]), " lets it join again)")
+            for n in info.get("nodes", []) if n["state"] == "quarantined"]
 
 
 def status_view(info: dict[str, Any], addr: str) -> list[RenderableType]:
@@ -95,6 +107,7 @@ def status_view(info: dict[str, Any], addr: str) -> list[RenderableType]:
         parts += [queue_line(info)]
         if info.get("nodes"):
             parts.append(nodes_table(info))
+            parts += quarantine_lines(info)
         parts += [pass_table(info), band_table(info)]
         if info.get("consumers"):
             parts.append(consumers_table(info))

@@ -61,7 +61,7 @@ class RemoteLeases:
         self._outbox = outbox
         self._policies = policies
         self._recovered = False
-        self.counters = {"sent": 0, "stored": 0, "resent": 0}
+        self.counters = {"sent": 0, "stored": 0, "resent": 0, "refused": 0}
 
     async def _connected(self) -> bool:
         if self._link.connected.is_set():
@@ -114,6 +114,10 @@ class RemoteLeases:
                 break
             await self._outbox.remove(list(reply.results.handled))
             stored.extend(reply.results.stored)
+            for refusal in reply.results.refused:  # dropped, as handled: sending it again cannot change it
+                self.counters["refused"] += 1
+                log.error("the coordinator refused job %d's result: %s", refusal.job_id, refusal.reason[:1000],
+                          extra={"event": "result_refused", "job": refusal.job_id})
             self.counters["sent"] += len(reply.results.handled)
         self.counters["stored"] += len(stored)
         return stored

@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from farmd.envs import Attempt, VerifyContext, get, verify_safely
+from farmd.envs import Attempt, Environment, VerifyContext, get, verify_safely
 from farmd.envs.catalog import EnvLookup
 from farmd.errors import FailedPrecondition
 from farmd.flags import UNREADABLE
 from farmd.records import Trajectory
+from farmd.verifier import Verdict
 
 PAGE = 200
 """Trajectories read per query: a page's bodies in memory at a time, not an environment's."""
@@ -42,6 +43,15 @@ class Rescored:
     errors: int
     """The verifier failed on them: no score stored, so a later rescore tries them again."""
     verifier_version: str
+
+
+async def verify_stored(env: Environment, t: Trajectory, ctx: VerifyContext) -> Verdict:
+    """``env``'s verdict, now, on the attempt ``t`` records (its final answer, and for an action task its actions
+    replayed in a fresh episode): what rescoring and the coordinator's checks of nodes' verdicts both ask."""
+    # Hidden test data is never stored: it is regenerated from (seed, difficulty).
+    task = await env.make_task(t.seed, t.difficulty, ctx)
+    attempt = Attempt(final=t.final, actions=[s.action for s in t.steps] if task.kind == "actions" else [])
+    return await verify_safely(env, task, attempt, ctx)
 
 
 async def rescore(scores: Scores, ctx: VerifyContext | None, env_name: str, limit: int | None = None, *,
@@ -72,10 +82,7 @@ async def rescore(scores: Scores, ctx: VerifyContext | None, env_name: str, limi
             if UNREADABLE in t.flags:  # a stored record the store could not read: nothing to verify again
                 errors += 1
                 continue
-            # Hidden test data is never stored: it is regenerated from (seed, difficulty).
-            task = await env.make_task(t.seed, t.difficulty, ctx)
-            attempt = Attempt(final=t.final, actions=[s.action for s in t.steps] if task.kind == "actions" else [])
-            verdict = await verify_safely(env, task, attempt, ctx)
+            verdict = await verify_stored(env, t, ctx)
             if verdict.status == "error":
                 errors += 1
                 continue

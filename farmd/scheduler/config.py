@@ -37,3 +37,42 @@ class SchedulerConfig:
     that streams under a new name and never acks must not halt production for every trainer)."""
     group_size: int = 8
     seed: int = 0
+    reverify_share: float = 0.05
+    """The share of every joined node's results the coordinator verifies again on its own boxes, picked after
+    they arrive (the node cannot know which); never below ``REVERIFY_SHARE_FLOOR``."""
+    reverify_first: int = 16
+    """A node's first results after it joins, every one verified again (never fewer than ``REVERIFY_FIRST_FLOOR``):
+    a node that lies from the start is caught at once, not after a share of many."""
+    reverify_concurrency: int = 2
+    """Checks of nodes' results running at once on the coordinator's boxes (which intake shares)."""
+    reverify_tolerance: float = 0.25
+    """How far a node's reward may be from the coordinator's for the same attempt and still agree: only rewards
+    between 0 and 1 come near it (a kernel's, from its speed measured on the machine that judged it, which an
+    honest node's machine measures differently); a pass that is a fail never agrees."""
+    canary_share: float = 0.02
+    """The share of a node's jobs that are known-answer canaries, sent to it alone (never below
+    ``CANARY_SHARE_FLOOR``): each job it leases adds this much on average to what it is owed, and a canary group
+    goes once that covers the group's size."""
+    canary_first_within: int = 4
+    """A node's first canary comes after a random one of its first this many jobs."""
+    node_refusals_quarantine: int = 3
+    """Results a node reports under another job's identity before it is quarantined."""
+
+    def __post_init__(self) -> None:
+        if not REVERIFY_SHARE_FLOOR <= self.reverify_share <= 1:
+            raise ValueError(f"reverify_share is {REVERIFY_SHARE_FLOOR} to 1 (a node's verdict is checked, not "
+                             f"believed), not {self.reverify_share!r}")
+        if not CANARY_SHARE_FLOOR <= self.canary_share <= 1:
+            raise ValueError(f"canary_share is {CANARY_SHARE_FLOOR} to 1, not {self.canary_share!r}")
+        if self.reverify_first < REVERIFY_FIRST_FLOOR:
+            raise ValueError(f"reverify_first is at least {REVERIFY_FIRST_FLOOR}, not {self.reverify_first!r}")
+        if self.canary_first_within < 1 or self.reverify_concurrency < 1 or self.node_refusals_quarantine < 1:
+            raise ValueError("canary_first_within, reverify_concurrency and node_refusals_quarantine are at least 1")
+        if not 0 <= self.reverify_tolerance < 1:
+            raise ValueError(f"reverify_tolerance is 0 to below 1, not {self.reverify_tolerance!r}")
+
+
+REVERIFY_SHARE_FLOOR = 0.01
+"""The least share of a node's results ever verified again: no setting makes a node's verdicts unchecked."""
+REVERIFY_FIRST_FLOOR = 4
+CANARY_SHARE_FLOOR = 0.005

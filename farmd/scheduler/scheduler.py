@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import random
@@ -23,11 +24,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from farmd.metrics import Metrics
-from farmd.records import RED_TEAM_PREFIX, Job, JobState, Trajectory
+from farmd.records import RED_TEAM_PREFIX, VERIFIED_LOCAL, Job, JobState, Trajectory
 from farmd.scheduler.config import SchedulerConfig
 from farmd.scheduler.delivery import Delivery
 from farmd.scheduler.policies import Policies
 from farmd.store import Store
+from farmd.store.nodes import Completion
 from farmd.taskbank import BankConfig, TaskBank, TaskKey
 from farmd.tasks import cancel_and_wait
 
@@ -154,6 +156,10 @@ class Scheduler:
     async def lease(self, owner: str, n: int) -> list[Job]:
         return await self.store.lease(owner, n, self.config.lease_s, self.policies.version_for)
 
+    def work_queued(self) -> None:
+        """Jobs may have become leasable (requeued elsewhere than here): wake parked leases."""
+        self._work_queued()
+
     def _work_queued(self) -> None:
         self._work.set()
         self._work = asyncio.Event()
@@ -168,18 +174,25 @@ class Scheduler:
         return await self.store.extend(owner, job_ids, self.config.lease_s)
 
     async def complete(self, owner: str, trajectories: list[Trajectory]) -> list[int]:
-        return await self.complete_for([(owner, t) for t in trajectories])
+        """The coordinator's own worker's results: its verdicts are the farm's own (``verified_by`` local)."""
+        done = await self.complete_for([(owner, dataclasses.replace(t, verified_by=VERIFIED_LOCAL))
+                                        for t in trajectories])
+        return done.reported
 
-    async def complete_for(self, items: list[tuple[str, Trajectory]]) -> list[int]:
-        """Store (lease owner, trajectory) pairs: each only while its owner holds the job's lease."""
-        stored = await self.store.complete(items)
-        self.counters["completed"] += len(stored)
+    async def complete_for(self, items: list[tuple[str, Trajectory]], *, refuse_mismatch: bool = False
+                           ) -> Completion:
+        """Store (lease owner, trajectory) pairs: each only while its owner holds the job's lease, under the
+        lease's identity (``refuse_mismatch``: a record that disagrees with it is refused, its job requeued)."""
+        done = await self.store.complete_leases(items, refuse_mismatch=refuse_mismatch)
+        self.counters["completed"] += len(done.reported)
         if self.metrics is not None:
-            kept = set(stored)
+            kept = set(done.stored)
             self.metrics.stored_trajectories(t for _, t in items if t.id in kept)
-        if stored:
+        if done.stored:
             self.delivery.stored()
-        return stored
+        if done.refused:
+            self._work_queued()
+        return done
 
     async def fail(self, owner: str, job_id: int, error: str, *, transient: bool = True) -> JobState | None:
         """An infrastructure failure of ``owner``'s job: retried after a backoff while it has attempts

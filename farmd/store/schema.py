@@ -330,4 +330,33 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (kind, name)
     );
     """,
+    # 13: a joined node reports results; it does not decide what is true. A trajectory says whose verdict its
+    # reward is (``verified_by``: local, node:NAME, coordinator, external; '' before this). A known-answer canary
+    # group tests one node (``groups.canary`` names it, ``jobs.for_node`` keeps its jobs for that node alone):
+    # its results are checked and never stored as trajectories, and the group never finishes, so no stream,
+    # listing, task bank or pass rate sees one. A group one of whose results was withdrawn (its node was
+    # quarantined) is ``withheld``: whole-group streams leave it out. Quarantined nodes are kept, so a restart
+    # keeps them out; each check of a node's result by the coordinator is a row (the evidence an operator reads).
+    """
+    ALTER TABLE trajectories ADD COLUMN verified_by TEXT NOT NULL DEFAULT '';
+    ALTER TABLE groups ADD COLUMN canary TEXT;
+    ALTER TABLE groups ADD COLUMN withheld INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN for_node TEXT;
+    CREATE INDEX jobs_for_node ON jobs(for_node, state) WHERE for_node IS NOT NULL;
+    CREATE INDEX withdrawals_by_trajectory ON withdrawals(trajectory_id);
+    CREATE TABLE quarantined_nodes (
+        name TEXT PRIMARY KEY,
+        reason TEXT NOT NULL,
+        at REAL NOT NULL
+    );
+    CREATE TABLE node_checks (
+        job_id INTEGER PRIMARY KEY,
+        node TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('reverify', 'canary')),
+        outcome TEXT NOT NULL CHECK (outcome IN ('agreed', 'disagreed', 'inconclusive')),
+        detail TEXT NOT NULL,
+        at REAL NOT NULL
+    );
+    CREATE INDEX node_checks_by_node ON node_checks(node, at);
+    """,
 )

@@ -33,6 +33,7 @@ from farmd.errors import CursorError, StoreError
 from farmd.private import create_file, make_dir
 from farmd.records import (
     RED_TEAM_PREFIX,
+    VERIFIED_EXTERNAL,
     ChatMessage,
     Job,
     JobState,
@@ -47,6 +48,7 @@ from farmd.store.atropos import AtroposRecords
 from farmd.store.filters import TrajectoryFilter
 from farmd.store.intake import IntakeRecords, withdraw
 from farmd.store.names import NameRecords
+from farmd.store.nodes import Completion, NodeRecords, lease_identity
 from farmd.store.policy_files import PolicyFiles, PolicyUpload
 from farmd.store.schema import MIGRATIONS
 from farmd.text import valid_text, valid_tree
@@ -57,7 +59,7 @@ _JOB_COLUMNS = "id, group_id, env, seed, difficulty, agent, state, attempts, lea
                "policy_version, source"
 _POLICY_COLUMNS = "version, sha256, size, uri, created_at, name"
 _TRAJ_COLUMNS = "id, seq, group_id, env, env_version, seed, difficulty, agent, policy_version, reward, passed, " \
-                "status, reasons, flags, verifier_version, body, node, finished_at, run_id"
+                "status, reasons, flags, verifier_version, body, node, finished_at, run_id, verified_by"
 _BODY_INDEX = [c.strip() for c in _TRAJ_COLUMNS.split(",")].index("body")
 _COLUMN_INDEX = tuple(i for i, c in enumerate(_TRAJ_COLUMNS.split(",")) if c.strip() != "body")
 
@@ -81,10 +83,15 @@ def _consumer_rows(rows: list[Any]) -> list[dict[str, Any]]:
     return [{"name": n, "kind": k, "acked": int(a), "updated_at": float(t)} for n, k, a, t in rows]
 
 
-def _subscribed(agent: str | None, envs: Sequence[str], *, streamed: bool = False) -> tuple[str, list[object]]:
+def _subscribed(agent: str | None, envs: Sequence[str], *, streamed: bool = False, groups: bool = False
+                ) -> tuple[str, list[object]]:
     """SQL (starting with AND, or empty) and its parameters keeping only ``agent``'s rows of ``envs``;
-    ``streamed``: and none of a quarantined environment (withdrawn: no trainer stream sends them)."""
+    ``streamed``: and none of a quarantined environment, nor one withdrawn alone (its node was quarantined), nor
+    for ``groups`` (rows of ``groups``, not ``trajectories``) a group holding one (no trainer stream sends them)."""
     where, args = " AND env NOT IN (SELECT env FROM quarantined_envs)" if streamed else "", list[object]()
+    if streamed:
+        where += (" AND withheld = 0" if groups else
+                  " AND NOT EXISTS (SELECT 1 FROM withdrawals w WHERE w.trajectory_id = trajectories.id)")
     if agent:
         where += " AND agent = ?"
         args.append(agent)
@@ -232,7 +239,7 @@ def _traj_row(t: Trajectory, body: bytes) -> tuple[Any, ...]:
     """A stored trajectory's row, in ``_TRAJ_COLUMNS``' order (the body packed already)."""
     return (t.id, t.seq, t.group_id, t.env, t.env_version, t.seed, t.difficulty, t.agent, t.policy_version, t.reward,
             int(t.passed), t.status, _json(t.reasons), _json(t.flags), t.verifier_version, body, t.node, t.finished_at,
-            t.run_id)
+            t.run_id, t.verified_by)
 
 
 def _json(value: Any) -> str:
@@ -358,6 +365,8 @@ class Store:
         """The intake funnel's rows (submissions, reputation, bounties, quarantines)."""
         self.names = NameRecords(self)
         """Which credential each name (a node's, a consumer's, an Atropos id) belongs to."""
+        self.nodes = NodeRecords(self)
+        """Quarantined nodes, canary groups, and the checks of nodes' results."""
 
     @classmethod
     async def open(cls, path: Path) -> Store:
@@ -535,13 +544,14 @@ class Store:
         ``policy_version`` itself for every job (0: none)."""
         version_for = policy_version if callable(policy_version) else (lambda _agent, v=policy_version: v)
         now = time.time()
+        node = owner.partition(":")[0]  # a canary's jobs go to the node it tests, and to no other
         async with self._write() as db:
             async with db.execute(
                 f"UPDATE jobs SET state='leased', lease_owner=?, lease_expires=?, policy_version=0, "
                 f"attempts=attempts+1, updated_at=? WHERE id IN "
-                f"(SELECT id FROM jobs WHERE state='queued' AND not_before <= ? ORDER BY id LIMIT ?) "
-                f"RETURNING {_JOB_COLUMNS}",
-                (owner, now + lease_s, now, now, n),
+                f"(SELECT id FROM jobs WHERE state='queued' AND not_before <= ? AND (for_node IS NULL OR for_node = ?) "
+                f"ORDER BY id LIMIT ?) RETURNING {_JOB_COLUMNS}",
+                (owner, now + lease_s, now, now, node, n),
             ) as cur:
                 jobs = [_job(r) for r in await cur.fetchall()]
             versions = {agent: version_for(agent) for agent in {j.agent for j in jobs}}
@@ -643,18 +653,27 @@ class Store:
             return len(ids) - await self._drop_cancelled(db, ids, now)
 
     async def complete(self, items: list[tuple[str, Trajectory]]) -> list[int]:
+        """``complete_leases`` for a worker of the farm's own: the ids stored now (a canary's included)."""
+        done = await self.complete_leases(items)
+        return done.reported
+
+    async def complete_leases(self, items: list[tuple[str, Trajectory]], *, refuse_mismatch: bool = False
+                              ) -> Completion:
         """Store trajectories of jobs leased by their owners, and mark the jobs done; one transaction.
 
-        A job whose lease its owner no longer holds (it expired and went elsewhere) or
-        that is already done is skipped: the returned ids are those stored now. A batch
-        costs a handful of statements, not a few per trajectory: each is a round trip
-        to the connection's thread.
+        A job whose lease its owner no longer holds (it expired and went elsewhere) or that is already done is
+        skipped. What is stored is the job's own identity (group, run, environment, seed, level, agent, policy
+        version), never what the record says: a record that says otherwise is stored as its lease's, or with
+        ``refuse_mismatch`` (a joined node's) refused, its job back in the queue (the attempt not counted: the
+        job did nothing wrong). A canary's result marks its job done and is not stored: the caller checks it.
+        A batch costs a handful of statements, not a few per trajectory: each is a round trip to the
+        connection's thread.
         """
         if not items:
-            return []
+            return Completion()
         latest = {traj.id: (owner, traj) for owner, traj in items}  # one job reported twice: once
-        bodies, refused = await asyncio.to_thread(_checked_bodies, {tid: t for tid, (_, t) in latest.items()})
-        for tid, found in refused.items():
+        bodies, out_of_domain = await asyncio.to_thread(_checked_bodies, {tid: t for tid, (_, t) in latest.items()})
+        for tid, found in out_of_domain.items():
             # Every entry checks its records first (a node's, a model's, an Atropos push); one that got here
             # anyway is not stored, so no reader meets it: its job stays leased until the lease runs out.
             log.error("trajectory %d is out of its domain and was not stored: %s", tid, "; ".join(found[:3])[:1000],
@@ -664,34 +683,54 @@ class Store:
         by_owner: dict[str, list[int]] = {}
         for tid, (owner, _) in latest.items():
             by_owner.setdefault(owner, []).append(tid)
+        refused: dict[int, str] = {}
+        bound: dict[int, Trajectory] = {}
+        canaries: dict[int, Trajectory] = {}
         async with self._write() as db:
-            done: set[int] = set()
             for owner, ids in by_owner.items():  # one worker's batch: usually one statement
                 for start in range(0, len(ids), _MAX_VARS):
                     chunk = ids[start:start + _MAX_VARS]
                     marks = ",".join("?" * len(chunk))
-                    done.update(int(r[0]) for r in await db.execute_fetchall(
-                        f"UPDATE jobs SET state='done', lease_expires=NULL, updated_at=? WHERE state='leased' "
-                        f"AND lease_owner=? AND id IN ({marks}) RETURNING id", (now, owner, *chunk)))
-            keep = [(owner, t) for tid, (owner, t) in sorted(latest.items()) if tid in done]
-            if not keep:
-                return []
-            row = await db.execute_fetchall("SELECT COALESCE(MAX(seq), 0) FROM trajectories")
-            seq = int(next(iter(row))[0])
-            group_ids = sorted({t.group_id for _, t in keep})
-            runs = {int(g): int(r) for g, r in await db.execute_fetchall(
-                f"SELECT id, run_id FROM groups WHERE id IN ({','.join('?' * len(group_ids))})", group_ids)}
-            for _, traj in keep:
-                seq += 1
-                traj.seq = seq
-                traj.run_id = runs.get(traj.group_id, 0)
-                traj.finished_at = traj.finished_at or now
-            await db.executemany(_INSERT_TRAJECTORY, [_traj_row(t, bodies[t.id]) for _, t in keep])
-            late = [t.id for _, t in keep if t.env.startswith(CONTRIBUTED_ENV_PREFIX)]
-            if late:  # running when its environment was quarantined: withdrawn as it is stored
-                await withdraw(db, f"t.id IN ({','.join('?' * len(late))})", late, now)
-            await self._finish_groups(db, group_ids)
-        return [t.id for _, t in keep]
+                    rows = await db.execute_fetchall(
+                        f"SELECT j.id, j.group_id, g.run_id, j.env, j.seed, j.difficulty, j.agent, j.policy_version, "
+                        f"j.for_node FROM jobs j JOIN groups g ON g.id = j.group_id WHERE j.state='leased' "
+                        f"AND j.lease_owner=? AND j.id IN ({marks})", (owner, *chunk))
+                    for job in rows:
+                        tid = int(job[0])
+                        traj, why = lease_identity(latest[tid][1], job)
+                        if why and refuse_mismatch:
+                            refused[tid] = why
+                            continue
+                        if why:  # the farm's own worker: a bug, not a lie; its lease decides
+                            log.error("job %d's record disagrees with its lease (%s): stored as its lease's", tid,
+                                      why, extra={"event": "record_mismatch", "job": tid})
+                        (canaries if job[8] is not None else bound)[tid] = traj
+            done = sorted({*bound, *canaries})
+            for start in range(0, len(done), _MAX_VARS):
+                chunk = done[start:start + _MAX_VARS]
+                await db.execute(f"UPDATE jobs SET state='done', lease_expires=NULL, updated_at=? "
+                                 f"WHERE id IN ({','.join('?' * len(chunk))})", (now, *chunk))
+            if refused:
+                back = sorted(refused)
+                await db.execute(
+                    "UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, attempts=MAX(0, attempts-1), "
+                    f"last_error='its result was refused', updated_at=? WHERE id IN ({','.join('?' * len(back))})",
+                    (now, *back))
+                await self._drop_cancelled(db, back, now)
+            keep = [bound[tid] for tid in sorted(bound)]
+            if keep:
+                top = await db.execute_fetchall("SELECT COALESCE(MAX(seq), 0) FROM trajectories")
+                seq = int(next(iter(top))[0])
+                for traj in keep:
+                    seq += 1
+                    traj.seq = seq
+                    traj.finished_at = traj.finished_at or now
+                await db.executemany(_INSERT_TRAJECTORY, [_traj_row(t, bodies[t.id]) for t in keep])
+                late = [t.id for t in keep if t.env.startswith(CONTRIBUTED_ENV_PREFIX)]
+                if late:  # running when its environment was quarantined: withdrawn as it is stored
+                    await withdraw(db, f"t.id IN ({','.join('?' * len(late))})", late, now)
+            await self._finish_groups(db, sorted({t.group_id for t in keep}))
+        return Completion(stored=[t.id for t in keep], refused=refused, canaries=canaries)
 
     async def _insert_finished(self, db: aiosqlite.Connection, groups: list[list[Trajectory]], bodies: list[bytes],
                                *, source: str, now: float) -> None:
@@ -713,6 +752,7 @@ class Store:
                 seq += 1
                 t.id, t.group_id, t.seq, t.run_id = job_id, group_id, seq, 0
                 t.finished_at = t.finished_at or now
+                t.verified_by = VERIFIED_EXTERNAL
                 job_rows.append((job_id, group_id, t.env, t.seed, t.difficulty, t.agent, source, now, now))
                 traj_rows.append(_traj_row(t, next(body)))
         await db.executemany("INSERT INTO groups(id, env, seed, difficulty, agent, size, source, created_at, run_id) "
@@ -772,18 +812,21 @@ class Store:
             "UPDATE groups SET done_seq = (SELECT COALESCE(MAX(done_seq), 0) + 1 FROM groups), "
             "done_total = COALESCE((SELECT done_total FROM groups WHERE done_seq = "
             "(SELECT MAX(done_seq) FROM groups)), 0) + (SELECT COUNT(*) FROM trajectories WHERE group_id = groups.id) "
-            "WHERE id = ? AND done_seq IS NULL AND NOT EXISTS "
+            "WHERE id = ? AND done_seq IS NULL AND canary IS NULL AND NOT EXISTS "
             "(SELECT 1 FROM jobs WHERE group_id = groups.id AND state IN ('queued', 'leased'))",
             [(g,) for g in group_ids])
 
     async def job_counts(self) -> dict[str, int]:
-        """Jobs in every state: counts every job ever queued (for status, not for loops)."""
-        rows = await self._all("SELECT state, COUNT(*) FROM jobs GROUP BY state")
+        """Jobs in every state: counts every job ever queued (for status, not for loops); a node's canaries are
+        not the farm's work (each node's row counts its own)."""
+        rows = await self._all("SELECT state, COUNT(*) FROM jobs WHERE for_node IS NULL GROUP BY state")
         return {state: n for state, n in rows}
 
     async def open_job_counts(self) -> dict[str, int]:
-        """Queued and leased jobs only: an index range as long as the queue, cheap every second."""
-        rows = await self._all("SELECT state, COUNT(*) FROM jobs WHERE state IN ('queued', 'leased') GROUP BY state")
+        """Queued and leased jobs only (canaries not: no trainer's demand waits on one): an index range as long
+        as the queue, cheap every second."""
+        rows = await self._all("SELECT state, COUNT(*) FROM jobs WHERE state IN ('queued', 'leased') "
+                               "AND for_node IS NULL GROUP BY state")
         return {state: n for state, n in rows}
 
     async def group_progress(self, group_ids: list[int]) -> tuple[int, int, int, int]:
@@ -804,7 +847,7 @@ class Store:
                               envs: Sequence[str] = (), streamed: bool = False) -> list[dict[str, Any]]:
         """Groups that ended after done position ``after``, in the order they ended, with their rewards;
         only ``agent``'s and only those of ``envs`` when given (a subscription); ``streamed``: none withdrawn."""
-        where, args = _subscribed(agent, envs, streamed=streamed)
+        where, args = _subscribed(agent, envs, streamed=streamed, groups=True)
         groups = await self._all(
             f"SELECT id, done_seq, env, seed, difficulty, agent, size FROM groups WHERE done_seq > ? {where} "
             "ORDER BY done_seq LIMIT ?", (after, *args, limit))
@@ -1010,10 +1053,11 @@ class Store:
         """Stored trajectories of ``agent`` in ``envs`` past a cursor of ``kind`` at ``position`` (for
         ``groups``: the sizes of matching groups that finished after it). A scan of what lies past the
         cursor: a subscribed consumer's backlog, which a trainer keeps short (withdrawn ones never come)."""
-        where, args = _subscribed(agent, envs, streamed=True)
         if _kind(kind) == "trajectories":
+            where, args = _subscribed(agent, envs, streamed=True)
             row = await self._one(f"SELECT COUNT(*) FROM trajectories WHERE seq > ? {where}", (position, *args))
         else:
+            where, args = _subscribed(agent, envs, streamed=True, groups=True)
             row = await self._one(f"SELECT COALESCE(SUM(size), 0) FROM groups WHERE done_seq > ? {where}",
                                   (position, *args))
         return int(row[0] or 0)

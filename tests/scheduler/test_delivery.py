@@ -62,16 +62,16 @@ async def test_a_consumer_sitting_on_a_batch_stops_counting_and_counts_again_whe
 async def test_a_subscription_carries_only_its_agent_and_envs_and_counts_staleness_in_its_own_line(
         tmp_path: Path) -> None:
     store = await Store.open(tmp_path / "farm.db")
-    versions = {"torch:tiny": 1, "torch:tiny?temperature=0": 1, "reference": 0}
+    versions = {"torch:tiny": 3, "torch:tiny?temperature=0": 3, "reference": 0}
     try:
         await store.enqueue([("rg:chain_sum", 1, 1, "reference", 2), ("rg:chain_sum", 2, 1, "torch:tiny", 2),
                              ("py-func", 3, 1, "torch:tiny", 2), ("rg:chain_sum", 4, 1, "torch:tiny?temperature=0", 2),
                              ("rg:chain_sum", 5, 1, "torch:tiny", 2)])
-        jobs = await store.lease("w", 10, 60, lambda agent: versions[agent])
-        # The last group ran an old version of its line: two versions of "tiny" came out since.
-        await store.complete([("w", replace(t(j.id, j.group_id, 0 if j.agent == "reference" else
-                                              (1 if j.seed == 5 else 3)), agent=j.agent, env=j.env))
-                              for j in jobs])
+        # The last group was leased (and ran) at an old version of its line: two versions of "tiny" came out since.
+        jobs = await store.lease("w", 8, 60, lambda agent: versions[agent])
+        jobs += await store.lease("w", 2, 60, lambda agent: 1)
+        await store.complete([("w", replace(t(j.id, j.group_id, j.policy_version), agent=j.agent, env=j.env,
+                                            seed=j.seed)) for j in jobs])
         lines = {"tiny": [1, 2, 3], "other": [4, 5, 6, 7]}
 
         def behind(line: str | None, version: int) -> int:

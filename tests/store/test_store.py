@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import sqlite3
 import time
@@ -149,7 +150,8 @@ async def test_everything_survives_a_reopen(tmp_path: Path) -> None:
         assert await s.job_counts() == {"done": 1, "leased": 1, "queued": 2}
         assert await s.last_seq() == 1
         rates = await s.pass_rates()
-        assert rates == [{"env": "py-func", "difficulty": 2, "trajectories": 1, "passed": 1, "mean_reward": 1.0,
+        # Stored under its lease's level (1), whatever the record said (2).
+        assert rates == [{"env": "py-func", "difficulty": 1, "trajectories": 1, "passed": 1, "mean_reward": 1.0,
                           "errors": 0}]
         assert await s.finished_since(time.time() - 60) == 1
     finally:
@@ -206,3 +208,27 @@ async def test_cursors_named_like_group_cursors_are_split_by_the_migration(tmp_p
         assert [await store.consumed("groups", n) for n in (0, 1, 2)] == [0, 3, 5]
     finally:
         await store.close()
+
+
+async def test_a_completed_job_is_stored_under_its_lease_never_what_its_record_says(store: Store) -> None:
+    ours, theirs = await store.enqueue([("py-func", 5, 1, "reference", 2), ("kernel", 9, 3, "random", 1)])
+    jobs = sorted(await store.lease("w", 3, 30, policy_version=lambda agent: 6 if agent == "reference" else 0),
+                  key=lambda j: j.id)
+    forged = [dataclasses.replace(traj(jobs[0].id, theirs), env="kernel", seed=9, difficulty=3, agent="random",
+                                  policy_version=0, run_id=77),
+              dataclasses.replace(traj(jobs[1].id, ours), seed=5, difficulty=1, policy_version=6)]
+    # The farm's own worker: stored, under the lease's identity (a mismatch there is a bug, logged).
+    assert await store.complete([("w", forged[0])]) == [jobs[0].id]
+    got = await store.trajectory(jobs[0].id)
+    assert got is not None
+    assert (got.group_id, got.env, got.seed, got.difficulty, got.agent, got.policy_version, got.run_id) == (
+        ours, "py-func", 5, 1, "reference", 6, 0)
+    assert [t.id for t in await store.trajectories(env="kernel")] == []
+    # A node's: refused, not stored, and its job back in the queue with the attempt not counted.
+    done = await store.complete_leases([("w", dataclasses.replace(forged[1], agent="torch:x"))], refuse_mismatch=True)
+    assert (done.stored, list(done.refused)) == ([], [jobs[1].id]) and "agent" in done.refused[jobs[1].id]
+    assert await store.trajectory(jobs[1].id) is None
+    (again,) = await store.lease("w2", 1, 30, 6)
+    assert (again.id, again.attempts) == (jobs[1].id, 1)
+    done = await store.complete_leases([("w2", forged[1])], refuse_mismatch=True)
+    assert (done.stored, done.refused) == ([jobs[1].id], {})

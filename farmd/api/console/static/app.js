@@ -663,19 +663,24 @@ function renderFarmTiles(el, s) {
   );
 }
 
-const NODE_TONE = {NODE_STATE_CONNECTED: "good", NODE_STATE_DISCONNECTED: "warn", NODE_STATE_LOST: "bad"};
+const NODE_TONE = {NODE_STATE_CONNECTED: "good", NODE_STATE_DISCONNECTED: "warn", NODE_STATE_LOST: "bad",
+  NODE_STATE_QUARANTINED: "bad"};
 
 function nodesTable(nodes) {
   return table("nodes-table",
     ["name", "address", "state", ["capacity", "num"], ["in flight", "num"], ["done", "num"], ["failed", "num"],
-      ["heartbeat", "num"], "isolation", "version", "policies cached"],
+      ["checked", "num"], ["disagreed", "num"], ["refused", "num"], ["heartbeat", "num"], "isolation", "version",
+      "policies cached"],
     nodes.map((n) => ({
       attrs: {class: "node-row", "data-name": n.name ?? ""},
       cells: [
         h("span", {class: "mono"}, n.name ?? ""), h("span", {class: "mono"}, n.address ?? ""),
-        badge(n.state, "NODE_STATE_", NODE_TONE[n.state]),
+        // A quarantined node's reason shows on the badge (text, never markup: it quotes what the node sent).
+        h("span", {class: "node-state", title: n.quarantine_reason || null}, badge(n.state, "NODE_STATE_", NODE_TONE[n.state]),
+          n.quarantine_reason ? h("span", {class: "muted"}, " ", n.quarantine_reason) : null),
         numCell(fmtCount(n.capacity)), numCell(fmtCount(n.in_flight)), numCell(fmtCount(n.done)),
-        numCell(fmtCount(n.failed)),
+        numCell(fmtCount(n.failed)), numCell(fmtCount(n.checked)), numCell(fmtCount(n.disagreed)),
+        numCell(fmtCount(n.refused)),
         numCell(fmtAgo(n.last_heartbeat), n.last_heartbeat),
         n.isolation_ok ? h("span", {class: "ok"}, "ok") : h("span", {class: "bad"}, "NOT OK"),
         h("span", {class: "mono"}, n.version ?? ""),

@@ -1,0 +1,208 @@
+"""The SQL of a fleet's trust in its nodes: results bound to their leases, canary groups, the coordinator's checks
+of nodes' verdicts, and quarantined nodes with their results withdrawn.
+
+Reached as ``store.nodes``; it shares the store's connections and its one-writer-at-a-time rule. When a node is
+checked, and what a disagreement means, is the scheduler's (``farmd.scheduler.checks``, ``farmd.scheduler.nodes``);
+this module keeps rows and keeps each change atomic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from farmd.flags import QUARANTINED, WITHDRAWN
+from farmd.records import Trajectory, verified_by_node
+from farmd.text import bounded
+
+if TYPE_CHECKING:
+    from farmd.store.store import Store
+
+_IDENTITY = ("group_id", "env", "seed", "difficulty", "agent", "policy_version")
+"""What a lease says a result is (and its run, which a node's record does not know)."""
+_SHOWN = 80
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """What one report of finished jobs came to."""
+
+    stored: list[int] = field(default_factory=list)
+    """Trajectories stored now, each under its lease's identity."""
+    refused: dict[int, str] = field(default_factory=dict)
+    """Jobs whose record disagreed with their lease, and how: not stored, back in the queue."""
+    canaries: dict[int, Trajectory] = field(default_factory=dict)
+    """Canary jobs now done, with their records (under their leases' identity): checked, never stored."""
+
+    @property
+    def reported(self) -> list[int]:
+        """What the worker is told was stored: a canary's result looks stored like any other."""
+        return sorted([*self.stored, *self.canaries])
+
+
+def _shown(value: object) -> str:
+    return bounded(repr(value), _SHOWN)
+
+
+def lease_identity(record: Trajectory, row: Sequence[Any]) -> tuple[Trajectory, str]:
+    """``record`` under the identity its job's row gives (``(id, group_id, run_id, env, seed, difficulty, agent,
+    policy_version, ...)``), and how the record disagreed with it ("" when it did not). A record from a node
+    knows no run: 0 there is no disagreement."""
+    _, group_id, run_id, env, seed, difficulty, agent, policy_version = row[:8]
+    bound = dataclasses.replace(record, group_id=int(group_id), run_id=int(run_id or 0), env=str(env), seed=int(seed),
+                                difficulty=int(difficulty), agent=str(agent), policy_version=int(policy_version))
+    wrong = [f"{name} {_shown(getattr(record, name))} (its lease's is {_shown(getattr(bound, name))})"
+             for name in _IDENTITY if getattr(record, name) != getattr(bound, name)]
+    if record.run_id and record.run_id != bound.run_id:
+        wrong.append(f"run_id {_shown(record.run_id)} (its lease's is {bound.run_id})")
+    return bound, ("the record names " + "; ".join(wrong)) if wrong else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantined:
+    """What quarantining a node did, in one transaction."""
+
+    withdrawn: int
+    """Its results no coordinator check had confirmed, withdrawn from every stream (consumers are told)."""
+    requeued: int
+    """Jobs it held, back in the queue (their attempt not counted)."""
+    cancelled: int
+    """Canary jobs waiting for it, dropped."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckRow:
+    job_id: int
+    node: str
+    kind: str
+    outcome: str
+    detail: str
+    at: float
+
+
+class NodeRecords:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    # -- canaries ----------------------------------------------------------------------------------
+
+    async def enqueue_canary(self, node: str, template_job: int, agent: str, max_size: int | None = None
+                             ) -> tuple[int, int] | None:
+        """A canary group for ``node`` shaped as ``template_job``'s group (environment, task, size, source) with
+        ``agent`` acting, its jobs leasable by ``node`` alone. Ids come from the same sequences as every job's.
+        Returns the group's (id, size); None when the template is gone or its group is over ``max_size``."""
+        now = time.time()
+        async with self._store._write() as db:
+            rows = await db.execute_fetchall(
+                "SELECT g.env, g.seed, g.difficulty, g.size, g.source FROM jobs j JOIN groups g ON g.id = j.group_id "
+                "WHERE j.id = ?", (template_job,))
+            found = next(iter(rows), None)
+            if found is None:
+                return None
+            env, seed, difficulty, size, source = found
+            if max_size is not None and int(size) > max_size:
+                return None
+            cur = await db.execute(
+                "INSERT INTO groups(env, seed, difficulty, agent, size, source, created_at, run_id, canary) "
+                "VALUES (?,?,?,?,?,?,?,0,?)", (env, seed, difficulty, agent, size, source, now, node))
+            group_id = int(cur.lastrowid or 0)
+            await db.executemany(
+                "INSERT INTO jobs(group_id, env, seed, difficulty, agent, state, source, created_at, updated_at, "
+                "for_node) VALUES (?,?,?,?,?,'queued',?,?,?,?)",
+                [(group_id, env, seed, difficulty, agent, source, now, now, node)] * int(size))
+            return group_id, int(size)
+
+    async def cancel_canaries(self, node: str | None = None) -> int:
+        """Drop canary jobs still queued for ``node`` (None: for every node; a coordinator starting has no
+        nodes yet, and each gets canaries of its own once it works). Returns how many."""
+        async with self._store._write() as db:
+            cur = await db.execute(
+                "UPDATE jobs SET state='cancelled', updated_at=? WHERE state='queued' AND for_node IS NOT NULL "
+                "AND (? IS NULL OR for_node = ?)", (time.time(), node, node))
+            return int(cur.rowcount)
+
+    # -- checks --------------------------------------------------------------------------------------
+
+    async def record_check(self, job_id: int, node: str, kind: str, outcome: str, detail: str) -> None:
+        async with self._store._write() as db:
+            await db.execute("INSERT OR REPLACE INTO node_checks(job_id, node, kind, outcome, detail, at) "
+                             "VALUES (?,?,?,?,?,?)", (job_id, node, kind, outcome, detail, time.time()))
+
+    async def confirm(self, trajectory_id: int, node: str) -> bool:
+        """``node``'s verdict on the trajectory was checked and found the coordinator's: it says so from now on.
+        False when it no longer reads as that node's (withdrawn with its node, or never its)."""
+        async with self._store._write() as db:
+            cur = await db.execute(
+                "UPDATE trajectories SET verified_by='coordinator' WHERE id=? AND verified_by=? AND NOT EXISTS "
+                "(SELECT 1 FROM withdrawals w WHERE w.trajectory_id = trajectories.id)",
+                (trajectory_id, verified_by_node(node)))
+            return cur.rowcount > 0
+
+    async def checks(self, node: str, limit: int = 100) -> list[CheckRow]:
+        """``node``'s latest checks, newest first."""
+        return [CheckRow(int(j), n, k, o, d, float(a)) for j, n, k, o, d, a in await self._store._all(
+            "SELECT job_id, node, kind, outcome, detail, at FROM node_checks WHERE node=? ORDER BY at DESC LIMIT ?",
+            (node, limit))]
+
+    # -- quarantine ----------------------------------------------------------------------------------
+
+    async def quarantined(self) -> dict[str, tuple[str, float]]:
+        """Every quarantined node: (why, since when)."""
+        return {str(n): (str(r), float(a)) for n, r, a in
+                await self._store._all("SELECT name, reason, at FROM quarantined_nodes")}
+
+    async def quarantine(self, node: str, reason: str, *, everything: bool = False) -> Quarantined:
+        """Quarantine ``node`` for good (until ``clear``), in one transaction: every result of its that reads as its
+        own verdict still (none the coordinator confirmed; ``everything``: those it confirmed too) gets a withdrawn
+        score (reward 0, flagged) and a withdrawal row, and its group leaves whole-group streams; the jobs it holds
+        go back to the queue, and canary jobs waiting for it are dropped."""
+        now = time.time()
+        store = self._store
+        async with store._write() as db:
+            await db.execute("INSERT OR REPLACE INTO quarantined_nodes(name, reason, at) VALUES (?,?,?)",
+                             (node, reason, now))
+            # One scan for its results (a quarantine is rare; an index on every trajectory's row is not).
+            ids = [int(r[0]) for r in await db.execute_fetchall(
+                "SELECT id FROM trajectories WHERE verified_by = ? OR (? AND node = ? AND verified_by = 'coordinator') "
+                "ORDER BY seq", (verified_by_node(node), int(everything), node))]
+            withdrawn = 0
+            flags = json.dumps([QUARANTINED, WITHDRAWN])
+            why = f"withdrawn: node {node} was quarantined: {reason}"
+            for start in range(0, len(ids), 10_000):
+                chunk = ids[start:start + 10_000]
+                marks = ",".join("?" * len(chunk))
+                await db.execute(
+                    "INSERT OR IGNORE INTO scores(trajectory_id, verifier_version, reward, passed, status, reasons, "
+                    "flags, scored_at) SELECT id, verifier_version || '+quarantined', 0, 0, 'ok', json_array(?), ?, ? "
+                    f"FROM trajectories WHERE id IN ({marks})", (why, flags, now, *chunk))
+                before = db.total_changes
+                await db.execute(
+                    "INSERT INTO withdrawals(trajectory_id, env, reason, at) SELECT t.id, t.env, ?, ? FROM trajectories t "
+                    f"WHERE t.id IN ({marks}) AND NOT EXISTS (SELECT 1 FROM withdrawals w WHERE w.trajectory_id = t.id) "
+                    "ORDER BY t.seq", (f"node {node} quarantined: {reason}", now, *chunk))
+                withdrawn += db.total_changes - before
+                await db.execute(f"UPDATE groups SET withheld = 1 WHERE id IN (SELECT group_id FROM trajectories "
+                                 f"WHERE id IN ({marks}))", chunk)
+            prefix = f"{node}:"
+            held = [int(r[0]) for r in await db.execute_fetchall(
+                "UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, attempts=MAX(0, attempts-1), "
+                "last_error='its node was quarantined', updated_at=? WHERE state='leased' "
+                "AND substr(lease_owner, 1, ?) = ? RETURNING id", (now, len(prefix), prefix))]
+            cancelled = {int(r[0]) for r in await db.execute_fetchall(
+                "UPDATE jobs SET state='cancelled', updated_at=? WHERE state='queued' AND for_node = ? RETURNING id",
+                (now, node))}
+            back = [j for j in held if j not in cancelled]
+            dropped = await store._drop_cancelled(db, back, now)
+            return Quarantined(withdrawn=withdrawn, requeued=len(back) - dropped, cancelled=len(cancelled))
+
+    async def clear(self, node: str) -> str | None:
+        """Let ``node`` join again; why it had been quarantined, or None if it was not. What was withdrawn stays
+        withdrawn: consumers were told."""
+        async with self._store._write() as db:
+            rows = await db.execute_fetchall("DELETE FROM quarantined_nodes WHERE name=? RETURNING reason", (node,))
+            found = next(iter(rows), None)
+            return None if found is None else str(found[0])

@@ -1,0 +1,138 @@
+"""The coordinator's checks of joined nodes, in process over a real store, scheduler and boxes: what a node's
+record may not change, how much of its work is verified again (a share that no setting takes below its floor,
+and every one of its first results), and when two verdicts agree."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from farmd.config import load
+from farmd.envs import VerifyContext, get
+from farmd.errors import ConfigError
+from farmd.records import Job, Trajectory
+from farmd.rollout.reverify import Rechecker
+from farmd.sandbox import Sandbox
+from farmd.scheduler import Scheduler, SchedulerConfig
+from farmd.scheduler.checks import answer_disagreement, verdict_disagreement
+from farmd.scheduler.config import REVERIFY_FIRST_FLOOR, REVERIFY_SHARE_FLOOR
+from farmd.scheduler.nodes import Hello, Nodes
+from farmd.store import Store
+from farmd.verifier import VerifierKey
+
+CHAIN = "rg:chain_sum"
+OK = ({"name": "bwrap", "ok": True, "detail": "", "fix": ""},)
+
+
+def hello(name: str, capacity: int = 4096) -> Hello:
+    return Hello(name=name, owner=f"{name}:1:aa", capacity=capacity, version="0", address="ipv4:10.0.0.2:1",
+                 isolation=OK)  # type: ignore[arg-type]
+
+
+def honest(job: Job) -> Trajectory:
+    env = get(job.env)
+    task = env.generate(job.seed, job.difficulty)
+    final = env.reference(task).final
+    return Trajectory(id=job.id, group_id=job.group_id, env=job.env, env_version="1", seed=job.seed,
+                      difficulty=job.difficulty, agent=job.agent, policy_version=job.policy_version, reward=1.0,
+                      passed=True, status="ok", reasons=[], flags=[], verifier_version="1", final=final)
+
+
+@pytest.fixture
+async def farm(tmp_path: Path) -> AsyncIterator[tuple[Scheduler, VerifyContext]]:
+    store = await Store.open(tmp_path / "farm.db")
+    sandbox = Sandbox()
+    config = SchedulerConfig(lease_s=60, reverify_share=REVERIFY_SHARE_FLOOR, reverify_first=REVERIFY_FIRST_FLOOR,
+                             canary_first_within=10_000, canary_share=0.005, node_refusals_quarantine=10)
+    scheduler = await Scheduler.open(store, {CHAIN: 5}, config)
+    try:
+        yield scheduler, VerifyContext(sandbox=sandbox, key=VerifierKey(b"k" * 32), scratch_dir=tmp_path)
+    finally:
+        await scheduler.stop()
+        await sandbox.close()
+        await store.close()
+
+
+def test_no_setting_takes_the_checks_below_their_floor(tmp_path: Path) -> None:
+    for bad in ({"reverify_share": 0.0}, {"reverify_share": REVERIFY_SHARE_FLOOR / 2}, {"reverify_share": 1.5},
+                {"reverify_first": REVERIFY_FIRST_FLOOR - 1}, {"canary_share": 0.0}, {"reverify_share": math.nan}):
+        with pytest.raises(ValueError):
+            SchedulerConfig(**bad)  # type: ignore[arg-type]
+        toml = tmp_path / "farm.toml"
+        name, value = next(iter(bad.items()))
+        toml.write_text(f"[scheduler]\n{name} = {'nan' if value != value else value}\n")
+        with pytest.raises(ConfigError, match=name):
+            load(toml)
+    assert SchedulerConfig().reverify_share >= REVERIFY_SHARE_FLOOR
+    assert SchedulerConfig(reverify_share=REVERIFY_SHARE_FLOOR).reverify_share == REVERIFY_SHARE_FLOOR
+
+
+async def test_at_the_floor_a_nodes_first_results_and_a_share_of_the_rest_are_verified_again(farm) -> None:  # type: ignore[no-untyped-def]
+    scheduler, ctx = farm
+    nodes = Nodes(scheduler, lost_after_s=60, checker=Rechecker(ctx, get))
+    await nodes.start()
+    try:
+        await scheduler.create_run(CHAIN, "reference", 0, 1, seeds=range(2000), difficulty=1)
+        node = nodes.join(hello("steady"))
+        jobs = await nodes.lease(node, 2000)
+        assert len(jobs) == 2000
+        assert await nodes.complete(node, [(node.hello.owner, honest(j)) for j in jobs]) == sorted(j.id for j in jobs)
+        picked = nodes.checks.counters["queued"]
+        # 4 first results, then 1% of 1996: about 20 more; fewer than 3 once in about two million runs.
+        assert REVERIFY_FIRST_FLOOR + 3 <= picked <= REVERIFY_FIRST_FLOOR + 80, picked
+        for _ in range(600):
+            if nodes.checks.waiting() == 0 and node.checked >= picked:
+                break
+            await asyncio.sleep(0.05)
+        assert (node.checked, node.disagreed) == (picked, 0), "honest verdicts agree"
+        confirmed = [t for t in await scheduler.store.trajectories(limit=2000, body=False)
+                     if t.verified_by == "coordinator"]
+        assert len(confirmed) == picked and {t.id for t in confirmed} >= {j.id for j in jobs[:REVERIFY_FIRST_FLOOR]}
+        evidence = await scheduler.store.nodes.checks("steady", limit=1000)
+        assert sorted(c.job_id for c in evidence) == sorted(t.id for t in confirmed)
+        assert {(c.kind, c.outcome) for c in evidence} == {("reverify", "agreed")}
+    finally:
+        await nodes.stop()
+
+
+async def test_a_record_is_stored_under_its_lease_and_one_that_says_otherwise_is_refused(farm) -> None:  # type: ignore[no-untyped-def]
+    scheduler, ctx = farm
+    nodes = Nodes(scheduler, lost_after_s=60, checker=Rechecker(ctx, get))
+    await nodes.start()
+    try:
+        run = await scheduler.create_run(CHAIN, "reference", 0, 1, seeds=range(4), difficulty=1)
+        node = nodes.join(hello("n"))
+        jobs = await nodes.lease(node, 4)
+        lies = {jobs[1].id: {"run_id": run + 7}, jobs[2].id: {"seed": jobs[2].seed + 100},
+                jobs[3].id: {"agent": "torch:other"}}
+        records = [honest(jobs[0])] + [dataclasses.replace(honest(j), **lies[j.id]) for j in jobs[1:]]
+        done = await nodes.report(node, [(node.hello.owner, t) for t in records])
+        assert (done.stored, sorted(done.refused)) == ([jobs[0].id], sorted(lies))
+        assert "run_id" in done.refused[jobs[1].id] and "seed" in done.refused[jobs[2].id]
+        assert node.refused == 3 and node.state == "connected"
+        stored = await scheduler.store.trajectory(jobs[0].id)
+        assert stored is not None and (stored.run_id, stored.node, stored.verified_by) == (run, "n", "node:n")
+        # Back in the queue at once, the attempt not counted: the job did nothing wrong.
+        again = await nodes.lease(node, 4)
+        assert sorted(j.id for j in again) == sorted(lies) and {j.attempts for j in again} == {1}
+    finally:
+        await nodes.stop()
+
+
+def test_two_verdicts_agree_only_on_the_same_outcome_and_a_finite_reward_within_tolerance() -> None:
+    base = Trajectory(id=1, group_id=1, env=CHAIN, env_version="1", seed=0, difficulty=1, agent="reference",
+                      policy_version=0, reward=1.0, passed=True, status="ok", reasons=[], flags=[], verifier_version="1")
+    assert verdict_disagreement(base, True, 1.0, 0.05) == ""
+    assert verdict_disagreement(dataclasses.replace(base, reward=0.97), True, 1.0, 0.05) == ""
+    assert "a fail" in verdict_disagreement(base, False, 0.0, 0.05)
+    assert verdict_disagreement(dataclasses.replace(base, reward=0.5), True, 1.0, 0.05)
+    assert verdict_disagreement(dataclasses.replace(base, reward=math.nan), True, 1.0, 0.05), "NaN never agrees"
+    assert verdict_disagreement(dataclasses.replace(base, reward=math.inf), True, 1.0, 0.05)
+    assert verdict_disagreement(dataclasses.replace(base, status="error"), True, 1.0, 0.05)
+    assert answer_disagreement(base, dataclasses.replace(base, final="<answer>1</answer>"))
+    assert answer_disagreement(base, base) == ""
