@@ -243,8 +243,8 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
                 continue
             items.append((owner, trajectory))
         completed = await self._nodes.report(node, items) if items else Completion()
-        if unreadable:
-            await self._nodes.refused(node, unreadable)
+        # Told why (the node drops them from its outbox), not counted towards its quarantine: what one record
+        # holds decides nothing beyond that record; lying about a lease or a verdict is what quarantines.
         refused = {**unreadable, **completed.refused}
         return node_pb2.WorkResponse(results=node_pb2.ResultsReply(
             stored=completed.reported, handled=handled,

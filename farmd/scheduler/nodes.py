@@ -318,27 +318,24 @@ class Nodes:
         node.in_flight.difference_update(t.id for _, t in items)
         node.done += len(done.stored)
         if done.refused:
-            await self.refused(node, done.refused)
+            await self._refused(node, done.refused)
         if node.state != QUARANTINED:
             self._pick(node, done)
         return done
 
-    async def refused(self, node: Node, refused: dict[int, str]) -> None:
-        """Count results of ``node``'s the coordinator refused (they disagree with their leases, or cannot be read as
-        a record in its domain: an honest node's own checks stop both before it sends) and quarantine it past the
-        bound."""
+    async def _refused(self, node: Node, refused: dict[int, str]) -> None:
         node.refused += len(refused)
         metrics = self._scheduler.metrics
         if metrics is not None:
             metrics.node_results_refused.inc(len(refused))
         job, why = next(iter(refused.items()))
-        log.warning("node %s reported %d results the coordinator refused (%d in all); job %d: %s",
+        log.warning("node %s reported %d results that disagree with their leases, refused (%d in all); job %d: %s",
                     node.name, len(refused), node.refused, job, why,
                     extra={"event": "results_refused", "node": node.name, "jobs": sorted(refused)[:20],
                            "refused": node.refused})
         if node.refused >= self._scheduler.config.node_refusals_quarantine:
-            await self.quarantine(node.name, f"{node.refused} results refused (under identities their leases do not "
-                                             f"have, or out of their domain); job {job}'s: {why}")
+            await self.quarantine(node.name, f"{node.refused} results reported under identities their leases do "
+                                             f"not have; job {job}'s: {why}")
 
     def _pick(self, node: Node, done: Completion) -> None:
         """The checks of what ``node`` just reported: every canary, its first results since it joined, and a
