@@ -25,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from farmd import __version__
 from farmd.api.auth import RoleInterceptor
+from farmd.api.budget import Budgets
 from farmd.api.farm_service import FarmService
 from farmd.api.intake_service import IntakeService
 from farmd.api.limits import CallLimits, server_bound, server_options
@@ -172,15 +173,18 @@ class Daemon:
             ],
             maximum_concurrent_rpcs=server_bound(max_calls),
         )
-        service = FarmService(node, self.store, self.scheduler, ctx, endpoints=self.config.endpoints,
+        budgets = Budgets(self.config.credentials, streams=self.config.credential_streams,
+                          pending_bytes=self.config.credential_pending_bytes,
+                          pending_pieces=self.config.credential_pending_pieces)
+        service = FarmService(node, self.store, self.scheduler, ctx, endpoints=self.config.endpoints, budgets=budgets,
                               max_policy_bytes=self.config.max_policy_bytes, nodes=self.nodes, envs=self.catalog.get,
                               history=self.history)
-        intake = IntakeService(self.funnel, self.config.credentials)
+        intake = IntakeService(self.funnel, self.config.credentials, budgets)
         farm_pb2_grpc.add_FarmServiceServicer_to_server(service, server)
         intake_pb2_grpc.add_IntakeServiceServicer_to_server(intake, server)
         node_pb2_grpc.add_NodeServiceServicer_to_server(NodeService(
             self.nodes, verifier_key=key.material(), version=__version__, lease_s=self.config.scheduler.lease_s,
-            peer_name=peer_common_name if self.config.tls_ca else None), server)
+            peer_name=peer_common_name if self.config.tls_ca else None, budgets=budgets), server)
         self._health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         enable_reflection((farm_pb2.DESCRIPTOR.services_by_name["FarmService"].full_name,
