@@ -46,6 +46,7 @@ from farmd.intake.redteam import make_red_team_agent
 from farmd.intake.served import ContributedEnvironment
 from farmd.metrics import GrpcMetrics, Metrics, MetricsServer
 from farmd.node import NodeInfo
+from farmd.offload import OFFLOAD
 from farmd.private import make_data_dir_private, write_file
 from farmd.rollout import Worker
 from farmd.sandbox import Sandbox, check_host
@@ -364,6 +365,7 @@ class Daemon:
         if self.worker is not None:
             await self.worker.stop(grace_s)
             log.info("worker: %(ran)d rollouts run, %(infra_failures)d infrastructure failures", self.worker.counters)
+        await asyncio.to_thread(OFFLOAD.close)  # after the workers: their last replies may be being read
         if self.scheduler is not None:
             await self.scheduler.stop()
         if self.sandbox is not None:
