@@ -305,3 +305,17 @@ async def test_torch_specs(source: MemorySource, runtime: TorchRuntime) -> None:
     assert parse_torch_spec(" torch:tiny?max_tokens=4 ") == TorchSpec("tiny", 1.0, 4)
     with pytest.raises(AgentSpecError, match="unknown option"):
         parse_torch_spec("torch:tiny?n=2")
+
+
+async def test_a_policy_that_declares_more_than_it_holds_is_refused_before_it_is_made(
+        source: MemorySource, runtime: TorchRuntime) -> None:
+    """What a node loads from its policy cache (or the coordinator's worker from its store) is checked as
+    PublishPolicy checks it: each class of size lie is refused, for good, before torch makes anything of it."""
+    from tests.clients import policy_blobs
+
+    agent = TorchAgent("tiny", runtime)
+    for name, hostile in policy_blobs.hostile().items():
+        with pytest.raises(EndpointError, match="not a tinylm policy this worker can load") as caught:
+            await agent.attempt(_task(), None, source.publish(hostile))
+        assert not caught.value.transient, name
+    assert runtime.loads == 0

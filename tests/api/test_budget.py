@@ -18,6 +18,7 @@ from farm.v1 import farm_pb2, intake_pb2, intake_pb2_grpc, node_pb2, node_pb2_gr
 from farm_client import FarmClient
 from grpc_status import rpc_status
 
+from tests.probe import LoopProbe
 from tests.rss import MB, PeakRss
 
 TOKENS = {"fleet": "fleet-token-0123456789", "other": "other-node-token-0123456789",
@@ -78,7 +79,7 @@ async def _flood(addr: str, farm_pid: int) -> dict[str, object]:
             await one_more.read()
         assert _exhausted(refused.value), refused.value
         seen["streams_refusal"] = refused.value.details()
-        with PeakRss(farm_pid) as rss:
+        with PeakRss(farm_pid) as rss, LoopProbe(addr) as probe:
             ended: list[str] = []
             message_id = 1
             for piece in range(40):  # 40 MB offered per stream: 240 MB in all, against a 32 MB budget
@@ -103,6 +104,7 @@ async def _flood(addr: str, farm_pid: int) -> dict[str, object]:
             other.cancel()
         seen["ended"] = ended
         seen["grew_mb"] = rss.grew_mb
+        seen["stall_s"] = probe.worst_s
         for call in open_calls:
             call.cancel()
     return seen
@@ -116,6 +118,7 @@ def test_a_credential_holds_at_most_its_budget_across_all_its_streams(tmp_path: 
     assert isinstance(ended, list) and ended, "the flood was never refused"
     assert all("credential 'fleet' holds" in why and f"at most {PENDING} bytes" in why for why in ended), ended
     assert float(seen["grew_mb"]) < 100, f"farmd grew {seen['grew_mb']:.0f} MB holding one credential's pieces"  # type: ignore[arg-type]
+    assert float(seen["stall_s"]) < 0.5, f"farmd's loop was held {seen['stall_s']:.2f} s"  # type: ignore[arg-type]
     with FarmClient(farm.addr, token=TOKENS["trainer"]) as trainer:
         assert trainer.status()["version"], "a trainer is served while a node credential is at its bounds"
     log = farm.log.read_text()

@@ -8,6 +8,7 @@ import grpc
 from farm.v1 import intake_pb2, intake_pb2_grpc
 
 from tests.intake import hostile_tars
+from tests.probe import LoopProbe
 from tests.rss import PeakRss
 
 
@@ -30,9 +31,10 @@ def test_an_archive_that_declares_gigabytes_costs_farmd_what_it_sent(running_far
     megabytes, not by what they declare."""
     farm = running_farm("--workers", "0")
     tars = hostile_tars.hostile(256 << 20)
-    with PeakRss(farm.proc.pid) as rss:
+    with PeakRss(farm.proc.pid) as rss, LoopProbe(farm.addr) as probe:
         for name, blob in tars.items():
             refused = _submit(farm.addr, blob)
             assert refused is not None and refused.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, refused)
             assert "not a tarball farm reads" in (refused.details() or ""), (name, refused.details())
     assert rss.grew_mb < 64, f"farmd grew {rss.grew_mb:.0f} MB reading archives that declare 256 MiB each"
+    assert probe.worst_s < 0.5, f"farmd's loop was held {probe.worst_s:.2f} s reading them"

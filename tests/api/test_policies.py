@@ -19,6 +19,7 @@ from farm.v1 import farm_pb2, farm_pb2_grpc
 from farm_client import FarmClient
 
 from farmd.store.schema import MIGRATIONS
+from tests.probe import LoopProbe
 from tests.rss import MB, PeakRss
 
 
@@ -200,7 +201,7 @@ def test_a_policy_that_declares_more_than_it_holds_is_refused_when_it_is_publish
     blobs = policy_blobs.hostile()
     with FarmClient(farm.addr) as client:
         client.status()
-        with PeakRss(farm.proc.pid) as rss:
+        with PeakRss(farm.proc.pid) as rss, LoopProbe(farm.addr) as probe:
             for name, blob in blobs.items():
                 with pytest.raises(grpc.RpcError) as refused:
                     client.publish_policy(blob, name="tiny")
@@ -208,6 +209,7 @@ def test_a_policy_that_declares_more_than_it_holds_is_refused_when_it_is_publish
                 assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {details}"
                 assert "farm-tinylm/1 policy, and no worker could load it" in details, f"{name}: {details}"
         assert rss.grew_mb < 64, f"farmd grew {rss.grew_mb:.0f} MB refusing policies that declare gigabytes"
+        assert probe.worst_s < 0.5, f"farmd's loop was held {probe.worst_s:.2f} s checking them"
         assert policy_files(farm.data_dir) == [] and uploads_in(farm.data_dir) == []
         honest = tinylm.save(tinylm.TinyLM(tinylm.LMConfig()))
         assert client.publish_policy(honest, name="tiny")["version"] == 1
