@@ -92,6 +92,10 @@ class Daemon:
         self._metrics_server: MetricsServer | None = None
         self._console: ConsoleServer | None = None
         self._atropos: AtroposServer | None = None
+        self._budgets = Budgets(config.credentials, streams=config.credential_streams,
+                                pending_bytes=config.credential_pending_bytes,
+                                pending_pieces=config.credential_pending_pieces)
+        """What each credential holds at once across every API (gRPC and Atropos's HTTP)."""
         self._atropos_feed: AtroposFeed | None = None
         self.history: History | None = None
         """The farm's status sampled every few seconds, for the console's plots (GetHistory)."""
@@ -174,9 +178,7 @@ class Daemon:
             ],
             maximum_concurrent_rpcs=server_bound(max_calls),
         )
-        budgets = Budgets(self.config.credentials, streams=self.config.credential_streams,
-                          pending_bytes=self.config.credential_pending_bytes,
-                          pending_pieces=self.config.credential_pending_pieces)
+        budgets = self._budgets
         service = FarmService(node, self.store, self.scheduler, ctx, endpoints=self.config.endpoints, budgets=budgets,
                               max_policy_bytes=self.config.max_policy_bytes, nodes=self.nodes, envs=self.catalog.get,
                               history=self.history)
@@ -298,7 +300,7 @@ class Daemon:
             raise ConfigError(f"[atropos] envs names {unknown}, which this farm does not serve")
         queue = AtroposQueue(self.store, stored=self.scheduler.delivery.stored)
         await queue.open()
-        self._atropos = AtroposServer(queue, self.config.atropos_listen, self.config.credentials)
+        self._atropos = AtroposServer(queue, self.config.atropos_listen, self.config.credentials, self._budgets)
         await self._atropos.start()
         self._atropos_feed = AtroposFeed(self.scheduler.delivery, queue, self.config.atropos)
         await self._atropos_feed.start()

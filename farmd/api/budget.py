@@ -3,8 +3,8 @@
 A per-call bound does not bound a caller: a node credential that opens a hundred Work streams, each
 holding unfinished result pieces up to the per-stream bound, holds a hundred times that. So the calls
 that keep what a caller sent until more of it arrives (a node's Work stream with records in pieces,
-PublishPolicy and Submit uploads) draw on one account per credential: open streams, pending pieces and
-pending bytes. Past a bound the call that asks is refused with RESOURCE_EXHAUSTED, saying which bound and
+PublishPolicy and Submit uploads, and requests to the Atropos API, whose bodies are held whole while they
+are read and checked) draw on one account per credential: open streams, pending pieces and pending bytes. Past a bound the call that asks is refused with RESOURCE_EXHAUSTED, saying which bound and
 what the credential holds; what it already holds, and every other credential, are untouched. A call
 returns everything it took when it ends, however it ends.
 
@@ -63,8 +63,7 @@ class Budgets:
         self._names = {c.token_sha256: c.name for c in credentials}
         self._accounts: dict[str, _Account] = {}
 
-    def _key(self, context: grpc.aio.ServicerContext[Any, Any]) -> tuple[str, str]:
-        token = bearer_token(tuple(context.invocation_metadata() or ()))
+    def _key(self, token: str | None) -> tuple[str, str]:
         if not token:
             return "", "this farm's callers"
         digest = token_sha256(token)
@@ -72,14 +71,20 @@ class Budgets:
 
     def held(self, context: grpc.aio.ServicerContext[Any, Any]) -> tuple[int, int, int]:
         """(streams, pieces, bytes) the caller of ``context`` holds now."""
-        account = self._accounts.get(self._key(context)[0])
+        account = self._accounts.get(self._key(_token(context))[0])
         return (account.streams, account.pieces, account.bytes) if account else (0, 0, 0)
 
+    def stream(self, context: grpc.aio.ServicerContext[Any, Any], method: str
+               ) -> contextlib.AbstractAsyncContextManager[Share]:
+        """A gRPC call's share of its credential's account (``call``)."""
+        return self.call(_token(context), method)
+
     @contextlib.asynccontextmanager
-    async def stream(self, context: grpc.aio.ServicerContext[Any, Any], method: str) -> AsyncIterator[Share]:
-        """The call's share of its credential's account, for as long as the call is open. RESOURCE_EXHAUSTED
-        when the credential has ``streams`` such calls open already."""
-        key, name = self._key(context)
+    async def call(self, token: str | None, method: str) -> AsyncIterator[Share]:
+        """The share of the account of the credential whose token is ``token`` that one call holds, for as
+        long as the call is open. RESOURCE_EXHAUSTED (``Exhausted``) when the credential has ``streams`` such
+        calls open already."""
+        key, name = self._key(token)
         account = self._accounts.get(key)
         if account is None:
             account = self._accounts[key] = _Account(name)
@@ -97,6 +102,10 @@ class Budgets:
             account.streams -= 1
             if not (account.streams or account.pieces or account.bytes) and self._accounts.get(key) is account:
                 del self._accounts[key]
+
+
+def _token(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    return bearer_token(tuple(context.invocation_metadata() or ()))
 
 
 class Share:
