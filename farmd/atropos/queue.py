@@ -38,6 +38,9 @@ MAX_BUFFERED_GROUPS = 1024
 buffer is searched for an exact sum on every push, so it is bounded, and a push past it is refused."""
 MAX_BUFFERED_SEQUENCES = 1 << 16
 """Their sequences, all together (the width of that search)."""
+MAX_ENVS = 1024
+"""Environments registered at once (until a reset): every change saves them all, every batch with shares
+reads them all, so their number is bounded, not each caller's to grow."""
 
 
 @dataclass
@@ -156,6 +159,9 @@ class AtroposQueue:
             if trainer is None or not trainer.get("started"):
                 return {"status": "wait for trainer to start"}
             envs = self._state.envs
+            if len(envs) >= MAX_ENVS:
+                raise BadRequest(f"{len(envs)} environments are registered, the most there may be until a reset "
+                                 "(/reset_data)")
             name = request["desired_name"]
             env_id = len(envs)
             envs.append({"max_context_len": request["max_token_length"],

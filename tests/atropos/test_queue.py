@@ -80,3 +80,22 @@ def test_a_buffer_that_never_adds_up_is_bounded(running_farm) -> None:  # type: 
         assert [a.status_code for a in answers] == [200, 200, 200, 200, 400], [a.text[:200] for a in answers]
         assert "buffer holds 1024 groups" in answers[-1].json()["detail"]
         assert probe.worst_s < STALL_S, f"farmd's loop was held {probe.worst_s:.2f} s searching a buffer"
+
+
+def test_registered_environments_are_bounded(running_farm) -> None:  # type: ignore[no-untyped-def]
+    from farmd.atropos.queue import MAX_ENVS
+
+    farm = running_farm("--workers", "0", "--atropos", "127.0.0.1:0")
+    url = _atropos(farm)
+    with httpx.Client(timeout=120) as http:
+        http.post(url + "/register", json=REGISTRATION).raise_for_status()
+        http.get(url + "/batch").raise_for_status()
+        env = {"max_token_length": 64, "desired_name": "many", "weight": 1.0, "group_size": 2}
+        with LoopProbe(farm.addr) as probe:
+            ids = [http.post(url + "/register-env", json=env).json()["env_id"] for _ in range(MAX_ENVS)]
+            refused = http.post(url + "/register-env", json=env)
+        assert ids == list(range(MAX_ENVS)) and refused.status_code == 400, refused.text
+        assert f"{MAX_ENVS} environments are registered" in refused.json()["detail"]
+        assert probe.worst_s < STALL_S, f"farmd's loop was held {probe.worst_s:.2f} s registering"
+        http.get(url + "/reset_data").raise_for_status()
+        assert http.post(url + "/register-env", json=env).json()["status"] == "wait for trainer to start"
