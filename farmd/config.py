@@ -126,6 +126,14 @@ class Config:
     long as it is open. One more is refused (RESOURCE_EXHAUSTED) before its request is read."""
     max_policy_bytes: int = 4 << 30
     """The largest policy a trainer may publish (it is kept in a file under the data directory)."""
+    credential_streams: int = 64
+    """Streams one credential may hold open at once: node Work streams and PublishPolicy and Submit uploads
+    together (a fleet that shares one node credential needs one per node). One more is RESOURCE_EXHAUSTED."""
+    credential_pending_bytes: int = 256 << 20
+    """Bytes one credential's calls may hold waiting for the rest of what they started (a node's records in
+    pieces, a package being uploaded), all its calls together. Past it the call that asks ends."""
+    credential_pending_pieces: int = 4096
+    """Unfinished pieces (records, package chunks) one credential's calls may hold at once, all together."""
     join: str | None = None
     """HOST:PORT of a coordinator: this node runs the worker role only, for it (``farmd serve --join``).
     Then ``token`` is the node's credential, ``tls_ca`` the CA its coordinator's certificate is checked
@@ -136,6 +144,8 @@ class Config:
     """Policies a joined node keeps on disk (least recently used removed past this)."""
 
     def __post_init__(self) -> None:
+        if min(self.credential_streams, self.credential_pending_bytes, self.credential_pending_pieces) < 1:
+            raise ConfigError("credential_streams, credential_pending_bytes and credential_pending_pieces are at least 1")
         if self.token:
             object.__setattr__(self, "credentials", _with_shared(self.credentials, self.token))
         _check_unique(self.credentials)

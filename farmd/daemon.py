@@ -25,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from farmd import __version__
 from farmd.api.auth import RoleInterceptor
+from farmd.api.budget import Budgets
 from farmd.api.farm_service import FarmService
 from farmd.api.intake_service import IntakeService
 from farmd.api.limits import CallLimits, server_bound, server_options
@@ -47,6 +48,7 @@ from farmd.intake.served import ContributedEnvironment
 from farmd.metrics import GrpcMetrics, Metrics, MetricsServer
 from farmd.names import CONSUMER
 from farmd.node import NodeInfo
+from farmd.offload import OFFLOAD
 from farmd.private import make_data_dir_private, write_file
 from farmd.rollout import Worker
 from farmd.rollout.reverify import Rechecker
@@ -93,6 +95,10 @@ class Daemon:
         self._metrics_server: MetricsServer | None = None
         self._console: ConsoleServer | None = None
         self._atropos: AtroposServer | None = None
+        self._budgets = Budgets(config.credentials, streams=config.credential_streams,
+                                pending_bytes=config.credential_pending_bytes,
+                                pending_pieces=config.credential_pending_pieces)
+        """What each credential holds at once across every API (gRPC and Atropos's HTTP)."""
         self._atropos_feed: AtroposFeed | None = None
         self.history: History | None = None
         """The farm's status sampled every few seconds, for the console's plots (GetHistory)."""
@@ -179,15 +185,16 @@ class Daemon:
             maximum_concurrent_rpcs=server_bound(max_calls),
         )
         names = NameGuard(self.store, self.config.credentials)
-        service = FarmService(node, self.store, self.scheduler, ctx, endpoints=self.config.endpoints,
+        budgets = self._budgets
+        service = FarmService(node, self.store, self.scheduler, ctx, endpoints=self.config.endpoints, budgets=budgets,
                               max_policy_bytes=self.config.max_policy_bytes, nodes=self.nodes, envs=self.catalog.get,
                               history=self.history, names=names)
-        intake = IntakeService(self.funnel, self.config.credentials)
+        intake = IntakeService(self.funnel, self.config.credentials, budgets)
         farm_pb2_grpc.add_FarmServiceServicer_to_server(service, server)
         intake_pb2_grpc.add_IntakeServiceServicer_to_server(intake, server)
         node_pb2_grpc.add_NodeServiceServicer_to_server(NodeService(
             self.nodes, verifier_key=key.material(), version=__version__, lease_s=self.config.scheduler.lease_s,
-            peer_name=peer_common_name if self.config.tls_ca else None, names=names), server)
+            peer_name=peer_common_name if self.config.tls_ca else None, names=names, budgets=budgets), server)
         self._health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         enable_reflection((farm_pb2.DESCRIPTOR.services_by_name["FarmService"].full_name,
@@ -312,7 +319,7 @@ class Daemon:
             raise ConfigError(f"[atropos] envs names {unknown}, which this farm does not serve")
         queue = AtroposQueue(self.store, stored=self.scheduler.delivery.stored)
         await queue.open()
-        self._atropos = AtroposServer(queue, self.config.atropos_listen, self.config.credentials)
+        self._atropos = AtroposServer(queue, self.config.atropos_listen, self.config.credentials, self._budgets)
         await self._atropos.start()
         if self.config.atropos.envs and self.config.credentials:  # without, no name is anyone's
             await self._reserve_consumer(self.config.atropos.consumer)
@@ -381,6 +388,7 @@ class Daemon:
         if self.worker is not None:
             await self.worker.stop(grace_s)
             log.info("worker: %(ran)d rollouts run, %(infra_failures)d infrastructure failures", self.worker.counters)
+        await asyncio.to_thread(OFFLOAD.close)  # after the workers: their last replies may be being read
         if self.scheduler is not None:
             await self.scheduler.stop()
         if self.sandbox is not None:

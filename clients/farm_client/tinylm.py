@@ -8,7 +8,8 @@ nodes (``sample``); ``farm_trainer`` trains it (``sequence_logprobs``).
 
 A policy travels as bytes (``save`` / ``load``): ``torch.save`` of a dict of plain values and tensors,
 read back with ``weights_only=True``, so loading one never runs code from it. The architecture is
-this module's; the blob holds its sizes (``LMConfig``, bounded on load) and the vocabulary.
+this module's; the blob holds its sizes (``LMConfig``, bounded on load) and the vocabulary, and every size
+it declares is checked against the bytes it holds before torch makes anything (``farm_client.tinylm_blob``).
 
 Tokens: 0 pad, 1 bos, 2 eos, then one per character of ``LMConfig.vocab``. A prompt is ``bos`` and
 its characters; a completion is characters and then ``eos``. Sampling is reproducible per row: each
@@ -31,28 +32,15 @@ try:
 except ImportError as exc:  # the client itself runs without torch
     raise ImportError("farm_client.tinylm needs torch: pip install 'farm-client[torch]'") from exc
 
-FORMAT = "farm-tinylm/1"
-"""What a policy blob says it is; ``load`` refuses anything else."""
+from farm_client.tinylm_blob import FORMAT, SPECIALS, check_config, read_layout
+from farm_client.tinylm_blob import PolicyFormatError as PolicyFormatError
 
 PAD, BOS, EOS = 0, 1, 2
-SPECIALS = 3
 
 ARITH_VOCAB = "0123456789+-="
 """The characters of farm's ``arith`` environment: its prompts and answers need nothing else."""
 
-# A blob comes from a trainer: bounded before a tensor of it is made.
-MAX_VOCAB_CHARS = 256
-MAX_D_MODEL = 2048
-MAX_LAYERS = 48
-MAX_HEADS = 64
-MAX_LEN = 8192
-
 FinishReason = Literal["stop", "length"]
-
-
-class PolicyFormatError(ValueError):
-    """A blob that is not a tiny LM policy this module can load (wrong format, sizes out of bounds)."""
-
 
 class OutOfVocabulary(ValueError):
     """Text holds a character the model has no token for."""
@@ -69,16 +57,7 @@ class LMConfig:
     """Positions the model has embeddings for: prompt and completion together."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.vocab, str) or not 0 < len(self.vocab) <= MAX_VOCAB_CHARS \
-                or len(set(self.vocab)) != len(self.vocab):
-            raise PolicyFormatError(f"vocab must be 1..{MAX_VOCAB_CHARS} distinct characters")
-        for name, top in (("d_model", MAX_D_MODEL), ("n_layers", MAX_LAYERS), ("n_heads", MAX_HEADS),
-                          ("max_len", MAX_LEN)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-                raise PolicyFormatError(f"{name} must be an integer in 1..{top}, got {value!r}")
-        if self.d_model % self.n_heads:
-            raise PolicyFormatError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
+        check_config(asdict(self))
 
     @property
     def vocab_size(self) -> int:
@@ -287,7 +266,10 @@ def save(model: TinyLM) -> bytes:
 
 
 def load(blob: bytes, device: torch.device | str = "cpu") -> TinyLM:
-    """The policy in ``blob``; ``PolicyFormatError`` for anything that is not one. Never runs code from it."""
+    """The policy in ``blob``; ``PolicyFormatError`` for anything that is not one. Never runs code from it,
+    and never makes what the blob declares before checking it against what the blob holds
+    (``farm_client.tinylm_blob``): torch then allocates the blob's own storages and a model of their shapes."""
+    read_layout(blob)
     try:
         data: Any = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
     except Exception as exc:  # a pickle that is not plain values, a truncated file, ...
@@ -298,15 +280,17 @@ def load(blob: bytes, device: torch.device | str = "cpu") -> TinyLM:
     config = data.get("config")
     if not isinstance(config, dict) or set(config) != set(LMConfig.__dataclass_fields__):
         raise PolicyFormatError(f"the blob's config must have exactly {sorted(LMConfig.__dataclass_fields__)}")
-    model = TinyLM(LMConfig(**config))
     state = data.get("state")
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise PolicyFormatError("the blob's state must map names to tensors")
+    for name, tensor in state.items():
+        if not tensor.is_floating_point() or not bool(torch.isfinite(tensor).all()):
+            raise PolicyFormatError(f"weight {name[:60]!r} holds a NaN or infinity, or is not a floating tensor")
+    # Made on the meta device (no memory, no random init) and given the loaded tensors themselves.
+    with torch.device("meta"):
+        model = TinyLM(LMConfig(**config))
     try:
-        model.load_state_dict(state, strict=True)
+        model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True, assign=True)
     except RuntimeError as exc:  # a missing or extra weight, a wrong shape
         raise PolicyFormatError(f"the weights do not fit the config: {exc}"[:500]) from None
-    for name, tensor in state.items():
-        if not bool(torch.isfinite(tensor).all()):
-            raise PolicyFormatError(f"weight {name[:60]!r} holds a NaN or infinity")
     return model.to(device).eval()

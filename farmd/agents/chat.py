@@ -52,7 +52,7 @@ from typing import Any
 from farmd.agents.base import Agent, AgentResult, Step
 from farmd.envs.base import Attempt, Episode, Observation, Task
 from farmd.errors import AgentError
-from farmd.records import ChatMessage, SamplingParams, ToolCall, Turn, Usage
+from farmd.records import MAX_ACTION_CHARS, ChatMessage, SamplingParams, ToolCall, Turn, Usage
 from farmd.text import clip, valid_text
 
 Message = dict[str, Any]
@@ -173,24 +173,91 @@ class ChatLimits:
             raise ValueError(f"chat limits must be positive: {self}")
 
 
-_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w.+-]*)[^\n]*\n(.*?)(?:^[ \t]*```[ \t]*$|\Z)", re.DOTALL | re.MULTILINE)
+MAX_TOOL_ARGUMENT_CHARS = 4 * MAX_ACTION_CHARS
+"""A tool call's JSON arguments (a command is kept up to ``MAX_ACTION_CHARS``; escapes may take a few times that)."""
 _PYTHON = frozenset({"python", "py", "python3"})
 _SHELL = frozenset({"sh", "bash", "shell", "console", ""})
-# Markdown around the marker is common ("**ANSWER:** 42", "- ANSWER: `42`") and not part of the answer.
-_ANSWER = re.compile(r"^[ \t>*_#-]*ANSWER[*_]*:[*_]*[ \t]*(.*)$", re.MULTILINE)
+# Markdown around the marker is common ("**ANSWER:** 42", "- ANSWER: `42`") and not part of the answer. Matched
+# one line at a time: nothing in it can run past its line, so a reply costs its length.
+_ANSWER = re.compile(r"[ \t>*_#-]*ANSWER[*_]*:[*_]*[ \t]*(.*)")
+
+# A reply is read by scanning its lines once, never by a pattern that may backtrack across them: a fence
+# regex with a lazy body read a 64k-character reply of one unclosed fence in seconds, and ``^\s*def`` over
+# a block of blank lines took minutes. Everything here is linear in the reply's length.
+
+
+@dataclass(frozen=True, slots=True)
+class _Fence:
+    language: str
+    body: str
+    start: int
+    """Where the block starts (its opening line) and ends (after its closing fence, before that line's
+    newline; the end of the text when it is never closed)."""
+    end: int
+
+
+def _opening(line: str) -> str | None:
+    """The language of a line that opens a fenced block (indented by spaces or tabs, three backticks, then
+    the language's letters), or None."""
+    rest = line.lstrip(" \t")
+    if not rest.startswith("```"):
+        return None
+    rest = rest[3:].lstrip(" \t")
+    n = 0
+    while n < len(rest) and (rest[n].isalnum() or rest[n] in "_.+-"):
+        n += 1
+    return rest[:n]
+
+
+def _fences(text: str) -> list[_Fence]:
+    """Each fenced block of ``text`` in order: opened by a line of ``` (an opening needs its newline), closed by
+    the next line that is only ``` (spaces and tabs aside), or running to the end."""
+    lines = text.split("\n")
+    starts = [0] * len(lines)
+    at = 0
+    for i, line in enumerate(lines):
+        starts[i] = at
+        at += len(line) + 1
+    out: list[_Fence] = []
+    i = 0
+    while i < len(lines) - 1:
+        language = _opening(lines[i])
+        if language is None:
+            i += 1
+            continue
+        j = i + 1
+        while j < len(lines) and lines[j].strip(" \t") != "```":
+            j += 1
+        if j == len(lines):  # never closed: the block runs to the end
+            out.append(_Fence(language.lower(), text[starts[i + 1]:], starts[i], len(text)))
+            break
+        out.append(_Fence(language.lower(), text[starts[i + 1]:starts[j]], starts[i], starts[j] + len(lines[j])))
+        i = j + 1
+    return out
 
 
 def fenced_blocks(text: str) -> list[tuple[str, str]]:
     """``(language, body)`` of each fenced code block, in order; an unclosed last block runs to the end."""
-    return [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(text)]
+    return [(f.language, f.body) for f in _fences(text)]
+
+
+def _defines(body: str, name: str) -> bool:
+    """Whether a line of ``body`` defines function ``name`` (``def name(``, ``async def name (``, indented)."""
+    for line in body.split("\n"):
+        words = line.strip()
+        if words.startswith("async") and words[5:6].isspace():
+            words = words[5:].lstrip()
+        if words.startswith("def") and words[3:4].isspace() and words[3:].lstrip().startswith(name) \
+                and words[3:].lstrip()[len(name):].lstrip().startswith("("):
+            return True
+    return False
 
 
 def extract_code(text: str, entry_point: str | None) -> str:
     """The submission in a reply to a code task (see the module's docstring)."""
     blocks = fenced_blocks(text)
     python = [body for lang, body in blocks if lang in _PYTHON]
-    defining = [body for lang, body in blocks if lang in _PYTHON | {""}
-                and re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(entry_point or '')}\s*\(", body, re.MULTILINE)]
+    defining = [body for lang, body in blocks if lang in _PYTHON | {""} and _defines(body, entry_point or "")]
     if entry_point and defining:
         return defining[-1]
     if python:
@@ -200,11 +267,16 @@ def extract_code(text: str, entry_point: str | None) -> str:
 
 def parse_action(text: str) -> tuple[str | None, str | None]:
     """``(command, answer)`` of a reply in an action episode; an answer wins over a command."""
-    outside = _FENCE.sub("", text)
-    answers = _ANSWER.findall(outside)
+    fences = _fences(text)
+    outside, at = [], 0
+    for fence in fences:
+        outside.append(text[at:fence.start])
+        at = fence.end
+    outside.append(text[at:])
+    answers = [m.group(1) for line in "".join(outside).split("\n") if (m := _ANSWER.match(line))]
     if answers:
         return None, answers[-1].strip().strip("*`").strip()
-    commands = [body.strip() for lang, body in fenced_blocks(text) if lang in _SHELL and body.strip()]
+    commands = [f.body.strip() for f in fences if f.language in _SHELL and f.body.strip()]
     return (commands[-1] if commands else None), None
 
 
@@ -275,6 +347,9 @@ def tool_argument(call: ToolCall) -> tuple[str | None, str]:
     if name is None:
         return None, f"There is no tool {call.name!r}: call `run` with a command or `answer` with your final answer."
     usage = f'`{call.name}` takes a JSON object with one string, {{"{name}": "..."}}'
+    if len(call.arguments) > MAX_TOOL_ARGUMENT_CHARS:  # parsed on the event loop: bounded first
+        return None, (f"The arguments of your `{call.name}` call are {len(call.arguments)} characters long, more "
+                      f"than {MAX_TOOL_ARGUMENT_CHARS}: {usage}.")
     try:
         arguments = json.loads(call.arguments)
     except (ValueError, RecursionError):

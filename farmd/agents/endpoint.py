@@ -39,7 +39,7 @@ import re
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -48,6 +48,7 @@ from farmd import domain
 from farmd.agents.chat import TOOLS, ChatAgent, ChatLimits, Completion, Message
 from farmd.agents.sampling import Coalescer
 from farmd.errors import EndpointError
+from farmd.offload import OFFLOAD, OffloadFailed
 from farmd.records import SamplingParams, ToolCall
 
 log = logging.getLogger("farmd.agents.endpoint")
@@ -71,7 +72,14 @@ MAX_N = 256
 _KEEPALIVE = 128
 """Idle connections kept per endpoint: about a worker's slots, each with a request in flight at most."""
 _EXCERPT = 300
+PROMPT_TOKEN_SLACK = 4096
+"""Prompt token ids a reply may hold beyond the request's own bytes (a chat template's tokens)."""
+PARSE_IN_THREAD_BYTES = 64 << 10
+"""Replies up to this are parsed in a thread (a few milliseconds of the interpreter); longer ones in a worker
+process (``farmd.offload``): ``json.loads`` holds the interpreter for the whole parse, and a thread would hold
+farmd's event loop all that time: 30 MB of logprobs took 0.75 s here, 30 MB of nested lists 9 s."""
 _TOKEN_ID = re.compile(r"token_id:(\d+)")
+T = TypeVar("T")
 
 
 def base_url(url: str) -> str:
@@ -342,12 +350,16 @@ class OpenAIClient:
             raise EndpointError(f"{self.url} (model {payload['model']}): {_describe(response, data)}; not retried",
                                 status=status, attempts=1, transient=False)
         try:
-            # Up to max_response_bytes of JSON from a server farm does not control: read off the event loop
-            # (a large or deeply nested reply would stall every box's timer and the API).
-            return await asyncio.to_thread(read_reply, data)
+            # Up to max_response_bytes of JSON from a server farm does not control: read where it cannot hold
+            # the event loop (a large or deeply nested reply would stall every box's timer and the API).
+            max_tokens = payload.get("max_tokens")
+            return await read_reply_off_loop(data, max_tokens if isinstance(max_tokens, int) else None,
+                                             len(body) + PROMPT_TOKEN_SLACK)
         except (ValueError, TypeError, KeyError, IndexError, RecursionError) as exc:
             # A proxy or an overloaded server can answer 200 with junk; another request may do better.
             raise _Retry(f"a malformed response ({type(exc).__name__}: {exc}): {_excerpt(data)}", status) from None
+        except OffloadFailed as exc:
+            raise _Retry(f"the response ({len(data)} bytes) could not be read: {exc}", status) from None
 
     async def _post(self, body: bytes) -> tuple[httpx.Response, bytes]:
         bound = self.config.max_response_bytes
@@ -363,10 +375,21 @@ class OpenAIClient:
             return response, bytes(data)
 
 
-def read_reply(data: bytes) -> ChatReply:
+async def read_reply_off_loop(data: bytes, max_tokens: int | None = None, max_prompt_tokens: int | None = None
+                              ) -> ChatReply:
+    """``read_reply``, in a thread for a small reply and in a worker process for a large one."""
+    if len(data) <= PARSE_IN_THREAD_BYTES:
+        return await asyncio.to_thread(read_reply, data, max_tokens, max_prompt_tokens)
+    return await OFFLOAD.run(read_reply, data, max_tokens, max_prompt_tokens)
+
+
+def read_reply(data: bytes, max_tokens: int | None = None, max_prompt_tokens: int | None = None) -> ChatReply:
     """A chat completion's JSON as a ``ChatReply``; ValueError/TypeError/KeyError when it is not one.
 
-    Logprobs or token ids that are missing or malformed are left out (None), never repaired into values. Ones
+    Logprobs or token ids that are missing or malformed are left out (None), never repaired into values. So
+    are those longer than the request allowed (``max_tokens`` a choice; ``max_prompt_tokens``, the request's
+    own size, its prompt): a server's reply decides no more of what farmd keeps than the request did. A
+    choice's text is kept up to ``reply_text_bound(max_tokens)`` characters (the agent cuts it shorter). Ones
     that are there but out of their domain (``farmd.domain``: a token id negative or past int32, a logprob NaN,
     infinite or above 0) are the server's failure, never the attempt's: ValueError, so the request is retried
     and, failing that, the rollout fails as infrastructure, never stored with them.
@@ -375,28 +398,46 @@ def read_reply(data: bytes) -> ChatReply:
     raw_choices = reply["choices"]
     if not isinstance(raw_choices, list) or not raw_choices:
         raise ValueError("no choices")
-    choices = sorted((_read_choice(raw, position) for position, raw in enumerate(raw_choices)),
-                     key=lambda c: c.index)
+    choices = sorted((_read_choice(raw, position, max_tokens, max_prompt_tokens)
+                      for position, raw in enumerate(raw_choices)), key=lambda c: c.index)
     raw_usage = reply.get("usage") or {}
     usage = {k: v for k, v in raw_usage.items() if isinstance(v, int) and not isinstance(v, bool)} \
         if isinstance(raw_usage, dict) else {}
     for key, count in usage.items():  # counts a record sums over turns: each well inside int64
         if not 0 <= count < domain.TOKEN_ID_BOUND:
             raise ValueError(f"the reply's usage.{key[:40]} is {count}: a count of tokens is from 0 to 2**31")
-    return ChatReply(choices=choices, usage=usage, prompt_token_ids=_ids(reply.get("prompt_token_ids")))
+    return ChatReply(choices=choices, usage=usage,
+                     prompt_token_ids=_bounded(_ids(reply.get("prompt_token_ids")), max_prompt_tokens, "prompt"))
 
 
-def _read_choice(raw: Any, position: int) -> Choice:
+def reply_text_bound(max_tokens: int | None) -> int:
+    """The most of a choice's text ``read_reply`` keeps: far more than any agent keeps of a reply."""
+    return max(1 << 22, 64 * (max_tokens or 0))
+
+
+def _bounded(values: list[T] | None, bound: int | None, what: str) -> list[T] | None:
+    if values is None or bound is None or len(values) <= bound:
+        return values
+    log.warning("a reply's %s has %d tokens where the request allows %d: they are not kept", what, len(values),
+                bound, extra={"event": "reply_over_bound"})
+    return None
+
+
+def _read_choice(raw: Any, position: int, max_tokens: int | None = None, max_prompt_tokens: int | None = None
+                 ) -> Choice:
     message = raw["message"]
     content = message.get("content")
     if content is None:
         content = ""  # a reply of only reasoning or tool calls has no text: the policy said nothing
     if not isinstance(content, str):
         raise TypeError(f"message content is {type(content).__name__}, not text")
+    content = content[:reply_text_bound(max_tokens)]
     index = raw.get("index", position)
     finish = raw.get("finish_reason")
     logprobs, tokens = _logprobs(raw.get("logprobs"))
-    token_ids = _ids(raw.get("token_ids"))
+    logprobs = _bounded(logprobs, max_tokens, "logprobs")
+    tokens = tokens if logprobs is not None else None
+    token_ids = _bounded(_ids(raw.get("token_ids")), max_tokens, "token ids")
     if token_ids is None and tokens:
         # vLLM's return_tokens_as_token_ids: every sampled token is written "token_id:N".
         matched = [_TOKEN_ID.fullmatch(t) for t in tokens]
@@ -410,7 +451,8 @@ def _read_choice(raw: Any, position: int) -> Choice:
     return Choice(index=index if isinstance(index, int) and not isinstance(index, bool) else position,
                   text=content, tool_calls=_tool_calls(message.get("tool_calls")),
                   finish_reason=finish if isinstance(finish, str) else None, token_ids=token_ids,
-                  logprobs=logprobs, prompt_token_ids=_ids(raw.get("prompt_token_ids")))
+                  logprobs=logprobs, prompt_token_ids=_bounded(_ids(raw.get("prompt_token_ids")), max_prompt_tokens,
+                                                               "prompt"))
 
 
 def _ids(value: Any) -> list[int] | None:

@@ -23,7 +23,8 @@ from typing import Any
 
 from aiohttp import web
 
-from farmd.api.auth import OPERATOR, TRAINER, credential_for
+from farmd.api.auth import OPERATOR, TRAINER, bearer_token, credential_for
+from farmd.api.budget import Budgets, Exhausted
 from farmd.api.http_site import HttpSite
 from farmd.atropos import groups
 from farmd.atropos.queue import AtroposQueue
@@ -53,10 +54,13 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class AtroposServer:
-    def __init__(self, queue: AtroposQueue, listen: str, credentials: Iterable[Credential]) -> None:
+    def __init__(self, queue: AtroposQueue, listen: str, credentials: Iterable[Credential],
+                 budgets: Budgets | None = None) -> None:
         self._queue = queue
         self._site = HttpSite(listen, "the Atropos API", "--atropos")
         self._credentials = tuple(credentials)
+        self._budgets = budgets or Budgets(self._credentials)
+        """A request's body counts against its credential while it is read, inflated, checked and queued."""
         self._parsing = asyncio.Semaphore(MAX_PARSING)
 
     @property
@@ -90,8 +94,8 @@ class AtroposServer:
 
     def _guarded(self, roles: frozenset[str], handler: Handler) -> Handler:
         async def guarded(request: web.Request) -> web.StreamResponse:
+            header = request.headers.get("Authorization")
             if self._credentials:
-                header = request.headers.get("Authorization")
                 caller = credential_for(self._credentials, (("authorization", header),) if header else ())
                 if caller is None:
                     return _detail(401, "this farm needs a token: send Authorization: Bearer TOKEN")
@@ -100,7 +104,14 @@ class AtroposServer:
                                         f"{request.path}: it needs {' or '.join(sorted(roles))}")
                 request[_CALLER] = caller.name
             try:
-                return await handler(request)
+                async with self._budgets.call(bearer_token((("authorization", header),) if header else ()),
+                                              f"{request.method} {request.path}") as share:
+                    declared = request.content_length
+                    share.take(min(MAX_BODY_BYTES, declared if declared is not None else
+                                   MAX_BODY_BYTES if request.body_exists else 0), pieces=1)
+                    return await handler(request)
+            except Exhausted as exc:
+                return _detail(429, str(exc))
             except groups.Invalid as exc:
                 return _reply(request, {"detail": exc.detail()}, status=422)
             except NotFound as exc:

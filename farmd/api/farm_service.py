@@ -14,6 +14,7 @@ from farm.v1 import farm_pb2, farm_pb2_grpc
 from farmd.agents import NamedEndpoint
 from farmd.agents.registry import MAX_SPEC_CHARS, check_spec
 from farmd.api import history
+from farmd.api.budget import Budgets, Share
 from farmd.api.errors import Refused, guarded, guarded_stream
 from farmd.api.limits import POLICY_CHUNK_BYTES
 from farmd.api.names import NameGuard
@@ -49,9 +50,12 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
     def __init__(self, node: NodeInfo, store: Store, scheduler: Scheduler, verify_ctx: VerifyContext | None,
                  *, max_policy_bytes: int = MAX_POLICY_BYTES, endpoints: tuple[NamedEndpoint, ...] = (),
                  nodes: Nodes | None = None, envs: EnvLookup = get, history: History | None = None,
-                 names: NameGuard | None = None) -> None:
+                 names: NameGuard | None = None,
+                 budgets: Budgets | None = None) -> None:
         self._names = names or NameGuard(store, ())
         """Consumer names bound to the credential that made them (none bound on a farm without credentials)."""
+        self._budgets = budgets or Budgets()
+        """What each credential holds at once across its uploads and streams."""
         self._history = history
         """The farm's status sampled since farmd started (GetHistory)."""
         self._envs = envs
@@ -246,15 +250,19 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
     async def PublishPolicy(self, request_iterator: AsyncIterator[farm_pb2.PublishPolicyRequest],
                             context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.PublishPolicyResponse:
         async def call() -> farm_pb2.PublishPolicyResponse:
-            policy = await self._scheduler.policies.publish(self._policy_chunks_in(request_iterator, context))
+            async with self._budgets.stream(context, "PublishPolicy") as share:
+                policy = await self._scheduler.policies.publish(self._policy_chunks_in(request_iterator, context,
+                                                                                       share))
             return farm_pb2.PublishPolicyResponse(version=policy.version, sha256=policy.sha256, size=policy.size,
                                                   name=policy.name)
         return await guarded(context, call)
 
     async def _policy_chunks_in(self, requests: AsyncIterator[farm_pb2.PublishPolicyRequest],
-                                context: grpc.aio.ServicerContext[Any, Any]) -> AsyncGenerator[PolicyChunk, None]:
+                                context: grpc.aio.ServicerContext[Any, Any], share: Share
+                                ) -> AsyncGenerator[PolicyChunk, None]:
         """The chunks as plain data, bounded as they arrive: the bound is on what one call may send, and
-        a call over it ends before the chunk that would pass it is written (its upload then removed)."""
+        a call over it ends before the chunk that would pass it is written (its upload then removed). The
+        chunk being written counts against the caller's credential until it is."""
         size = 0
         line = ""
         async for chunk in requests:
@@ -267,7 +275,9 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
             if size > self._max_policy_bytes:
                 raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"a policy is at most "
                               f"{self._max_policy_bytes} bytes (max_policy_bytes)", "POLICY_TOO_LARGE")
+            share.take(len(chunk.data))
             yield PolicyChunk(sha256=chunk.sha256, uri=chunk.uri, data=chunk.data, name=chunk.name)
+            share.give(len(chunk.data))
 
     async def GetPolicy(self, request: farm_pb2.GetPolicyRequest,
                         context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[farm_pb2.GetPolicyResponse]:

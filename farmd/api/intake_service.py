@@ -13,6 +13,7 @@ import grpc
 from farm.v1 import intake_pb2, intake_pb2_grpc
 
 from farmd.api.auth import OPERATOR, REVIEWER, credential_for
+from farmd.api.budget import Budgets
 from farmd.api.errors import guarded, guarded_stream
 from farmd.api.paging import make_token, read_token
 from farmd.config import ROLES, Credential
@@ -42,9 +43,11 @@ def _ts(message: Any, field: str, seconds: float | None) -> None:
 
 
 class IntakeService(intake_pb2_grpc.IntakeServiceServicer):
-    def __init__(self, funnel: Funnel, credentials: Iterable[Credential]) -> None:
+    def __init__(self, funnel: Funnel, credentials: Iterable[Credential], budgets: Budgets | None = None) -> None:
         self._funnel = funnel
         self._credentials = tuple(credentials)
+        self._budgets = budgets or Budgets(self._credentials)
+        """What each credential holds at once across its uploads and streams: a package is held whole."""
 
     def _caller(self, context: grpc.aio.ServicerContext[Any, Any], claimed: str = "") -> _Caller:
         """The credential that called (the interceptor let it through); with no credentials at all, the
@@ -67,15 +70,17 @@ class IntakeService(intake_pb2_grpc.IntakeServiceServicer):
             limit = self._funnel.config.max_package_bytes
             data: list[bytes] = []
             bounty_id, claimed, size = 0, "", 0
-            async for chunk in request_iterator:
-                if not data and not size:
-                    bounty_id, claimed = chunk.bounty_id, chunk.contributor
-                size += len(chunk.data)
-                if size > limit:  # bounded as it arrives: the rest is never read
-                    raise BadRequest(f"the package is over {limit} bytes", reason="PACKAGE_TOO_LARGE")
-                data.append(chunk.data)
-            caller = self._caller(context, claimed)
-            sub = await self._funnel.submit(caller.name, b"".join(data), bounty_id)
+            async with self._budgets.stream(context, "Submit") as share:
+                async for chunk in request_iterator:
+                    if not data and not size:
+                        bounty_id, claimed = chunk.bounty_id, chunk.contributor
+                    size += len(chunk.data)
+                    if size > limit:  # bounded as it arrives: the rest is never read
+                        raise BadRequest(f"the package is over {limit} bytes", reason="PACKAGE_TOO_LARGE")
+                    share.take(len(chunk.data), pieces=1)
+                    data.append(chunk.data)
+                caller = self._caller(context, claimed)
+                sub = await self._funnel.submit(caller.name, b"".join(data), bounty_id)
             return intake_pb2.SubmitResponse(submission=self._submission_pb(sub))
         return await guarded(context, call)
 

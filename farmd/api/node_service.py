@@ -23,6 +23,7 @@ from farm.v1 import node_pb2, node_pb2_grpc, trajectory_pb2
 from farm_client.convert import from_message
 
 from farmd import domain
+from farmd.api.budget import Budgets, Exhausted, Share
 from farmd.api.errors import Refused, guarded_stream
 from farmd.api.names import NameGuard
 from farmd.errors import BadRequest, FailedPrecondition, FarmError
@@ -70,26 +71,40 @@ def _trajectory(data: bytes, job_id: int, node: str) -> Trajectory:
 
 
 class _Parts:
-    """Records arriving in pieces, per job, until their last piece: bounded per record and in all."""
+    """Records arriving in pieces, per job, until their last piece: bounded per record, per stream, and with
+    every other stream of the node's credential (``share``: what is held waiting for more counts there)."""
 
-    def __init__(self) -> None:
+    def __init__(self, share: Share | None = None) -> None:
         self._open: dict[int, tuple[str, bytearray]] = {}
         self._bytes = 0
+        self._share = share
 
     def add(self, part: node_pb2.ResultPart) -> tuple[int, str, bytes] | None:
         owner, data = self._open.get(part.job_id, (part.owner, bytearray()))
         if len(data) + len(part.data) > MAX_RESULT_BYTES or self._bytes + len(part.data) > MAX_PENDING_BYTES:
-            self._bytes -= len(data)
-            self._open.pop(part.job_id, None)
+            self._drop(part.job_id)
             raise BadRequest(f"job {part.job_id}'s record is larger than {MAX_RESULT_BYTES} bytes")
+        if part.last:
+            self._drop(part.job_id)
+            data += part.data
+            return part.job_id, owner, bytes(data)
+        if self._share is not None:
+            try:  # RESOURCE_EXHAUSTED ends the stream, and with it what it held: the node sends it again
+                self._share.take(len(part.data), pieces=0 if part.job_id in self._open else 1)
+            except Exhausted:
+                self._drop(part.job_id)
+                raise
         data += part.data
         self._bytes += len(part.data)
-        if not part.last:
-            self._open[part.job_id] = (owner, data)
-            return None
-        self._open.pop(part.job_id, None)
-        self._bytes -= len(data)
-        return part.job_id, owner, bytes(data)
+        self._open[part.job_id] = (owner, data)
+        return None
+
+    def _drop(self, job_id: int) -> None:
+        found = self._open.pop(job_id, None)
+        if found is not None:
+            self._bytes -= len(found[1])
+            if self._share is not None:
+                self._share.give(len(found[1]), pieces=1)
 
 
 class NodeService(node_pb2_grpc.NodeServiceServicer):
@@ -99,10 +114,13 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
     take another node's place."""
 
     def __init__(self, nodes: Nodes, *, verifier_key: bytes, version: str, lease_s: float,
-                 peer_name: Callable[[Any], str | None] | None = None, names: NameGuard | None = None) -> None:
+                 peer_name: Callable[[Any], str | None] | None = None, names: NameGuard | None = None,
+                 budgets: Budgets | None = None) -> None:
         self._names = names
         """Node names bound to the node credential that first joined with each (None: bound to nobody)."""
         self._nodes = nodes
+        self._budgets = budgets or Budgets()
+        """What each credential holds at once across its streams: a node's unfinished records count there."""
         self._key = verifier_key
         self._version = version
         self._lease_s = lease_s
@@ -110,11 +128,18 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
 
     async def Work(self, request_iterator: AsyncIterator[node_pb2.WorkRequest],
                    context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[node_pb2.WorkResponse]:
-        async for message in guarded_stream(context, self._work(request_iterator, context)):
+        async for message in guarded_stream(context, self._budgeted(request_iterator, context)):
             yield message
 
-    async def _work(self, requests: AsyncIterator[node_pb2.WorkRequest], context: grpc.aio.ServicerContext[Any, Any]
-                    ) -> AsyncGenerator[node_pb2.WorkResponse, None]:
+    async def _budgeted(self, requests: AsyncIterator[node_pb2.WorkRequest], context: grpc.aio.ServicerContext[Any, Any]
+                        ) -> AsyncGenerator[node_pb2.WorkResponse, None]:
+        """The stream as one of its credential's (``farmd.api.budget``): a budget spent ends it."""
+        async with self._budgets.stream(context, "Work") as share:
+            async for message in self._work(requests, context, share):
+                yield message
+
+    async def _work(self, requests: AsyncIterator[node_pb2.WorkRequest], context: grpc.aio.ServicerContext[Any, Any],
+                    share: Share | None = None) -> AsyncGenerator[node_pb2.WorkResponse, None]:
         certified = self._peer_name(context) if self._peer_name is not None else None
         if self._peer_name is not None and not certified:
             raise FailedPrecondition("this farm admits nodes with a certificate its CA signed, naming the node: pass "
@@ -141,10 +166,13 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
                 heartbeat_s=self._nodes.heartbeat_s, verifier_key=self._key))
             replies: asyncio.Queue[node_pb2.WorkResponse | None] = asyncio.Queue()
             node.closer = lambda: replies.put_nowait(None)  # a quarantine ends the stream at once
-            reader = asyncio.get_running_loop().create_task(self._read(node, requests, replies))
+            reader = asyncio.get_running_loop().create_task(self._read(node, requests, replies, share))
             try:
                 while (reply := await replies.get()) is not None:
                     yield reply
+                spent = reader.exception() if reader.done() and not reader.cancelled() else None
+                if isinstance(spent, Exhausted):
+                    raise spent
             finally:
                 node.closer = None
                 reader.cancel()
@@ -157,10 +185,10 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
             self._nodes.leave(node)
 
     async def _read(self, node: Node, requests: AsyncIterator[node_pb2.WorkRequest],
-                    replies: asyncio.Queue[node_pb2.WorkResponse | None]) -> None:
+                    replies: asyncio.Queue[node_pb2.WorkResponse | None], share: Share | None = None) -> None:
         """Answer the node's requests in order, except leases: a lease may wait for work, and must not hold
         up the heartbeats and results behind it, so each is answered when it can be (by its id)."""
-        parts = _Parts()
+        parts = _Parts(share)
         leasing: set[asyncio.Task[None]] = set()
         try:
             async for request in requests:
@@ -180,6 +208,8 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
                      replies: asyncio.Queue[node_pb2.WorkResponse | None]) -> None:
         try:
             reply = await self._answer(node, request, parts)
+        except Exhausted:
+            raise  # the stream ends with RESOURCE_EXHAUSTED (``_work``)
         except FarmError as exc:
             reply = node_pb2.WorkResponse(error=_text(str(exc), 500))
         except Exception:

@@ -32,7 +32,7 @@ from typing import Any
 
 from farmd import names
 from farmd.atropos import records
-from farmd.atropos.batching import EnvShare, Queued, batch_with_shares, exact_batch, filling
+from farmd.atropos.batching import EnvShare, Queued, cut_all, filling
 from farmd.atropos.groups import Checked
 from farmd.errors import BadRequest, NotFound
 from farmd.names import ATROPOS_ENV, ATROPOS_NAME, ATROPOS_TRAINER, TRAINER
@@ -44,6 +44,14 @@ MIN_ENV_WEIGHT = 0.01
 EMPTY_EXAMPLE: dict[str, list[Any]] = {"tokens": [], "masks": [], "scores": [], "advantages": [], "ref_logprobs": [],
                  "generation_params": [], "inference_logprobs": [], "messages": [], "images": []}
 _SCHEMA = 1
+MAX_BUFFERED_GROUPS = 1024
+"""Groups of a size other than their environment's that one environment's buffer holds waiting to add up: the
+buffer is searched for an exact sum on every push, so it is bounded, and a push past it is refused."""
+MAX_BUFFERED_SEQUENCES = 1 << 16
+"""Their sequences, all together (the width of that search)."""
+MAX_ENVS = 1024
+"""Environments registered at once (until a reset): every change saves them all, every batch with shares
+reads them all, so their number is bounded, not each caller's to grow."""
 
 
 @dataclass
@@ -129,37 +137,24 @@ class AtroposQueue:
             trainer["started"] = True
             changes: list[GroupChange] = []
             if not self._formed:
-                cut = self._cut(int(trainer["batch_size"]))
+                # A queue is up to its whole depth of groups: cut, and its changes made, off the event loop (the
+                # queue is this call's while it holds the lock).
+                cut, self._queued, formed = await asyncio.to_thread(
+                    _cut, self._queued, int(trainer["batch_size"]), self._state.envs, self._state.next_batch)
                 if not cut:
                     await self._save([])
                     return {"batch": None}
                 trainer["step"] = int(trainer["step"]) + len(cut)
+                changes += formed
                 for groups in cut:
-                    number = self._state.next_batch
+                    self._formed.append((self._state.next_batch, groups))
                     self._state.next_batch += 1
-                    changes += [GroupChange("formed", id=g.id, batch=number) for g in groups]
-                    self._formed.append((number, groups))
             number, served = self._formed.pop()
             self._taken.set()
             changes += [GroupChange("served", id=g.id, batch=number) for g in served]
             await self._save(changes)
             stored = await self._store.atropos.payloads([g.id for g in served])
         return await asyncio.to_thread(_joined, [stored[g.id] for g in served])
-
-    def _cut(self, batch_size: int) -> list[list[_Group]]:
-        """Every batch the queue makes now, in the order they are cut; the queue keeps the rest."""
-        shares = [EnvShare(i, bool(e.get("connected")), e.get("min_batch_allocation"))
-                  for i, e in enumerate(self._state.envs)]
-        with_shares = any(e.get("min_batch_allocation") is not None for e in self._state.envs)
-        cut: list[list[_Group]] = []
-        while True:
-            queue = [Queued(g.size, g.env_id) for g in self._queued]
-            positions = batch_with_shares(queue, batch_size, shares) if with_shares else exact_batch(queue, batch_size)
-            if positions is None:
-                return cut
-            taken = set(positions)
-            cut.append([self._queued[i] for i in positions])
-            self._queued = [g for i, g in enumerate(self._queued) if i not in taken]
 
     async def reset(self, owner: str | None = None) -> int:
         """Everything forgotten, as Atropos's reset: the groups are kept in the store, dropped; the trainer
@@ -180,6 +175,9 @@ class AtroposQueue:
             if trainer is None or not trainer.get("started"):
                 return {"status": "wait for trainer to start"}
             envs = self._state.envs
+            if len(envs) >= MAX_ENVS:
+                raise BadRequest(f"{len(envs)} environments are registered, the most there may be until a reset "
+                                 "(/reset_data)")
             name = request["desired_name"]
             if records.env_name(name) != records.env_name(None):  # a group of no environment is nobody's
                 await self._held(ATROPOS_NAME, records.env_name(name), owner, claim=True)
@@ -243,6 +241,10 @@ class AtroposQueue:
                 assert made.env_id is not None
                 change.state = "buffered"
                 buffer = self._buffers.setdefault(made.env_id, [])
+                if len(buffer) >= MAX_BUFFERED_GROUPS or sum(g.size for g in buffer) + made.size > MAX_BUFFERED_SEQUENCES:
+                    raise BadRequest(f"environment {made.env_id}'s buffer holds {len(buffer)} groups of a size other than "
+                                     f"its group_size ({wanted}), at most {MAX_BUFFERED_GROUPS} groups and "
+                                     f"{MAX_BUFFERED_SEQUENCES} sequences: push groups of {wanted} sequences")
                 buffer.append(made)
                 ready = filling([g.size for g in buffer], wanted)
                 for i in ready:  # they join the queue in arrival order
@@ -380,6 +382,18 @@ class AtroposQueue:
         except BaseException:
             self._state, self._queued, self._buffers, self._formed, self._next_id = saved
             raise
+
+
+def _cut(queued: list[_Group], batch_size: int, envs: list[dict[str, Any]], first: int
+         ) -> tuple[list[list[_Group]], list[_Group], list[GroupChange]]:
+    """Every batch the queue makes now (``batching.cut_all``), in the order they are cut, numbered from ``first``;
+    the groups left queued; and the changes that form them."""
+    shares = [EnvShare(i, bool(e.get("connected")), e.get("min_batch_allocation")) for i, e in enumerate(envs)]
+    positions = cut_all([Queued(g.size, g.env_id) for g in queued], batch_size, shares)
+    cut = [[queued[i] for i in batch] for batch in positions]
+    taken = {i for batch in positions for i in batch}
+    changes = [GroupChange("formed", id=g.id, batch=first + n) for n, groups in enumerate(cut) for g in groups]
+    return cut, [g for i, g in enumerate(queued) if i not in taken], changes
 
 
 def _joined(stored: list[bytes]) -> bytes:

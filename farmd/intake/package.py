@@ -3,7 +3,10 @@ before anything in it runs.
 
 A submission is untrusted from its first byte. Reading one never follows a link, never writes a file,
 never trusts a path or a size it states: every member is a plain file under a relative, normalised
-name, within the bounds below, and its text is UTF-8. What comes out is a ``Package``: the manifest,
+name, within the bounds below, and its text is UTF-8. A tarball is read as a bounded stream: it is
+inflated only up to ``MAX_TAR_BYTES`` of output (a gzip, bzip2 or xz bomb stops there), and no single
+read of it (a member's content, a pax or GNU long-name header's data) takes more than ``MAX_READ_BYTES``
+whatever its header declares: a header that declares more is refused, not followed. What comes out is a ``Package``: the manifest,
 parsed and checked, and the files by name, with a digest over both that names this exact version.
 Every problem found is reported together (``PackageError.problems``), each saying what to fix, so a
 contributor fixes a submission in one round, not one problem per round.
@@ -30,13 +33,16 @@ The manifest, ``farm-env.toml``::
 
 from __future__ import annotations
 
+import bz2
 import hashlib
 import io
+import lzma
 import posixpath
 import re
 import tarfile
 import tomllib
-from collections.abc import Iterable
+import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +55,11 @@ MAX_FILE_BYTES = 1 << 20
 MAX_TOTAL_BYTES = 4 << 20
 MAX_NAME_CHARS = 200
 MAX_DEPTH = 8
+MAX_READ_BYTES = 64 << 10
+"""The most one read of a tarball takes: a member's content is read this much at a time, and a pax or GNU
+long-name header's data (a name is at most ``MAX_NAME_CHARS``) must fit in one."""
+MAX_TAR_BYTES = 2 * MAX_TOTAL_BYTES + 4 * 1024 * MAX_FILES
+"""A tarball inflated: the files' bytes, their headers and padding, with room to spare; past it, a bomb."""
 MAX_LEVELS = 10
 KINDS = ("answer", "function", "bare-answer")
 """Submission kinds a contributed environment may declare: the exploit library has attacks for each."""
@@ -156,18 +167,58 @@ def _from_dir(root: Path, problems: list[str]) -> dict[str, bytes]:
     return files
 
 
+class _Refused(Exception):
+    """A tarball that declares or inflates past a bound: reading stops at once."""
+
+
+class _Guarded(io.BytesIO):
+    """An inflated tarball that refuses any one read past ``MAX_READ_BYTES``: tarfile reads a header's declared
+    size in one call, so a declared size past the bound ends the reading before anything is taken."""
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        if size is None or size < 0 or size > MAX_READ_BYTES:
+            raise _Refused(f"a tar header declares {size} bytes of data; a name or header holds at most "
+                           f"{MAX_READ_BYTES}")
+        return super().read(size)
+
+
+def _inflated(blob: bytes) -> bytes:
+    """``blob`` as a plain tar stream: gzip, bzip2 and xz inflated, never past ``MAX_TAR_BYTES`` of output."""
+    make: Callable[[], Any] | None = None
+    if blob.startswith(b"\x1f\x8b"):
+        make = lambda: zlib.decompressobj(16 + zlib.MAX_WBITS)  # noqa: E731
+    elif blob.startswith(b"BZh"):
+        make = bz2.BZ2Decompressor
+    elif blob.startswith(b"\xfd7zXZ\x00"):
+        make = lambda: lzma.LZMADecompressor(lzma.FORMAT_XZ)  # noqa: E731
+    if make is None:
+        return blob
+    out = bytearray()
+    data = blob
+    while data:  # concatenated streams (gzip members, bzip2 streams) each in turn
+        inflater = make()
+        out += inflater.decompress(data, MAX_TAR_BYTES + 1 - len(out))
+        if len(out) > MAX_TAR_BYTES:
+            raise _Refused(f"the tarball inflates past {MAX_TAR_BYTES} bytes: more than a submission holds")
+        if not inflater.eof:
+            raise _Refused("the tarball's compressed stream is cut short")
+        data = inflater.unused_data.lstrip(b"\x00")  # gzip writers may pad the end with zeros
+    return bytes(out)
+
+
 def _from_tar(blob: bytes, problems: list[str]) -> dict[str, bytes]:
     files: dict[str, bytes] = {}
     total = 0
     try:
-        with tarfile.open(fileobj=io.BytesIO(blob), mode="r:*") as tar:
+        stream = _Guarded(_inflated(blob))
+        with tarfile.open(fileobj=stream, mode="r:") as tar:
             for count, member in enumerate(tar):
                 if count >= MAX_FILES * 2:
                     problems.append(f"more than {MAX_FILES} files")
                     break
                 if member.isdir():
                     continue
-                if not member.isfile():
+                if not member.isfile() or member.sparse is not None:
                     problems.append(f"{member.name[:80]!r} is a link or a device: a submission holds plain files only")
                     continue
                 total += member.size
@@ -178,14 +229,26 @@ def _from_tar(blob: bytes, problems: list[str]) -> dict[str, bytes]:
                 if member.size > MAX_FILE_BYTES:
                     problems.append(f"{member.name[:80]} is {member.size} bytes; a file is at most {MAX_FILE_BYTES}")
                     continue
-                extracted = tar.extractfile(member)
-                _add(files, name, extracted.read(MAX_FILE_BYTES + 1) if extracted else b"", problems)
+                _add(files, name, _content(tar, member), problems)
                 if len(files) > MAX_FILES:
                     problems.append(f"more than {MAX_FILES} files")
                     break
-    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+    except _Refused as exc:
+        problems.append(f"not a tarball farm reads: {exc}")
+    except (tarfile.TarError, EOFError, OSError, ValueError, RecursionError, lzma.LZMAError, zlib.error) as exc:
         problems.append(f"not a readable tarball: {str(exc)[:200]}")
     return files
+
+
+def _content(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    """A member's content (its size is checked first), read ``MAX_READ_BYTES`` at a time."""
+    extracted = tar.extractfile(member)
+    if extracted is None:
+        return b""
+    parts = []
+    while chunk := extracted.read(MAX_READ_BYTES):
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def _strip_top(files: dict[str, bytes]) -> dict[str, bytes]:

@@ -21,6 +21,9 @@ import hashlib
 import re
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Mapping
 from dataclasses import dataclass
+from typing import IO
+
+from farm_client.tinylm_blob import FORMAT, PolicyFormatError, read_layout
 
 from farmd.errors import BadRequest, NotFound
 from farmd.records import Policy
@@ -49,6 +52,19 @@ class PolicyChunk:
 def check_sha256(text: str) -> None:
     if not (len(text) == 64 and set(text) <= _HEX):
         raise BadRequest("sha256 is 64 lowercase hex digits")
+
+
+def check_content(content: IO[bytes]) -> None:
+    """``BadRequest`` for content that says it is a tiny LM policy (``torch:NAME`` agents load those) and is not
+    one a worker could load: every size it declares is checked against the bytes it holds, from its
+    archive's directory and its pickle alone, so a few kilobytes that declare a model of gigabytes cost
+    farmd nothing. Content that says it is something else is another kind of policy: stored, never loaded."""
+    try:
+        read_layout(content)
+    except PolicyFormatError as exc:
+        if exc.claimed:
+            raise BadRequest(f"this policy says it is a {FORMAT} policy, and no worker could load it: {exc}",
+                             reason="BAD_POLICY") from None
 
 
 class _Line:
@@ -182,6 +198,8 @@ class Policies:
                 raise BadRequest(f"a policy uri is at most {MAX_URI_CHARS} characters")
             if upload is None and not uri:
                 raise BadRequest("a policy needs content or a uri")
+            if upload is not None:
+                await upload.inspect(check_content)
             actual = upload.sha256 if upload is not None else hashlib.sha256(uri.encode()).hexdigest()
             if declared and declared != actual:
                 raise BadRequest(f"content hashes to {actual}, not the declared {declared}",

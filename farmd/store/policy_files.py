@@ -23,8 +23,9 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import IO, TypeVar
 
 from farmd.private import FILE_MODE, make_dir
 
@@ -35,6 +36,8 @@ _UPLOAD_PREFIX = ".upload-"
 _SETTLED_S = 2.0
 """A temporary is swept only when unwritten this long: a new one is created, then locked."""
 _NAME = re.compile(r"[0-9a-f]{64}")
+
+T = TypeVar("T")
 
 
 class PolicyUpload:
@@ -68,6 +71,16 @@ class PolicyUpload:
                 view = view[os.write(self._fd, view):]
             self._hash.update(data)  # hashlib lets go of the GIL for large buffers
             self.size += len(data)
+
+    async def inspect(self, look: Callable[[IO[bytes]], T]) -> T:
+        """``look`` at the content written so far, as a file open for reading (in a thread): what the
+        content says of itself is checked before it is kept, never by reading it whole into memory."""
+        return await asyncio.to_thread(self._inspect, look)
+
+    def _inspect(self, look: Callable[[IO[bytes]], T]) -> T:
+        fd = os.open(self._path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as content:
+            return look(content)
 
     async def keep(self) -> str:
         """Move the content into place; returns its name relative to the data directory."""

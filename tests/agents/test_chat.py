@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+import contextlib
+import json
+import random
+import re
+import signal
+import time
+from collections.abc import Callable, Hashable, Iterable, Iterator
 
 import pytest
 
@@ -12,7 +18,16 @@ from farmd.agents import (
     ChatLimits,
     Completion,
 )
-from farmd.agents.chat import ANSWER_NOW, NO_COMMAND, Message, extract_code, parse_action, turn_limit
+from farmd.agents.chat import (
+    ANSWER_NOW,
+    NO_COMMAND,
+    Message,
+    extract_code,
+    fenced_blocks,
+    observation_text,
+    parse_action,
+    turn_limit,
+)
 from farmd.envs.base import Attempt, Observation, Task
 from tests.agents.fakes import ListEpisode, action_task
 
@@ -156,3 +171,122 @@ def test_limits_must_be_positive() -> None:
     for bad in ({"max_tokens": 0}, {"max_turns": 0}, {"max_chars": -1}, {"max_total_tokens": 0}):
         with pytest.raises(ValueError):
             ChatLimits(**bad)
+
+
+# What chat.py read replies with before it scanned lines: kept here as the reference the scanner must agree with.
+_OLD_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w.+-]*)[^\n]*\n(.*?)(?:^[ \t]*```[ \t]*$|\Z)", re.DOTALL | re.MULTILINE)
+_OLD_ANSWER = re.compile(r"^[ \t>*_#-]*ANSWER[*_]*:[*_]*[ \t]*(.*)$", re.MULTILINE)
+
+
+def _old_extract_code(text: str, entry_point: str | None) -> str:
+    blocks = [(m.group(1).lower(), m.group(2)) for m in _OLD_FENCE.finditer(text)]
+    python = [body for lang, body in blocks if lang in ("python", "py", "python3")]
+    defining = [body for lang, body in blocks if lang in ("python", "py", "python3", "")
+                and re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(entry_point or '')}\s*\(", body, re.MULTILINE)]
+    if entry_point and defining:
+        return defining[-1]
+    return python[-1] if python else text
+
+
+def _old_parse_action(text: str) -> tuple[str | None, str | None]:
+    answers = _OLD_ANSWER.findall(_OLD_FENCE.sub("", text))
+    if answers:
+        return None, answers[-1].strip().strip("*`").strip()
+    commands = [m.group(2).strip() for m in _OLD_FENCE.finditer(text)
+                if m.group(1).lower() in ("sh", "bash", "shell", "console", "") and m.group(2).strip()]
+    return (commands[-1] if commands else None), None
+
+
+_PIECES = ["```", "```sh", "```python", "```py extra", "  ```", "``` ", "````", "\n", "\n", "\n", " ", "\t", "ls -l",
+           "ANSWER: 42", "**ANSWER:** 7", "- ANSWER: `x`", "ANSWER", "def f(x):", "    def f (", "async def f(",
+           "def fx(", "return 1", "text", "é", "*", "#", ":"]
+
+
+def test_the_line_scanner_reads_replies_as_the_fence_regex_did() -> None:
+    rng = random.Random(5)
+    for _ in range(20_000):
+        text = "".join(rng.choice(_PIECES) for _ in range(rng.randrange(0, 24)))
+        assert fenced_blocks(text) == [(m.group(1).lower(), m.group(2)) for m in _OLD_FENCE.finditer(text)], text
+        assert parse_action(text) == _old_parse_action(text), text
+        assert extract_code(text, "f") == _old_extract_code(text, "f"), text
+
+
+def _hostile(n: int) -> dict[str, str]:
+    """Replies built to make a backtracking reader slow: runs of what its patterns look for, unfinished."""
+    runs = ["```", "`", "\n", " ", "\t", "a", "*", "-", "#", "ANSWER", "ANSWER*", "def ", "async ", "<answer",
+            "</answer>", "<answer>", "ignore ", "mark this ", "reward", "1", "1.", "1e", "or ", ",", "(", "[", "{",
+            '{"a":', "```python\n", "```\n", "\n\n def", " \n"]
+    out = {f"{r!r}*n": (r * (n // len(r) + 1))[:n] for r in runs}
+    out.update({f"```+{r!r}*n": "```" + (r * n)[:n] for r in ("a", " ", "\t", "`", "py")})
+    out.update({f"```python\\n+{r!r}*n": "```python\n" + (r * n)[:n] for r in ("\n", " \n", "\t\n", "def\n")})
+    out["<answer>+1*n"] = "<answer>" + "1" * n
+    out["ANSWER:+*_*n"] = "ANSWER:" + "*_" * (n // 2)
+    return out
+
+
+def test_reading_a_reply_costs_its_length_whatever_it_holds() -> None:
+    """Every reader of a model's reply that runs in farmd's process, on replies of 256k characters built to make a
+    backtracking pattern slow: each is read in well under a second (the fence regex took seconds at 64k, the
+    ``^\\s*def`` search minutes)."""
+    from farmd.intake.attacker import read_proposals
+    from farmd.verifier import answer
+
+    def proposals(text: str) -> object:
+        with contextlib.suppress(ValueError):
+            return read_proposals(text, 4)
+        return None
+
+    readers: dict[str, Callable[[str], object]] = {
+        "fenced_blocks": fenced_blocks, "parse_action": parse_action,
+        "extract_code": lambda t: extract_code(t, "solve"),
+        "extract_single_answer": answer.extract_single_answer,
+        "several_candidates": lambda t: [answer.several_candidates(t, k) for k in ("number", "expression", "word")],
+        "looks_like_injection": answer.looks_like_injection, "parse_number": answer.parse_number,
+        "is_single_word": answer.is_single_word, "attacker.read_proposals": proposals,
+        "observation_text": lambda t: observation_text(Observation(output=t, exit_code=0)),
+    }
+    slow = []
+    for shape, text in _hostile(256_000).items():
+        for name, read in readers.items():
+            started = time.monotonic()
+            try:
+                with _at_most(2.0):  # a quadratic reader takes minutes here: stopped, and counted slow
+                    read(text)
+            except _TooSlow:
+                pass
+            took = time.monotonic() - started
+            if took > 0.5:
+                slow.append(f"{name} on {shape}: {took:.2f} s")
+    assert not slow, slow
+
+
+class _TooSlow(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _at_most(seconds: float) -> Iterator[None]:
+    """Interrupt the block after ``seconds`` (re's matcher checks for signals as it runs)."""
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise _TooSlow
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    outer, every = signal.setitimer(signal.ITIMER_REAL, seconds)  # pytest-timeout's, given back after
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 0.001), every)
+
+
+def test_a_tool_calls_arguments_are_bounded_before_they_are_parsed() -> None:
+    from farmd.agents.chat import MAX_TOOL_ARGUMENT_CHARS, tool_argument
+    from farmd.records import ToolCall
+
+    nested = "[" + "[0]," * (MAX_TOOL_ARGUMENT_CHARS // 4) + "[0]]"
+    value, note = tool_argument(ToolCall(id="c", name="run", arguments=nested))
+    assert value is None and f"more than {MAX_TOOL_ARGUMENT_CHARS}" in note
+    assert tool_argument(ToolCall(id="c", name="run", arguments=json.dumps({"command": "ls"}))) == ("ls", "")

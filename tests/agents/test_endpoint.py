@@ -343,3 +343,29 @@ async def test_an_openai_agent_solves_a_real_shell_task(tmp_path: Path) -> None:
     assert result.attempt.actions == reference.actions
     assert all(s.observation is not None for s in result.steps)
     assert verdict.passed, verdict.reasons
+
+
+def test_a_reply_keeps_no_more_than_its_request_allowed() -> None:
+    """Token ids and logprobs past the request's max_tokens, prompt ids past the request's own size, and text
+    past the reader's bound are what no server can have sampled for it: not kept, whatever the reply declares."""
+    from farmd.agents.endpoint import read_reply, reply_text_bound
+
+    body = Reply.text("x" * (reply_text_bound(8) + 10), token_ids=list(range(9)), logprobs=[-0.5] * 9,
+                      prompt_token_ids=list(range(50))).body
+    choice = read_reply(json.dumps(body).encode(), max_tokens=8, max_prompt_tokens=40).choices[0]
+    assert (choice.token_ids, choice.logprobs, choice.prompt_token_ids) == (None, None, None)
+    assert len(choice.text) == reply_text_bound(8)
+    within = read_reply(json.dumps(body).encode(), max_tokens=9, max_prompt_tokens=50)
+    assert within.choices[0].token_ids == list(range(9)) and within.prompt_token_ids == list(range(50))
+
+
+async def test_a_large_reply_is_read_in_a_worker_process_as_a_small_one_is_in_a_thread() -> None:
+    from farmd.agents.endpoint import PARSE_IN_THREAD_BYTES, read_reply, read_reply_off_loop
+
+    body = Reply.text("y" * 10, token_ids=[1, 2], logprobs=[-0.1, -0.2]).body
+    small = json.dumps(body).encode()
+    large = json.dumps({**body, "padding": "z" * PARSE_IN_THREAD_BYTES}).encode()
+    assert await read_reply_off_loop(small, 16) == read_reply(small, 16)
+    assert await read_reply_off_loop(large, 16) == read_reply(small, 16), "the same reply, read elsewhere"
+    with pytest.raises(json.JSONDecodeError):
+        await read_reply_off_loop(b"[" * 100 + b" " * PARSE_IN_THREAD_BYTES)

@@ -321,3 +321,17 @@ async def test_a_policy_that_samples_nan_logprobs_fails_as_infrastructure_never_
     with pytest.raises(EndpointError) as failed:
         await agent.attempt(_task(), None, version, rollout_id=3)
     assert failed.value.transient and "logprobs[0] is nan" in str(failed.value), str(failed.value)
+
+
+async def test_a_policy_that_declares_more_than_it_holds_is_refused_before_it_is_made(
+        source: MemorySource, runtime: TorchRuntime) -> None:
+    """What a node loads from its policy cache (or the coordinator's worker from its store) is checked as
+    PublishPolicy checks it: each class of size lie is refused, for good, before torch makes anything of it."""
+    from tests.clients import policy_blobs
+
+    agent = TorchAgent("tiny", runtime)
+    for name, hostile in policy_blobs.hostile().items():
+        with pytest.raises(EndpointError, match="not a tinylm policy this worker can load") as caught:
+            await agent.attempt(_task(), None, source.publish(hostile))
+        assert not caught.value.transient, name
+    assert runtime.loads == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -284,3 +285,34 @@ def test_numbers_out_of_their_domain_are_refused_per_group_and_the_groups_beside
         assert all(t.flags == ["external_score"] for t in listed), "each reads whole, none unreadable"
         batch = next(client.batches("pushed", batch_size=8, whole_groups=True, tensors=True))
         assert len(batch.trajectories) == 6 and bool(batch.advantages.isfinite().all())
+
+
+def test_bodies_being_sent_count_against_their_credential_and_no_other(atropos_farm) -> None:  # type: ignore[no-untyped-def]
+    """Bodies are read whole before they are checked: one credential's requests in flight together hold at most
+    its budget (by what they declare, before a byte is read); past it a request is refused with 429, and another
+    credential pushes all the same."""
+    import socket
+
+    tokens = {"envy": "env-token", "enva": "other-env-token"}
+    credentials = tuple(Credential(name, frozenset({"environment"}), hashlib.sha256(token.encode()).hexdigest())
+                        for name, token in tokens.items())
+    _farm, envy = atropos_farm(credentials=credentials, token="env-token", credential_pending_bytes=40 << 20)
+    host, port = envy.url.removeprefix("http://").rsplit(":", 1)
+    held = []
+    try:
+        for _ in range(2):  # two pushes declaring 16 MiB each, their bodies still on the way
+            conn = socket.create_connection((host, int(port)))
+            conn.sendall(b"POST /scored_data HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer env-token\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 16777216\r\n\r\n" + b" " * 65536)
+            held.append(conn)
+        time.sleep(0.5)
+        refused = envy.post("/scored_data", content=b" " * (9 << 20), headers={"Content-Type": "application/json"})
+        assert refused.status_code == 429, refused.text
+        assert "credential 'envy' holds 33554432 bytes" in refused.json()["detail"]
+        other = Atropos(envy.url.removeprefix("http://"), "other-env-token")
+        assert other.post("/scored_data", group(4)).json() == {"status": "received"}
+    finally:
+        for conn in held:
+            conn.close()
+    time.sleep(0.5)
+    assert envy.post("/scored_data", group(4)).json() == {"status": "received"}, "given back when they ended"

@@ -4,6 +4,7 @@ and nothing left behind by an upload that fails, is cancelled or dies with its f
 from __future__ import annotations
 
 import hashlib
+import io
 import random
 import signal
 import sqlite3
@@ -18,6 +19,7 @@ from farm.v1 import farm_pb2, farm_pb2_grpc
 from farm_client import FarmClient
 
 from farmd.store.schema import MIGRATIONS
+from tests.probe import LoopProbe
 from tests.rss import MB, PeakRss
 
 
@@ -184,3 +186,35 @@ def test_a_policy_an_older_farmd_stored_as_a_blob_is_still_served(running_farm, 
         uri_only = client.publish_policy(uri="s3://bucket/ckpt-3")
         assert client.get_policy(uri_only["sha256"]) == (3, b"", "s3://bucket/ckpt-3")
     assert policy_files(data_dir) == [fresh["sha256"]]
+
+
+def test_a_policy_that_declares_more_than_it_holds_is_refused_when_it_is_published(running_farm) -> None:  # type: ignore[no-untyped-def]
+    """Each class of size lie (a config of a gigabyte model, views of one element, storages larger than their
+    records, records deflated a thousandfold, torch's legacy format) is refused at PublishPolicy, read from the
+    upload's directory and pickle alone; no worker ever loads one, and farmd does not grow by what they declare."""
+    torch = pytest.importorskip("torch")
+    from farm_client import tinylm
+
+    from tests.clients import policy_blobs
+
+    farm = running_farm("--workers", "0")
+    blobs = policy_blobs.hostile()
+    with FarmClient(farm.addr) as client:
+        client.status()
+        with PeakRss(farm.proc.pid) as rss, LoopProbe(farm.addr) as probe:
+            for name, blob in blobs.items():
+                with pytest.raises(grpc.RpcError) as refused:
+                    client.publish_policy(blob, name="tiny")
+                details = refused.value.details() or ""
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {details}"
+                assert "farm-tinylm/1 policy, and no worker could load it" in details, f"{name}: {details}"
+        assert rss.grew_mb < 64, f"farmd grew {rss.grew_mb:.0f} MB refusing policies that declare gigabytes"
+        assert probe.worst_s < 0.5, f"farmd's loop was held {probe.worst_s:.2f} s checking them"
+        assert policy_files(farm.data_dir) == [] and uploads_in(farm.data_dir) == []
+        honest = tinylm.save(tinylm.TinyLM(tinylm.LMConfig()))
+        assert client.publish_policy(honest, name="tiny")["version"] == 1
+        other = io.BytesIO()
+        torch.save({"weights": torch.zeros(3)}, other)
+        assert client.publish_policy(other.getvalue(), name="served")["version"] == 2, \
+            "a policy of another kind (an endpoint's) is stored as it is: no farm worker loads it"
+        assert client.publish_policy(b"opaque", name="served")["version"] == 3

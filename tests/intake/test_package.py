@@ -4,13 +4,18 @@ with it is listed; nothing in it is followed, written or trusted before it is ch
 from __future__ import annotations
 
 import io
+import json
 import os
+import subprocess
+import sys
 import tarfile
+import textwrap
 from pathlib import Path
 
 import pytest
 
-from farmd.intake.package import MANIFEST, MAX_FILE_BYTES, PackageError, pack, read_package
+from farmd.intake.package import MANIFEST, MAX_FILE_BYTES, MAX_READ_BYTES, PackageError, pack, read_package
+from tests.intake import hostile_tars
 from tests.intake.contrib_example import MANIFEST_TEXT
 
 FILES = {
@@ -103,3 +108,60 @@ def test_links_traversal_devices_and_oversized_files_are_refused(tmp_path: Path)
         read_package(b"not a tarball at all")
     with pytest.raises(PackageError, match=r"no farm-env\.toml"):
         read_package(pack([("env.py", b"")]))
+
+
+def test_a_tarball_is_read_as_a_bounded_stream_whatever_its_headers_declare(tmp_path: Path) -> None:
+    """GNU long names and long link names, pax headers and pax global headers that declare 128 MiB (sent as
+    kilobytes of gzip, bzip2 or xz), and a member of zeros past any submission: each is refused, and reading it
+    costs a bounded few megabytes, not what it declares."""
+    tars = hostile_tars.hostile()
+    for name, blob in tars.items():
+        assert len(blob) < 1 << 20, name
+        with pytest.raises(PackageError, match="not a tarball farm reads"):
+            read_package(blob)
+    (tmp_path / "tars.json").write_text(json.dumps({k: v.hex() for k, v in tars.items()}))
+    script = textwrap.dedent("""
+        import json, resource, sys, time
+        from farmd.intake.package import PackageError, read_package
+        tars = {k: bytes.fromhex(v) for k, v in json.load(open(sys.argv[1])).items()}
+        out = {}
+        for name, blob in tars.items():
+            before, started = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.monotonic()
+            try:
+                read_package(blob)
+                verdict = "read"
+            except PackageError as exc:
+                verdict = str(exc)
+            out[name] = [(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024,
+                         time.monotonic() - started, verdict]
+        print(json.dumps(out))
+    """)
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "tars.json")], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for name, (grew_mb, took_s, verdict) in json.loads(run.stdout.splitlines()[-1]).items():
+        assert "not a tarball farm reads" in verdict, f"{name}: {verdict}"
+        assert grew_mb < 40, f"{name}: reading it grew the process by {grew_mb:.0f} MB"
+        assert took_s < 5, f"{name}: reading it took {took_s:.1f} s"
+
+
+@pytest.mark.parametrize("typeflag", [b"L", b"K", b"x", b"g"])
+def test_a_header_that_declares_more_than_a_name_needs_is_refused_before_it_is_read(typeflag: bytes) -> None:
+    declared = MAX_READ_BYTES + 1
+    plain = hostile_tars.header(b"././@LongLink", declared, typeflag) + bytes(declared + (-declared % 512)) \
+        + bytes(1024)
+    with pytest.raises(PackageError, match=r"a tar header declares \d+ bytes of data; a name or header holds at most"):
+        read_package(plain)
+
+
+@pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT])
+def test_long_names_in_pax_and_gnu_headers_still_read(fmt: int) -> None:
+    long_name = "examples/good/" + "a" * 150 + ".json"
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz", format=fmt) as tar:
+        for name, data in {**FILES, long_name: FILES["examples/good/1.json"]}.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    package = read_package(out.getvalue())
+    assert long_name in package.files and package.files[long_name] == FILES["examples/good/1.json"]
