@@ -66,6 +66,9 @@ NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 RED_TEAM_PREFIX = "redteam:"
 """Agent specs of ``farmctl redteam``'s adversaries: their trajectories are kept, flagged, and never taken as
 evidence of how hard a task is (the task bank) or how the farm's policy does (pass rates)."""
+CANARY_PREFIX = RED_TEAM_PREFIX + "canary:"
+"""Agent specs of intake's production canaries (known-wrong attempts mixed into a contributed version's jobs):
+a red team's, so kept out of the bank and pass rates, and kept out of every trainer stream too."""
 
 
 class JobState(enum.StrEnum):

@@ -31,6 +31,7 @@ import aiosqlite
 from farmd.errors import CursorError, StoreError
 from farmd.private import create_file, make_dir
 from farmd.records import (
+    CANARY_PREFIX,
     RED_TEAM_PREFIX,
     ChatMessage,
     Job,
@@ -81,8 +82,12 @@ def _consumer_rows(rows: list[Any]) -> list[dict[str, Any]]:
 
 def _subscribed(agent: str | None, envs: Sequence[str], *, streamed: bool = False) -> tuple[str, list[object]]:
     """SQL (starting with AND, or empty) and its parameters keeping only ``agent``'s rows of ``envs``;
-    ``streamed``: and none of a quarantined environment (withdrawn: no trainer stream sends them)."""
-    where, args = " AND env NOT IN (SELECT env FROM quarantined_envs)" if streamed else "", list[object]()
+    ``streamed``: and none of a quarantined environment (withdrawn: no trainer stream sends them), nor an
+    intake canary's (a known-wrong attempt that checks a contributed verifier, never data)."""
+    where, args = "", list[object]()
+    if streamed:
+        where = " AND env NOT IN (SELECT env FROM quarantined_envs) AND substr(agent, 1, ?) != ?"
+        args += [len(CANARY_PREFIX), CANARY_PREFIX]
     if agent:
         where += " AND agent = ?"
         args.append(agent)

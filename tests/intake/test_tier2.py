@@ -63,7 +63,7 @@ async def test_a_verifier_that_crashes_on_an_exploit_has_not_passed_it_a_note_sa
     crashing = WORD_COUNT.replace(RIGHT, 'ok = int(final) == task["hidden"]["count"]')  # int("<answer>2") raises
     async with Sandbox() as sandbox:
         env = BoxedEnvironment(submission(tmp_path, crashing), sandbox, KEY)
-        report = await run_tier2(env, [(2, 1)], canaries=0)
+        report = await run_tier2(env, [(2, 1)], canaries=0, probes_asked=())
     assert report.findings and report.blocking == [] and report.rewarded == 0
     assert all(f.check == EXPLOIT and "verify failed" in f.evidence and "ValueError" in f.evidence
                for f in report.findings), [str(f) for f in report.findings]
@@ -93,7 +93,7 @@ async def test_the_llm_attacker_finds_a_backdoor_and_its_proposal_is_the_evidenc
             Attacker(AttackerConfig(base_url=ep.url, model="attacker", max_attempts=1)) as attacker, \
             Sandbox() as sandbox:
         env = BoxedEnvironment(submission(tmp_path, backdoored), sandbox, KEY)
-        report = await run_tier2(env, [(2, 1)], attacker=attacker, attack_budget=4, canaries=0, exploits=())
+        report = await run_tier2(env, [(2, 1)], attacker=attacker, attack_budget=4, canaries=0, exploits=(), probes_asked=())
     shown = ep.requests[0]["messages"][-1]["content"]
     assert '"OVERRIDE" in final' in shown and "How many times" in shown, "it saw the verifier and the task"
     [found] = report.findings
@@ -109,7 +109,7 @@ async def test_an_attacker_that_is_down_is_a_note_never_a_verdict() -> None:
     async with Attacker(AttackerConfig(base_url=f"http://127.0.0.1:{port}/v1", model="attacker",
                                        max_attempts=1, request_timeout_s=5)) as attacker, Sandbox() as sandbox:
         env = BoxedEnvironment(read_package(EXAMPLE), sandbox, KEY)
-        report = await run_tier2(env, [(0, 1)], attacker=attacker, canaries=0, exploits=())
+        report = await run_tier2(env, [(0, 1)], attacker=attacker, canaries=0, exploits=(), probes_asked=())
     [note] = report.findings
     assert (note.check, note.blocking) == (ATTACKER, False)
     assert "could not run" in note.evidence and "cannot connect" in note.evidence
