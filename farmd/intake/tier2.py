@@ -25,6 +25,7 @@ a note, never a pass and never a rejection.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import secrets
@@ -286,9 +287,6 @@ async def run_tier2(env: BoxedEnvironment, keys: Sequence[tuple[int, int]], *, a
     proposals on the first. ``parallel`` boxes at a time; ``exploits``: the library to run (None: every exploit
     of the manifest's kind); ``draw``: a level's fresh seed as production draws it (the canaries' hidden data).
     What the boxes cost is in ``env.calls``."""
-    # A contributed call is bounded in seconds (``[bounds]``): the hangs cost that, so they run here.
-    exploits = for_kind(env.manifest.kind, slow=True) if exploits is None else list(exploits)
-    describe = {e.name: e.description for e in exploits}
     run = _Run()
     known: dict[tuple[int, int], tuple[ContributedTask, str]] = {}
     attempts: list[_Attempt] = []
@@ -303,7 +301,12 @@ async def run_tier2(env: BoxedEnvironment, keys: Sequence[tuple[int, int]], *, a
                                      blocking=False))
             continue
         known[(seed, level)] = made
-        attempts += _exploit_attempts(exploits, EXPLOIT, _task(env, seed, level, made[0]), made[1])
+    # A contributed call is bounded in seconds (``[bounds]``): the hangs cost that, so they run here.
+    exploits = _library(env.manifest.kind, [answer for _, answer in known.values()]) if exploits is None \
+        else list(exploits)
+    describe = {e.name: e.description for e in exploits}
+    for (seed, level), (task, answer) in known.items():
+        attempts += _exploit_attempts(exploits, EXPLOIT, _task(env, seed, level, task), answer)
     sampled = {k: made for k, made in zip(extra, solved[len(wanted):], strict=True)
                if not isinstance(made, ContributedError)}
     ordered = list(known)
@@ -338,6 +341,19 @@ async def run_tier2(env: BoxedEnvironment, keys: Sequence[tuple[int, int]], *, a
              env.manifest.env_name, env.manifest.version, report.tried, report.rewarded, len(report.blocking),
              report.attacker_tokens)
     return report
+
+
+def _library(kind: str, answers: Sequence[str]) -> list[Exploit]:
+    """The exploit library for ``kind``, and, for an answer environment whose answers are written the other way
+    (declared ``answer`` with bare answers, or ``bare-answer`` with ``<answer>`` blocks), the other answer
+    kind's exploits too (named ``bare:``/``block:``): the attacks aimed at the form its answers really take."""
+    library = for_kind(kind, slow=True)
+    blocks = [extract_single_answer(a)[0] is not None for a in answers]
+    other = {"answer": ("bare-answer", "bare:", not any(blocks)),
+             "bare-answer": ("answer", "block:", bool(blocks) and all(blocks))}.get(kind)
+    if other is not None and answers and other[2]:
+        library += [dataclasses.replace(e, name=other[1] + e.name) for e in for_kind(other[0], slow=True)]
+    return library
 
 
 async def _solve(env: BoxedEnvironment, key: tuple[int, int], limit: asyncio.Semaphore

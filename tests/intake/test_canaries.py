@@ -19,11 +19,15 @@ from typing import Any
 import pytest
 from farm_client import FarmClient
 
+from farmd.envs.base import VerifyContext, verify_safely
 from farmd.intake.canaries import KNOWN_WRONG, ProductionCanaries
 from farmd.intake.exploits import fingerprint, for_kind
 from farmd.intake.package import pack, read_package
+from farmd.intake.redteam import make_red_team_agent
+from farmd.intake.served import ContributedEnvironment
 from farmd.intake.settings import MIN_CANARY_SHARE, IntakeConfig
 from farmd.records import CANARY_PREFIX, Trajectory
+from farmd.sandbox import Sandbox
 from farmd.scheduler import Scheduler
 from farmd.store import Store
 from farmd.taskbank import SeedSequence
@@ -98,6 +102,30 @@ async def test_canaries_are_queued_beside_a_versions_jobs_on_its_seeds_and_kept_
     finally:
         await scheduler.stop()
         await store.close()
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize("example", ["word-count", "running-max"])
+async def test_every_known_wrong_canary_is_wrong_and_an_honest_verifier_gives_it_nothing(example: str) -> None:
+    """A canary must never be the right answer (an honest version would be quarantined): each known-wrong kind,
+    and an exploit that is only the right answer repackaged (on a bare-answer task it is the answer), are made by
+    the agent a node runs and judged by the version's own verifier in its boxes."""
+    package = read_package(EXAMPLE.parent / example)
+    served = ContributedEnvironment(package)
+    plan = ProductionCanaries(0.05)
+    names = [*KNOWN_WRONG, "no-tags" if package.manifest.kind == "answer" else "echo-input"]
+    assert set(names) <= set(plan.names(package.manifest.kind))
+    async with Sandbox() as sandbox:
+        ctx = VerifyContext(sandbox=sandbox, key=KEY)
+        task = await served.make_task(SeedSequence.keyed(KEY.seed).nth(served.name, 1, 0), 1, ctx)
+        reference = (await served.make_reference(task, ctx)).final
+        for name in names:
+            agent = make_red_team_agent(CANARY_PREFIX + name, {served.name: served}.__getitem__, ctx)
+            result = await agent.attempt(task, None, 0)
+            assert result.attempt.final.strip() != reference.strip(), name
+            verdict = await verify_safely(served, task, result.attempt, ctx)
+            assert (verdict.reward, verdict.passed) == (0.0, False), (name, result.attempt.final[:200], verdict)
+            assert "red_team_exploit" in result.flags
 
 
 # -- end to end -------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 
 from farmd.intake.attacker import Attacker, AttackerConfig
 from farmd.intake.boxed import BoxedEnvironment
+from farmd.intake.exploits import for_kind
 from farmd.intake.package import read_package
 from farmd.intake.tier2 import ATTACKER, CANARY, EXPLOIT, run_tier2
 from farmd.sandbox import Sandbox
@@ -63,7 +64,8 @@ async def test_a_verifier_that_crashes_on_an_exploit_has_not_passed_it_a_note_sa
     crashing = WORD_COUNT.replace(RIGHT, 'ok = int(final) == task["hidden"]["count"]')  # int("<answer>2") raises
     async with Sandbox() as sandbox:
         env = BoxedEnvironment(submission(tmp_path, crashing), sandbox, KEY)
-        report = await run_tier2(env, [(2, 1)], canaries=0, probes_asked=())
+        # The <answer> forms only: int() also takes "+2" and full-width digits, which the bare forms catch.
+        report = await run_tier2(env, [(2, 1)], canaries=0, probes_asked=(), exploits=for_kind("answer", slow=True))
     assert report.findings and report.blocking == [] and report.rewarded == 0
     assert all(f.check == EXPLOIT and "verify failed" in f.evidence and "ValueError" in f.evidence
                for f in report.findings), [str(f) for f in report.findings]
@@ -114,3 +116,18 @@ async def test_an_attacker_that_is_down_is_a_note_never_a_verdict() -> None:
     assert (note.check, note.blocking) == (ATTACKER, False)
     assert "could not run" in note.evidence and "cannot connect" in note.evidence
     assert report.blocking == [] and report.rewarded == 0
+
+
+async def test_bare_answers_declared_as_answer_blocks_meet_the_exploits_for_bare_answers(tmp_path: Path) -> None:
+    """word-count declares kind "answer" but its answers are bare numbers: the library's <answer> forms would
+    all fail its verifier for their tags, so tier 2 sends the bare forms too. A verifier that takes any text
+    starting with the count ("3.0", "3,4", "30") is caught; the shipped one is not."""
+    lenient = WORD_COUNT.replace(RIGHT, 'ok = final.strip().startswith(str(task["hidden"]["count"]))')
+    async with Sandbox() as sandbox:
+        env = BoxedEnvironment(submission(tmp_path, lenient), sandbox, KEY)
+        report = await run_tier2(env, [(2, 1)], canaries=0, probes_asked=())
+        honest = await run_tier2(BoxedEnvironment(read_package(EXAMPLE), sandbox, KEY), [(2, 1)], canaries=0,
+                                 probes_asked=())
+    caught = {f.evidence.split("'")[1] for f in report.blocking if f.check == EXPLOIT}
+    assert {"bare:decimal-point", "bare:hedge-comma"} <= caught, [str(f) for f in report.findings]
+    assert honest.blocking == [] and honest.tried > report.tried // 2
