@@ -111,7 +111,8 @@ class Try:
 def forged_tries(targets: Sequence[Known], known: Sequence[Known], traces: Mapping[tuple[int, int], str],
                  kind: str) -> list[Try]:
     """Attempts at each of ``targets`` that forge what the verifier reads, learned from the reference runs of
-    ``known`` (for code tasks, the verifier's children's output in ``traces``, by task)."""
+    ``known``: the verifier's children's output while it judged (``traces``, by task), and for answer tasks
+    the answers' own format."""
     out: list[Try] = []
     if kind == "function":
         common = _common_lines(list(traces.values()))
@@ -136,6 +137,14 @@ def forged_tries(targets: Sequence[Known], known: Sequence[Known], traces: Mappi
         moved = _moved(t.answer, cores)
         if moved is not None:
             out.append(Try(FORGED, "the reference's format with its values moved", *t.key, moved))
+        # An answer verifier that runs something and reads what it printed: an answer that prints it, as a
+        # statement and as an expression (for a verifier that executes or evaluates the answer).
+        run = next((text for key, text in traces.items() if key != t.key and text.strip()), None)
+        if run is not None:
+            out += [Try(FORGED, "prints another task's run (as code)", *t.key, _printer(run, exit_after=True)),
+                    Try(FORGED, "prints another task's run, then exits (as an expression)", *t.key,
+                        f"(__import__('sys').stdout.write({run!r}), __import__('sys').stdout.flush(), "
+                        "__import__('os')._exit(0))")]
     return [x for x in out if not any(same(x.final, t.answer) for t in targets if t.key == (x.seed, x.level))]
 
 

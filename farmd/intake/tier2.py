@@ -382,8 +382,7 @@ async def _probe(env: BoxedEnvironment, asked: Collection[str], targets: list[Kn
         findings += [near] if near is not None else []
         tries += probes.constant_tries(everything, kind)
     if "forged" in asked:
-        traces = await _traces(env, targets + [k for k in everything if k not in targets][:2], limit) \
-            if kind == "function" else {}
+        traces = await _traces(env, targets + [k for k in everything if k not in targets][:2], limit)
         tries += probes.forged_tries(targets, everything, traces, kind)
     if "underivable" in asked:
         findings += await _underivable(env, everything, limit)

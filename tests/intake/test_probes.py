@@ -125,13 +125,17 @@ def blocking(report: Tier2Report, check: str) -> list[str]:
 
 
 @pytest.mark.sandbox
-async def test_a_verdict_read_from_a_line_the_child_prints_is_forged_from_the_verifiers_own_runs() -> None:
+async def test_a_verdict_read_from_what_a_child_prints_is_forged_from_the_verifiers_own_runs() -> None:
     async with Sandbox() as sandbox:
         caught = await probed(sandbox, defects.verdict_line(), {"forged"}, tasks=3)
         honest = await probed(sandbox, read_package(RUNNING_MAX), {"forged"}, tasks=3)
+        evaluated = await probed(sandbox, defects.package("expression", defects.EXPRESSION), {"forged"}, tasks=3)
     found = blocking(caught, FORGED)
     assert found and "prints another task's run" in found[0] and "@@ verdict: accepted" in found[0], caught.findings
     assert honest.blocking == [] and honest.tried >= 2, "the honest code task met the same forgeries"
+    # An answer task whose verifier evaluates the answer in a child and reads what it printed.
+    found = blocking(evaluated, FORGED)
+    assert found and "as an expression" in found[0] and "== verdict: right" in found[0], evaluated.findings
 
 
 @pytest.mark.sandbox
