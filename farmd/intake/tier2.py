@@ -343,16 +343,21 @@ async def run_tier2(env: BoxedEnvironment, keys: Sequence[tuple[int, int]], *, a
     return report
 
 
+_BARE_WRONG = frozenset({"hedge-or", "hedge-comma", "hedge-lines", "every-small-integer", "echo-prompt",
+                         "echo-expression", "prompt-completion", "prompt-injection", "empty", "blank"})
+"""The bare-answer exploits whose text holds another value beside the right one, or none: wrong whatever the
+format. (The others write the right value another way, "+3" or "3.0": a free-form answer verifier may take
+those, and that rewards no wrong answer.)"""
+
+
 def _library(kind: str, answers: Sequence[str]) -> list[Exploit]:
-    """The exploit library for ``kind``, and, for an answer environment whose answers are written the other way
-    (declared ``answer`` with bare answers, or ``bare-answer`` with ``<answer>`` blocks), the other answer
-    kind's exploits too (named ``bare:``/``block:``): the attacks aimed at the form its answers really take."""
+    """The exploit library for ``kind``; for an ``answer`` environment whose answers are bare (no ``<answer>``
+    block, so the library's blocked forms fail it for their tags alone), the bare-answer kind's wrong ones too,
+    named ``bare:``: hedges and echoes aimed at the form its answers really take."""
     library = for_kind(kind, slow=True)
-    blocks = [extract_single_answer(a)[0] is not None for a in answers]
-    other = {"answer": ("bare-answer", "bare:", not any(blocks)),
-             "bare-answer": ("answer", "block:", bool(blocks) and all(blocks))}.get(kind)
-    if other is not None and answers and other[2]:
-        library += [dataclasses.replace(e, name=other[1] + e.name) for e in for_kind(other[0], slow=True)]
+    if kind == "answer" and answers and all(extract_single_answer(a)[0] is None for a in answers):
+        library += [dataclasses.replace(e, name="bare:" + e.name) for e in for_kind("bare-answer", slow=True)
+                    if e.name in _BARE_WRONG]
     return library
 
 

@@ -120,8 +120,8 @@ async def test_an_attacker_that_is_down_is_a_note_never_a_verdict() -> None:
 
 async def test_bare_answers_declared_as_answer_blocks_meet_the_exploits_for_bare_answers(tmp_path: Path) -> None:
     """word-count declares kind "answer" but its answers are bare numbers: the library's <answer> forms would
-    all fail its verifier for their tags, so tier 2 sends the bare forms too. A verifier that takes any text
-    starting with the count ("3.0", "3,4", "30") is caught; the shipped one is not."""
+    all fail its verifier for their tags, so tier 2 sends the bare hedges and echoes too. A verifier that takes
+    any text starting with the count ("3,4", "3 or 4") is caught; the shipped one is not."""
     lenient = WORD_COUNT.replace(RIGHT, 'ok = final.strip().startswith(str(task["hidden"]["count"]))')
     async with Sandbox() as sandbox:
         env = BoxedEnvironment(submission(tmp_path, lenient), sandbox, KEY)
@@ -129,5 +129,7 @@ async def test_bare_answers_declared_as_answer_blocks_meet_the_exploits_for_bare
         honest = await run_tier2(BoxedEnvironment(read_package(EXAMPLE), sandbox, KEY), [(2, 1)], canaries=0,
                                  probes_asked=())
     caught = {f.evidence.split("'")[1] for f in report.blocking if f.check == EXPLOIT}
-    assert {"bare:decimal-point", "bare:hedge-comma"} <= caught, [str(f) for f in report.findings]
+    assert {"bare:hedge-or", "bare:hedge-comma"} <= caught, [str(f) for f in report.findings]
+    assert not [name for name in caught if name.startswith("bare:") and name[5:] not in ("hedge-or", "hedge-comma",
+                                                                                          "hedge-lines")]
     assert honest.blocking == [] and honest.tried > report.tried // 2
