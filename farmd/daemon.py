@@ -58,6 +58,7 @@ from farmd.scheduler import Scheduler
 from farmd.scheduler.history import History
 from farmd.scheduler.nodes import Nodes
 from farmd.store import Store
+from farmd.taskbank import SeedSequence
 from farmd.verifier import VerifierKey
 
 if TYPE_CHECKING:
@@ -132,12 +133,14 @@ class Daemon:
         await loop.run_in_executor(None, make_data_dir_private, self.config.data_dir)
         self.store = await Store.open(self.config.data_dir / "farm.db")
         levels = self.catalog.max_difficulty()
+        key = await loop.run_in_executor(None, VerifierKey.load_or_create, self.config.data_dir)
+        # Fresh seeds from the farm's keyed sequence: intake draws the seeds it checks on the same way.
         self.scheduler = await Scheduler.open(
             self.store, levels, self.config.scheduler, self.metrics, bank_config=self.config.taskbank,
-            endpoint_lines={e.name: e.serves for e in self.config.endpoints if e.serves})
+            endpoint_lines={e.name: e.serves for e in self.config.endpoints if e.serves},
+            seeds=SeedSequence.keyed(key.seed))
         await self.scheduler.start()
         ctx = None
-        key = await loop.run_in_executor(None, VerifierKey.load_or_create, self.config.data_dir)
         if self.workers:
             self.sandbox = Sandbox(sandbox_for(self.config, self.workers))
             await self.sandbox.start()
@@ -155,6 +158,7 @@ class Daemon:
         self._attacker = self._make_attacker()
         self.funnel = Funnel(self.store, self.sandbox, key, self.config.intake, serve=self._serve, unserve=self._unserve,
                              attacker=self._attacker)
+        self.scheduler.canaries = self.funnel.canaries  # production keeps checking what intake approved
         await self.funnel.start()  # approved versions served before a worker leases their jobs
         if self.worker is not None:
             await self.worker.start()

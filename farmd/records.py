@@ -83,6 +83,9 @@ coordinator can run the same job itself and know the exact answer and verdict a 
 RED_TEAM_PREFIX = "redteam:"
 """Agent specs of ``farmctl redteam``'s adversaries: their trajectories are kept, flagged, and never taken as
 evidence of how hard a task is (the task bank) or how the farm's policy does (pass rates)."""
+CANARY_PREFIX = RED_TEAM_PREFIX + "canary:"
+"""Agent specs of intake's production canaries (known-wrong attempts mixed into a contributed version's jobs):
+a red team's, so kept out of the bank and pass rates, and kept out of every trainer stream too."""
 
 
 class JobState(enum.StrEnum):

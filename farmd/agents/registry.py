@@ -83,7 +83,7 @@ class RedTeamSpec:
     """A ``redteam:`` spec, parsed: what it tries, and the run's marker and targets."""
 
     what: str
-    """``exploit`` or ``escape``."""
+    """``exploit``, ``escape`` or ``canary`` (intake's production canaries: ``farmd.intake.canaries``)."""
     name: str
     nonce: str = ""
     canary: int = 0
@@ -95,8 +95,9 @@ def parse_red_team_spec(spec: str) -> RedTeamSpec:
     """The parts of ``redteam:WHAT:NAME[?...]``; AgentSpecError for anything else."""
     body, _, query = spec.strip().removeprefix(RED_TEAM_PREFIX).partition("?")
     what, _, name = body.partition(":")
-    if what not in ("exploit", "escape") or not _RED_TEAM_NAME.fullmatch(name):
-        raise AgentSpecError(f"{_shown(spec)}: a red-team spec is redteam:exploit:NAME or redteam:escape:NAME")
+    if what not in ("exploit", "escape", "canary") or not _RED_TEAM_NAME.fullmatch(name):
+        raise AgentSpecError(f"{_shown(spec)}: a red-team spec is redteam:exploit:NAME, redteam:escape:NAME or "
+                             "redteam:canary:NAME")
     options: dict[str, Any] = {}
     for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
         if key in options or key not in ("nonce", "canary", "farm", "data"):

@@ -8,6 +8,15 @@ another's. Hidden data is regenerated from that seed in the verifying box and ne
 
 ``reference`` and ``verify`` take a ``canary_seed`` for intake's tier 2: the task shown is ``seed``'s, the
 hidden data ``canary_seed``'s (from its own per-task seed), so the prompt's right answer is wrong there.
+Every call takes a ``Variant`` too, for tier 2's questions about what decides an answer: another per-task
+seed (the same task, other hidden choices) or another public ``rng`` stream (the same seed, other public
+choices); and ``verify`` can ``trace`` what the verifier's own children printed (``env_runner``).
+
+What a box costs is counted on the host (``calls``: its wall time and its cgroup's CPU time, never what the
+manifest declares). With a budget of box seconds (``budget_s``), a call past it is refused, and with a budget
+per verdict (``verdict_cpu_s``, ``verdict_wall_s``) verdicts that typically cost more end the checks
+(``CheckBudgetSpent`` both): one submission's checks hold the farm's boxes for a bounded time, and a version
+whose verdicts cost more than the farm pays is refused after its first few.
 
 A call's outcome is read strictly: exactly one result line carrying the call's nonce, bounded before it
 is parsed, parsed in a thread. Anything else (no line, two lines, a bound hit, an exception in the
@@ -21,6 +30,8 @@ import asyncio
 import json
 import math
 import secrets
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +49,10 @@ MAX_RESULT_BYTES = 1 << 20
 MAX_PROMPT_CHARS = 64 * 1024
 MAX_FINAL_CHARS = 64 * 1024
 MAX_REASONS = 16
+MAX_TRACES = 8
+MAX_TRACE_CHARS = 16 * 1024
+VERDICTS_JUDGED = 4
+"""Verdicts seen before their cost can end a submission's checks: one slow box is noise, a quarter is not."""
 
 
 class ContributedError(FarmError):
@@ -46,6 +61,16 @@ class ContributedError(FarmError):
     def __init__(self, op: str, evidence: str) -> None:
         super().__init__(f"{op}: {evidence}", reason="CONTRIBUTED_ENV_FAILED")
         self.op = op
+        self.evidence = evidence
+
+
+class CheckBudgetSpent(FarmError):
+    """A submission's checks cost more than the farm lets them (``BoxedEnvironment``'s budgets: box seconds
+    in all, a verdict's CPU and wall seconds): the environment's own cost, a verdict on it, never a farm
+    failure to try again. ``evidence`` says which budget and by how much."""
+
+    def __init__(self, evidence: str) -> None:
+        super().__init__(evidence, reason="CHECK_BUDGET_SPENT")
         self.evidence = evidence
 
 
@@ -60,6 +85,20 @@ class ContributedVerdict:
     reward: float
     passed: bool
     reasons: list[str]
+    cpu_s: float = 0.0
+    """What its box cost: CPU seconds as the box's cgroup counted them, and wall seconds."""
+    wall_s: float = 0.0
+    trace: tuple[str, ...] = ()
+    """With ``trace``: what the verifier read back from the programs it ran while judging."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A task as it would be with other random choices (tier 2's questions): ``hidden``, another per-task seed
+    (what ``hidden_rng`` draws); ``rng_salt``, another stream for the public ``rng``."""
+
+    hidden: int | None = None
+    rng_salt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,22 +108,37 @@ class Call:
     op: str
     wall_s: float
     cpu_s: float
+    seed: int = 0
+    difficulty: int = 0
 
 
 class BoxedEnvironment:
     """``package``'s environment, each call in a box of ``sandbox``; ``key`` is the farm's."""
 
-    def __init__(self, package: Package, sandbox: Sandbox, key: VerifierKey) -> None:
+    def __init__(self, package: Package, sandbox: Sandbox, key: VerifierKey, *, budget_s: float | None = None,
+                 verdict_cpu_s: float | None = None, verdict_wall_s: float | None = None) -> None:
         self.package = package
         self.manifest = package.manifest
         self.sandbox = sandbox
         self._key = key
         self._files = {f"env/{name}": data for name, data in package.files.items()} | {"runner.py": RUNNER_SOURCE}
         self.calls: list[Call] = []
+        self.budget_s = budget_s
+        """Box seconds (wall) this environment's calls may take in all; None: no bound."""
+        self.verdict_cpu_s = verdict_cpu_s
+        self.verdict_wall_s = verdict_wall_s
+        """What a verdict may typically cost (``verdict_cost``); None: not judged."""
 
     def variant(self, package: Package) -> BoxedEnvironment:
-        """Another version of this environment (a mutant), run the same way."""
-        return BoxedEnvironment(package, self.sandbox, self._key)
+        """Another version of this environment (a mutant), run the same way (its calls count here too)."""
+        other = BoxedEnvironment(package, self.sandbox, self._key, budget_s=self.budget_s,
+                                 verdict_cpu_s=self.verdict_cpu_s, verdict_wall_s=self.verdict_wall_s)
+        other.calls = self.calls
+        return other
+
+    @property
+    def spent_s(self) -> float:
+        return sum(c.wall_s for c in self.calls)
 
     def task_seed(self, seed: int, difficulty: int) -> int:
         """The seed a task's hidden data comes from: the farm's key, this environment and version, the task."""
@@ -98,46 +152,55 @@ class BoxedEnvironment:
                              output_kb=2048)
 
     async def _call(self, op: str, seed: int, difficulty: int, canary_seed: int | None = None,
-                    **extra: Any) -> dict[str, Any]:
+                    variant: Variant | None = None, **extra: Any) -> tuple[dict[str, Any], Call]:
+        if self.budget_s is not None and self.spent_s >= self.budget_s:
+            raise CheckBudgetSpent(f"its checks took {self.spent_s:.0f} box seconds (wall, over {len(self.calls)} "
+                                   f"boxes) and the farm gives one submission's checks {self.budget_s:.0f}")
         nonce = secrets.token_hex(16)
         if canary_seed is not None:
             extra |= {"canary_seed": canary_seed, "canary_task_seed": self.task_seed(canary_seed, difficulty)}
+        task_seed = self.task_seed(seed, difficulty)
+        if variant is not None:
+            # Another per-task seed is a number like any other: the box cannot tell it from the task's own.
+            if variant.hidden is not None:
+                task_seed = self._key.seed("contributed", self.manifest.env_name, self.manifest.version, seed,
+                                           difficulty, "variant", variant.hidden)
+            if variant.rng_salt is not None:
+                extra["rng_salt"] = variant.rng_salt
         request = {"op": op, "nonce": nonce, "seed": seed, "difficulty": difficulty,
-                   "task_seed": self.task_seed(seed, difficulty), "env": self.manifest.name,
+                   "task_seed": task_seed, "env": self.manifest.name,
                    "entry_file": self.manifest.entry_file,
                    "entry_class": self.manifest.entry_class, **extra}
         files = {**self._files, "request.json": json.dumps(request).encode()}
         result = await self.sandbox.run(COMMAND, self._policy(op), files=files)
-        self.calls.append(Call(op, result.wall_s, result.cpu_s))
-        return await asyncio.to_thread(_read_result, op, result, nonce)
+        call = Call(op, result.wall_s, result.cpu_s, seed, difficulty)
+        self.calls.append(call)
+        if op == "verify" and self.verdict_cpu_s is not None and self.verdict_wall_s is not None:
+            costly = verdict_cost(self.calls, self.verdict_cpu_s, self.verdict_wall_s, at_least=VERDICTS_JUDGED)
+            if costly is not None:
+                raise CheckBudgetSpent(costly)
+        return await asyncio.to_thread(_read_result, op, result, nonce), call
 
-    async def generate(self, seed: int, difficulty: int) -> ContributedTask:
-        value = await self._call("generate", seed, difficulty)
-        prompt, public = value.get("prompt"), value.get("public", {})
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ContributedError("generate", "the task has no prompt")
-        if not isinstance(public, dict):
-            raise ContributedError("generate", "'public' must be a dict")
-        # Posed with every attempt and stored in every trajectory of the task: its numbers and nesting held to
-        # the record's domain here, where they are the environment's fault (NaN, an integer past int64,
-        # nesting no reader can decode), not discovered by every stream and export that meets them.
-        problem = domain.tree_problem(public, "public")
-        if problem is not None:
-            raise ContributedError("generate", f"the task's {problem}")
-        if len(prompt) > MAX_PROMPT_CHARS:
-            raise ContributedError("generate", f"the prompt is {len(prompt)} characters; at most {MAX_PROMPT_CHARS}")
-        return ContributedTask(valid_text(prompt)[0], public)
+    async def generate(self, seed: int, difficulty: int, *, variant: Variant | None = None) -> ContributedTask:
+        value, _ = await self._call("generate", seed, difficulty, variant=variant)
+        return _task("generate", value)
 
-    async def reference(self, seed: int, difficulty: int, *, canary_seed: int | None = None) -> str:
-        final = (await self._call("reference", seed, difficulty, canary_seed)).get("final")
-        if not isinstance(final, str):
-            raise ContributedError("reference", "the reference's answer is not text")
-        return final
+    async def reference(self, seed: int, difficulty: int, *, canary_seed: int | None = None,
+                        variant: Variant | None = None) -> str:
+        value, _ = await self._call("reference", seed, difficulty, canary_seed, variant)
+        return _final("reference", value)
 
-    async def verify(self, seed: int, difficulty: int, final: str, *,
-                     canary_seed: int | None = None) -> ContributedVerdict:
+    async def solve(self, seed: int, difficulty: int, *, variant: Variant | None = None
+                    ) -> tuple[ContributedTask, str]:
+        """The task and the reference's answer to it, in one box."""
+        value, _ = await self._call("solve", seed, difficulty, variant=variant)
+        return _task("solve", value), _final("solve", value)
+
+    async def verify(self, seed: int, difficulty: int, final: str, *, canary_seed: int | None = None,
+                     variant: Variant | None = None, trace: bool = False) -> ContributedVerdict:
         text = bounded(final, MAX_FINAL_CHARS)
-        value = await self._call("verify", seed, difficulty, canary_seed, final=text)
+        extra: dict[str, Any] = {"final": text} | ({"trace": True} if trace else {})
+        value, call = await self._call("verify", seed, difficulty, canary_seed, variant, **extra)
         reward, passed, reasons = value.get("reward"), value.get("passed"), value.get("reasons", [])
         if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward) \
                 or not 0.0 <= reward <= 1.0:
@@ -146,8 +209,57 @@ class BoxedEnvironment:
             raise ContributedError("verify", "passed must be true or false")
         if not isinstance(reasons, list):
             raise ContributedError("verify", "reasons must be a list of text")
-        return ContributedVerdict(float(reward), passed,
-                                  [bounded(str(r), 500) for r in reasons[:MAX_REASONS]])
+        traced = value.get("trace", [])
+        kept = tuple(valid_text(t)[0] for t in traced[:MAX_TRACES] if isinstance(t, str)) \
+            if trace and isinstance(traced, list) else ()
+        return ContributedVerdict(float(reward), passed, [bounded(str(r), 500) for r in reasons[:MAX_REASONS]],
+                                  call.cpu_s, call.wall_s, tuple(bounded(t, MAX_TRACE_CHARS) for t in kept))
+
+
+def verdict_cost(calls: Sequence[Call], cpu_budget_s: float, wall_budget_s: float, *, at_least: int = 2
+                 ) -> str | None:
+    """Why verdicts typically cost more than the farm's budget, or None: the upper quartile of the verify
+    boxes' CPU seconds (their cgroup's count) or wall seconds above it, over at least ``at_least`` verdicts."""
+    verifies = [c for c in calls if c.op == "verify"]
+    if len(verifies) < max(1, at_least):
+        return None
+    cpu = _upper_quartile([c.cpu_s for c in verifies])
+    wall = _upper_quartile([c.wall_s for c in verifies])
+    if cpu <= cpu_budget_s and wall <= wall_budget_s:
+        return None
+    what = f"{cpu:.2f} CPU seconds" if cpu > cpu_budget_s else f"{wall:.2f} seconds of wall time"
+    return (f"a quarter of its {len(verifies)} verdicts cost more than {what} each (the farm's budget is "
+            f"{cpu_budget_s:g} CPU and {wall_budget_s:g} wall seconds a verdict, measured in its boxes whatever its "
+            f"manifest declares; the median was {statistics.median(c.cpu_s for c in verifies):.2f} CPU seconds)")
+
+
+def _upper_quartile(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.75 * len(ordered)) - 1)]
+
+
+def _task(op: str, value: dict[str, Any]) -> ContributedTask:
+    prompt, public = value.get("prompt"), value.get("public", {})
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ContributedError(op, "the task has no prompt")
+    if not isinstance(public, dict):
+        raise ContributedError(op, "'public' must be a dict")
+    # Posed with every attempt and stored in every trajectory of the task: its numbers and nesting held to the
+    # record's domain here, where they are the environment's fault (NaN, an integer past int64, nesting no reader
+    # can decode), not discovered by every stream and export that meets them.
+    problem = domain.tree_problem(public, "public")
+    if problem is not None:
+        raise ContributedError(op, f"the task's {problem}")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ContributedError(op, f"the prompt is {len(prompt)} characters; at most {MAX_PROMPT_CHARS}")
+    return ContributedTask(valid_text(prompt)[0], public)
+
+
+def _final(op: str, value: dict[str, Any]) -> str:
+    final = value.get("final")
+    if not isinstance(final, str):
+        raise ContributedError(op, "the reference's answer is not text")
+    return final
 
 
 def _read_result(op: str, result: BoxResult, nonce: str) -> dict[str, Any]:

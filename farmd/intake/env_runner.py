@@ -17,6 +17,12 @@ prompt: the prompt and public fields of ``seed``, everything else ``generate`` r
 other key: none of it is shown) from ``canary_seed``, with that task's own ``hidden_rng``
 (``canary_task_seed``). A verifier that judges by the hidden data fails the prompt's right answer there.
 
+Two more of tier 2's requests: ``rng_salt`` seeds ``rng`` from another string (the same seed, other public
+choices: a task whose prompt stays the same while its answer moves was answered by something the prompt does
+not show), and ``trace`` keeps what the verifier's own child processes printed (``subprocess`` output, and
+text buffers it read back) while it judged: what it parses, so that tier 2 can forge it. ``solve`` is
+``generate`` and ``reference`` in one box.
+
 The contributed class:
 
     class WordCount:
@@ -40,6 +46,39 @@ import traceback
 from typing import Any
 
 _MAX_REQUEST = 4 << 20
+_MAX_TRACES = 8
+_MAX_TRACE_CHARS = 16 * 1024
+_traces: list[str] = []
+
+
+def _kept(text: object) -> None:
+    if len(_traces) < _MAX_TRACES:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        if isinstance(text, str) and text.strip():
+            _traces.append(text[-_MAX_TRACE_CHARS:])
+
+
+def _trace() -> None:
+    """Keep what the verifier reads back from the programs it runs and the buffers it prints into."""
+    import subprocess
+
+    communicate = subprocess.Popen.communicate
+
+    def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = communicate(self, *args, **kwargs)
+        _kept(out[0])
+        return out
+
+    subprocess.Popen.communicate = traced  # type: ignore[method-assign]
+
+    class Buffer(io.StringIO):
+        def getvalue(self) -> str:
+            value = super().getvalue()
+            _kept(value)
+            return value
+
+    io.StringIO = Buffer  # type: ignore[misc]
 
 
 def _load(entry_file: str, entry_class: str) -> Any:
@@ -53,7 +92,8 @@ def _load(entry_file: str, entry_class: str) -> Any:
 
 
 def _generate(env: Any, request: dict[str, Any], seed: int, task_seed: int) -> dict[str, Any]:
-    rng = random.Random(f"{request['env']}:{seed}:{request['difficulty']}")
+    salt = request.get("rng_salt")
+    rng = random.Random(f"{request['env']}:{seed}:{request['difficulty']}" + (f":{salt}" if salt else ""))
     task = env.generate(seed, request["difficulty"], rng, random.Random(task_seed))
     if not isinstance(task, dict) or not isinstance(task.get("prompt"), str):
         raise TypeError("generate must return a dict with a 'prompt' string")
@@ -61,6 +101,8 @@ def _generate(env: Any, request: dict[str, Any], seed: int, task_seed: int) -> d
 
 
 def _do(request: dict[str, Any]) -> dict[str, Any]:
+    if request.get("trace"):
+        _trace()
     env = _load(request["entry_file"], request["entry_class"])
     task = _generate(env, request, request["seed"], request["task_seed"])
     op = request["op"]
@@ -69,15 +111,20 @@ def _do(request: dict[str, Any]) -> dict[str, Any]:
         task = {**other, "prompt": task["prompt"], "public": task.get("public", {})}
     if op == "generate":
         return {"prompt": task["prompt"], "public": task.get("public", {})}
-    if op == "reference":
+    if op in ("reference", "solve"):
         final = env.reference(task)
         if not isinstance(final, str):
             raise TypeError("reference must return the answer as a string")
+        if op == "solve":
+            return {"prompt": task["prompt"], "public": task.get("public", {}), "final": final}
         return {"final": final}
     verdict = env.verify(task, request["final"])
     if not isinstance(verdict, dict):
         raise TypeError("verify must return a dict with 'reward', 'passed' and 'reasons'")
-    return {"reward": verdict.get("reward"), "passed": verdict.get("passed"), "reasons": verdict.get("reasons", [])}
+    out = {"reward": verdict.get("reward"), "passed": verdict.get("passed"), "reasons": verdict.get("reasons", [])}
+    if request.get("trace"):
+        out["trace"] = list(_traces)
+    return out
 
 
 def main() -> None:

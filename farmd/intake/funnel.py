@@ -11,6 +11,13 @@ The funnel runs the contributed code only through ``BoxedEnvironment``: every ca
 with a per-task seed and never the farm's key. An infrastructure failure while checking (a box that will
 not start) is never a verdict: the submission stays ``checking`` and is tried again.
 
+A check cannot be told from production: its seeds are drawn as the task bank draws production's (the farm's
+keyed ``SeedSequence``, from the stretch production serves first), and production keeps checking: a share of
+every approved version's jobs are canaries (``canaries.py``) whose rewards ``watch_canaries`` reads; one
+rewarded quarantines the version. What checking costs is bounded per submission (``check_box_s``) and per
+verdict (``verdict_cpu_s``, ``verdict_wall_s``), and ``parallel_checks`` submissions are checked at once, so a
+slow one holds one slot for a bounded time, never the funnel.
+
 Serving is the daemon's: the funnel calls ``serve(env, package)`` on approval and ``unserve(env)`` when a
 version stops serving, so intake never reaches into the scheduler or the task bank.
 """
@@ -20,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,16 +37,19 @@ from typing import Any
 from farmd.errors import BadRequest, Conflict, FailedPrecondition, FarmError, Forbidden, NotFound
 from farmd.intake import reputation
 from farmd.intake.attacker import Attacker
-from farmd.intake.boxed import BoxedEnvironment, Call
+from farmd.intake.boxed import BoxedEnvironment, Call, CheckBudgetSpent
+from farmd.intake.canaries import ProductionCanaries
 from farmd.intake.checks import Finding
 from farmd.intake.contributed_checks import tier1_report
 from farmd.intake.exploits import fingerprint
 from farmd.intake.package import Package, PackageError, read_package
+from farmd.intake.probes import COST, verdict_cost
 from farmd.intake.settings import IntakeConfig
 from farmd.intake.tier2 import run_tier2
 from farmd.sandbox import Sandbox
 from farmd.store import Store
-from farmd.store.intake import BountyRow, CostRow, FindingRow, SubmissionRow
+from farmd.store.intake import BountyRow, CanaryRow, CostRow, FindingRow, SubmissionRow
+from farmd.taskbank import CHECK_HORIZON, SeedSequence
 from farmd.text import bounded
 from farmd.verifier import VerifierKey
 
@@ -46,7 +57,9 @@ log = logging.getLogger("farmd.intake")
 
 MAX_NOTE_CHARS = 4000
 MAX_FIELD_CHARS = 2000
-_SEED_SPACE = 1 << 31
+CANARY_CHECK = "production_canary"
+_CANARY_CURSOR = "intake_canaries"
+_CANARIES_READ = 500
 _REVIEW_CAP_S = 2 * 3600.0
 """A reviewer's time taken from their first look is capped: a submission left open overnight is not work."""
 _SOUND_EVERY_S = 60.0
@@ -84,13 +97,41 @@ class Funnel:
         self._key = key
         self.config = config
         self.prices = Prices(config.box_cpu_hour_usd, config.attacker_usd_per_mtok, config.review_hour_usd)
-        self._serve = serve
-        self._unserve = unserve
+        self._serve_env = serve
+        self._unserve_env = unserve
         self._attacker = attacker
         self._checking: dict[int, asyncio.Task[None]] = {}
-        self._one_at_a_time = asyncio.Semaphore(1)
-        """Checks share the node's boxes with rollouts: one submission at a time keeps intake a guest."""
+        self._costing: dict[int, BoxedEnvironment] = {}
+        """The environment each running check spends through (what a check stopped for its cost had spent)."""
+        self._slots = asyncio.Semaphore(config.parallel_checks)
+        """Checks share the node's boxes with rollouts: a few submissions at a time keep intake a guest, and
+        each one's box seconds are bounded (``check_box_s``), so a slow one never holds the funnel."""
         self._sound: asyncio.Task[None] | None = None
+        self._watching: asyncio.Task[None] | None = None
+        self.seeds = SeedSequence.keyed(key.seed)
+        """The task bank's sequence of fresh seeds (the daemon hands the scheduler the same one)."""
+        self.canaries = ProductionCanaries(config.canary_share)
+        """Which canary jobs go beside an approved version's (the daemon hands it to the scheduler)."""
+
+    async def _serve(self, env: str, package: Package) -> None:
+        self.canaries.serve(env, package.manifest.kind)
+        await self._serve_env(env, package)
+
+    async def _unserve(self, env: str) -> None:
+        self.canaries.unserve(env)
+        await self._unserve_env(env)
+
+    def _environment(self, package: Package) -> BoxedEnvironment:
+        """A submission's environment in this funnel's boxes, its checks bounded in box seconds."""
+        assert self._sandbox is not None
+        c = self.config
+        return BoxedEnvironment(package, self._sandbox, self._key, budget_s=c.check_box_s,
+                                verdict_cpu_s=c.verdict_cpu_s, verdict_wall_s=c.verdict_wall_s)
+
+    def draw_seed(self, env: str, level: int, rng: random.Random) -> int:
+        """A seed to check ``env`` on at ``level``, drawn as the task bank draws production's: the farm's keyed
+        sequence, at a place among the first ``CHECK_HORIZON`` production hands out."""
+        return self.seeds.nth(env, level, rng.randrange(CHECK_HORIZON))
 
     # -- life ----------------------------------------------------------------------------------------
 
@@ -106,9 +147,10 @@ class Funnel:
                 if sub.library != fingerprint(sub.kind):
                     self._schedule(sub.id, recheck=True)
         self._sound = asyncio.create_task(self._credit_sound_forever(), name="intake-sound")
+        self._watching = asyncio.create_task(self._watch_canaries_forever(), name="intake-canaries")
 
     async def stop(self) -> None:
-        tasks = [*self._checking.values(), *([self._sound] if self._sound else [])]
+        tasks = [*self._checking.values(), *(t for t in (self._sound, self._watching) if t is not None)]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -197,11 +239,19 @@ class Funnel:
         task.add_done_callback(lambda _t: self._checking.pop(submission_id, None))
 
     async def _check(self, submission_id: int, recheck: bool = False) -> None:
-        async with self._one_at_a_time:
+        async with self._slots:
             try:
-                await (self._recheck(submission_id) if recheck else self._run_tiers(submission_id))
+                try:
+                    await (self._recheck(submission_id) if recheck else self._run_tiers(submission_id))
+                except BaseExceptionGroup as group:  # a task group's: the budget ran out in one of its tasks
+                    spent = _budget_spent(group)
+                    if spent is None:
+                        raise
+                    raise spent from group
             except asyncio.CancelledError:
                 raise
+            except CheckBudgetSpent as spent:
+                await self._too_costly(submission_id, spent)
             except FarmError as exc:  # a box that would not start: no verdict, tried again on the next start
                 log.warning("submission %d: checking failed for the farm's reasons, not the submission's: %s",
                             submission_id, exc, extra={"event": "intake_infra", "submission": submission_id})
@@ -213,16 +263,18 @@ class Funnel:
                 await self._records.set_state(submission_id, "checking", expect=["checking"],
                                               detail="checking crashed (farmd's fault, see its log); "
                                                      "it is tried again when farmd restarts")
+            finally:
+                self._costing.pop(submission_id, None)
 
     async def _run_tiers(self, submission_id: int) -> None:
         sub = await self.submission(submission_id)
         if sub.state != "checking":
             return
-        assert self._sandbox is not None
-        env = BoxedEnvironment(await self._package(submission_id), self._sandbox, self._key)
+        env = self._environment(await self._package(submission_id))
+        self._costing[submission_id] = env
         rng = secrets.SystemRandom()
-        # Fresh seeds each round: an environment cannot tell a check from a rollout by its seed.
-        seeds = sorted(rng.randrange(_SEED_SPACE) for _ in range(sub.seeds))
+        # Fresh seeds each round, drawn as the bank draws production's: a check and a rollout look alike.
+        seeds = sorted({self.draw_seed(sub.env, 1, rng) for _ in range(sub.seeds)})
         await self._records.set_state(submission_id, "checking", tier=1, detail="tier 1: structural checks")
         report = await tier1_report(env, seeds)
         findings = [_row(f, 1) for f in report.findings]
@@ -234,9 +286,22 @@ class Funnel:
             return
         await self._records.set_state(submission_id, "checking", tier=2, detail="tier 2: attacks")
         done = len(env.calls)
+        # What tier 1's verdicts cost decides before any attack is paid for: the farm's budget, not the manifest's.
+        costly = verdict_cost(env.calls, self.config.verdict_cpu_s, self.config.verdict_wall_s)
+        if costly is not None:
+            findings = [_row(costly, 2)]
+            await self._records.record_tier(submission_id, sub.rounds, 2, findings, _cost(2, []))
+            await self._reject(sub, 2, findings, reputation.REJECTED_TIER2)
+            return
         levels = sub.levels
-        keys = [(rng.randrange(_SEED_SPACE), 1 + i % levels) for i in range(self.config.tier2_tasks)]
-        t2 = await run_tier2(env, keys, attacker=self._attacker, attack_budget=sub.attack_budget)
+
+        def key(i: int) -> tuple[int, int]:
+            return self.draw_seed(sub.env, 1 + i % levels, rng), 1 + i % levels
+
+        keys = [key(i) for i in range(self.config.tier2_tasks)]
+        sample = [key(i) for i in range(self.config.tier2_sample)]
+        t2 = await run_tier2(env, keys, attacker=self._attacker, attack_budget=sub.attack_budget, sample=sample,
+                             draw=lambda level: self.draw_seed(sub.env, level, rng))
         findings = [_row(f, 2) for f in t2.findings]
         await self._records.record_tier(submission_id, sub.rounds, 2, findings,
                                         _cost(2, env.calls[done:], t2.attacker_tokens))
@@ -256,18 +321,32 @@ class Funnel:
         sub = await self.submission(submission_id)
         if sub.state != "approved":
             return
-        assert self._sandbox is not None
-        env = BoxedEnvironment(await self._package(submission_id), self._sandbox, self._key)
+        env = self._environment(await self._package(submission_id))
+        # A version already served is attacked again whatever it costs: it is serving, and its cost was judged.
+        env.budget_s = env.verdict_cpu_s = env.verdict_wall_s = None
         rng = secrets.SystemRandom()
-        keys = [(rng.randrange(_SEED_SPACE), 1 + i % sub.levels) for i in range(self.config.tier2_tasks)]
+        keys = [(self.draw_seed(sub.env, 1 + i % sub.levels, rng), 1 + i % sub.levels)
+                for i in range(self.config.tier2_tasks)]
         library = fingerprint(sub.kind)
-        t2 = await run_tier2(env, keys, canaries=0)
+        t2 = await run_tier2(env, keys, canaries=0, probes_asked=())
         findings = [_row(f, 2) for f in t2.findings]
         await self._records.record_tier(submission_id, sub.rounds, 2, findings, _cost(2, env.calls))
         await self._records.set_library(submission_id, library)
         first = _first_blocking(findings)
         if first is not None:
             await self.quarantine(submission_id, "the exploit library", bounded(first.evidence, 1000))
+
+    async def _too_costly(self, submission_id: int, spent: CheckBudgetSpent) -> None:
+        """Checking used the box seconds one submission may: refused as too costly, at the tier it was in."""
+        sub = await self.submission(submission_id)
+        env = self._costing.pop(submission_id, None)
+        calls = env.calls if env is not None else []
+        finding = FindingRow(sub.tier, COST, bounded(f"checking stopped: {spent.evidence}", MAX_FIELD_CHARS),
+                             "make each call cheap: the farm checks a version within a bounded number of box "
+                             "seconds, and pays a bounded cost per verdict", True)
+        await self._records.record_tier(submission_id, sub.rounds, sub.tier, [finding], _cost(sub.tier, calls))
+        await self._reject(sub, sub.tier, [finding],
+                           reputation.REJECTED_TIER1 if sub.tier <= 1 else reputation.REJECTED_TIER2)
 
     async def _reject(self, sub: SubmissionRow, tier: int, findings: list[FindingRow], delta: float) -> None:
         first = _first_blocking(findings)
@@ -414,6 +493,54 @@ class Funnel:
             except Exception:
                 log.exception("crediting sound environments failed")
 
+    # -- production canaries ----------------------------------------------------------------------------
+
+    async def watch_canaries(self) -> int:
+        """Read the canaries stored since the last look; quarantine every approved version one of them earned
+        reward (or a pass) from, with the canary as a finding. Returns how many versions were quarantined."""
+        saved = await self._store.get_state(_CANARY_CURSOR)
+        cursor = int(saved["seq"]) if saved else 0
+        upto = await self._store.last_seq()
+        caught = 0
+        while cursor < upto:
+            rows = await self._records.canary_results(cursor, upto, _CANARIES_READ)
+            for row in rows:
+                if row.status == "ok" and (row.reward > 0 or row.passed):
+                    caught += await self._canary_rewarded(row)
+            cursor = rows[-1].seq if len(rows) == _CANARIES_READ else upto
+            await self._store.put_state(_CANARY_CURSOR, {"seq": cursor})
+        return caught
+
+    async def _canary_rewarded(self, row: CanaryRow) -> int:
+        name, _, version = row.env.removeprefix("contrib:").partition("@")
+        sid = await self._records.named(name, version)
+        sub = await self._records.submission(sid) if sid is not None else None
+        if sub is None or sub.state != "approved":
+            return 0  # quarantined already (by an earlier canary), or no longer served
+        what = row.agent.removeprefix("redteam:canary:")
+        evidence = (f"production canary {what!r} (a known-wrong attempt, trajectory {row.trajectory_id}) earned "
+                    f"reward {row.reward:g} (passed: {str(row.passed).lower()}) on task (seed {row.seed}, level "
+                    f"{row.difficulty}) after the version was approved")
+        log.warning("%s rewarded a canary: %s", sub.env, evidence,
+                    extra={"event": "canary_rewarded", "submission": sub.id, "trajectory": row.trajectory_id})
+        await self._records.record_tier(sub.id, sub.rounds, 2, [FindingRow(
+            2, CANARY_CHECK, bounded(evidence, MAX_FIELD_CHARS),
+            "judge every attempt by the task's hidden data, the same way on every task and every day: production "
+            "keeps checking")], CostRow(2))
+        try:
+            await self.quarantine(sub.id, "a production canary", evidence)
+        except FailedPrecondition:
+            return 0  # decided meanwhile
+        return 1
+
+    async def _watch_canaries_forever(self) -> None:
+        while True:
+            try:
+                await self.watch_canaries()
+            except Exception:
+                log.exception("reading production canaries failed")
+            await asyncio.sleep(self.config.canary_check_s)
+
     # -- bounties ----------------------------------------------------------------------------------------
 
     async def post_bounty(self, by: str, *, domain: str, requirements: str, payout_min: float, payout_max: float,
@@ -483,3 +610,15 @@ class Funnel:
 
 def _first_blocking(findings: Sequence[FindingRow]) -> FindingRow | None:
     return next((f for f in findings if f.blocking), None)
+
+
+def _budget_spent(exc: BaseException) -> CheckBudgetSpent | None:
+    """The ``CheckBudgetSpent`` that ended a check, also from inside a task group's exceptions."""
+    if isinstance(exc, CheckBudgetSpent):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _budget_spent(inner)
+            if found is not None:
+                return found
+    return None

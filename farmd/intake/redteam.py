@@ -31,6 +31,7 @@ from farmd.envs.catalog import CONTRIBUTED_PREFIX, EnvLookup
 from farmd.envs.registry import get as get_builtin
 from farmd.errors import AgentSpecError
 from farmd.flags import RED_TEAM_ESCAPE, RED_TEAM_EXPLOIT
+from farmd.intake.canaries import CanaryAgent
 from farmd.intake.escapes import Marker
 from farmd.intake.escapes import for_kind as escapes_for
 from farmd.intake.exploits import for_kind, supplied_reference
@@ -83,7 +84,11 @@ class RedTeamAgent(Agent):
 
 
 def make_red_team_agent(spec: str, envs: EnvLookup | None, ctx: VerifyContext | None) -> Agent:
-    return RedTeamAgent(parse_red_team_spec(spec), envs or get_builtin, ctx)
+    parsed = parse_red_team_spec(spec)
+    if parsed.what == "canary":  # intake's production canaries (``canaries.py``)
+        return CanaryAgent(parsed, envs or get_builtin, ctx)
+    return RedTeamAgent(parsed, envs or get_builtin, ctx)
+
 
 
 # -- the plan of a red-team run -------------------------------------------------------------------------------

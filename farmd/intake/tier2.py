@@ -1,13 +1,16 @@
 """Tier 2 of intake for a contributed environment: its verifier attacked, every attempt judged for real by
 the submitted verifier in its own boxes (``BoxedEnvironment.verify``).
 
-Three attacks:
+The attacks:
 
 - the exploit library for the manifest's kind (``exploits.for_kind``), made for each task asked with the
   environment's own reference as the right answer (computed in its box first: ``supplied_reference``);
 - impossible-task canaries: the prompt of ``seed`` with the hidden data of another seed (see
   ``env_runner``). The answer right for the prompt, and the exploits made from it, are wrong there by
   construction; a pair whose two references agree is no canary and is skipped;
+- the probes of ``probes``, over the tasks asked and a ``sample`` of more: forged output learned from the
+  verifier's own reference runs, the answer leaked in the public task under a transform, constant answers,
+  answers the prompt does not decide;
 - an LLM attacker (``attacker``), when one is configured: shown the source and one task, its proposals
   are run on that task.
 
@@ -22,16 +25,20 @@ a note, never a pass and never a rejection.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
-from collections.abc import Sequence
+import secrets
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from farmd.envs.base import Task
+from farmd.intake import probes
 from farmd.intake.attacker import Attacker, AttackerError
-from farmd.intake.boxed import BoxedEnvironment, ContributedError, ContributedTask
+from farmd.intake.boxed import BoxedEnvironment, ContributedError, ContributedTask, Variant
 from farmd.intake.checks import Finding
 from farmd.intake.exploits import Exploit, for_kind, supplied_reference
+from farmd.intake.probes import CONSTANT, FORGED, LEAK, PROBES, Known, Try
 from farmd.text import clip
 from farmd.verifier.answer import extract_single_answer
 
@@ -152,10 +159,11 @@ async def _judge(env: BoxedEnvironment, attempts: Sequence[_Attempt], parallel: 
     return [r.result() for r in running]
 
 
-async def _canary(env: BoxedEnvironment, seed: int, level: int, answer: str) -> tuple[int, str] | None:
+async def _canary(env: BoxedEnvironment, seed: int, level: int, answer: str,
+                  draw: Callable[[int], int] | None = None) -> tuple[int, str] | None:
     """A canary seed for ``(seed, level)`` and the mixed task's reference, where that differs from ``answer``."""
     for n in range(1, CANARY_TRIES + 1):
-        canary_seed = seed + n * CANARY_STRIDE
+        canary_seed = draw(level) if draw is not None else seed + n * CANARY_STRIDE
         try:
             mixed = await env.reference(seed, level, canary_seed=canary_seed)
         except ContributedError:
@@ -226,6 +234,20 @@ def _finding(source: str, outcomes: list[_Outcome], describe: dict[str, str]) ->
                        f"it submitted {_shown(a.final)}",
                        "judge by the task's 'hidden' data only: never recompute the expected answer from the prompt, "
                        "and never pass an attempt the hidden data does not support")
+    if a.check == FORGED:
+        return Finding(FORGED, f"a forged attempt ({source}: what the verifier read from its own reference runs, "
+                       f"without solving the task) {won}; it submitted {_shown(a.final)}",
+                       "judge values the verifier computes from the submission itself, never text the submission "
+                       "prints or writes: it can print anything")
+    if a.check == LEAK:
+        return Finding(LEAK, f"the answer read off the public task ({source}; {a.why}) {won}; it submitted "
+                       f"{_shown(a.final)}",
+                       "keep the expected answer, in any form, in 'hidden'; and judge the answer exactly, not "
+                       "up to case, spacing or order")
+    if a.check == CONSTANT:
+        return Finding(CONSTANT, f"{source}, though the task's answer is another, {won}; it submitted "
+                       f"{_shown(a.final)}",
+                       "compare the submission with this task's expected answer from 'hidden', exactly")
     return Finding(ATTACKER, f"the LLM attacker's {source} {won}; it submitted {_shown(a.final)} (its reasoning: "
                    f"{_shown(a.why)})",
                    "close the flaw the proposal exploits: only a correct answer may earn reward")
@@ -257,43 +279,55 @@ def _report(run: _Run, describe: dict[str, str]) -> Tier2Report:
 
 async def run_tier2(env: BoxedEnvironment, keys: Sequence[tuple[int, int]], *, attacker: Attacker | None = None,
                     attack_budget: int = 8, canaries: int = 2, parallel: int = 2,
-                    exploits: Sequence[Exploit] | None = None) -> Tier2Report:
+                    exploits: Sequence[Exploit] | None = None, sample: Sequence[tuple[int, int]] = (),
+                    probes_asked: Collection[str] = PROBES, draw: Callable[[int], int] | None = None) -> Tier2Report:
     """Attack ``env``'s verifier on the tasks ``keys`` ((seed, level) pairs): the exploit library on each,
-    ``canaries`` impossible tasks (spread over ``keys``), and ``attacker`` with ``attack_budget`` proposals on
-    the first. ``parallel`` boxes at a time; ``exploits``: the library to run (None: every exploit of the
-    manifest's kind). What the boxes cost is in ``env.calls``."""
-    # A contributed call is bounded in seconds (``[bounds]``): the hangs cost that, so they run here.
-    exploits = for_kind(env.manifest.kind, slow=True) if exploits is None else list(exploits)
-    describe = {e.name: e.description for e in exploits}
+    ``canaries`` impossible tasks (spread over ``keys``), the ``probes_asked`` (``probes.PROBES``) over ``keys``
+    and ``sample`` (more tasks, solved to see how answers spread), and ``attacker`` with ``attack_budget``
+    proposals on the first. ``parallel`` boxes at a time; ``exploits``: the library to run (None: every exploit
+    of the manifest's kind); ``draw``: a level's fresh seed as production draws it (the canaries' hidden data).
+    What the boxes cost is in ``env.calls``."""
     run = _Run()
     known: dict[tuple[int, int], tuple[ContributedTask, str]] = {}
     attempts: list[_Attempt] = []
-    for seed, level in dict.fromkeys(keys):
-        try:
-            task = await env.generate(seed, level)
-            answer = await env.reference(seed, level)
-        except ContributedError as exc:
-            run.notes.append(Finding(EXPLOIT, f"task (seed {seed}, level {level}) could not be attacked: {exc}",
+    limit = asyncio.Semaphore(max(1, parallel))
+    wanted = list(dict.fromkeys(keys))
+    extra = [k for k in dict.fromkeys(sample) if k not in set(wanted)] if probes_asked else []
+    solved = await asyncio.gather(*[_solve(env, k, limit) for k in wanted + extra])
+    for (seed, level), made in zip(wanted, solved, strict=False):
+        if isinstance(made, ContributedError):
+            run.notes.append(Finding(EXPLOIT, f"task (seed {seed}, level {level}) could not be attacked: {made}",
                                      "make `generate` and `reference` work on every task (tier 1 says how)",
                                      blocking=False))
             continue
-        known[(seed, level)] = task, answer
+        known[(seed, level)] = made
+    # A contributed call is bounded in seconds (``[bounds]``): the hangs cost that, so they run here.
+    exploits = _library(env.manifest.kind, [answer for _, answer in known.values()]) if exploits is None \
+        else list(exploits)
+    describe = {e.name: e.description for e in exploits}
+    for (seed, level), (task, answer) in known.items():
         attempts += _exploit_attempts(exploits, EXPLOIT, _task(env, seed, level, task), answer)
+    sampled = {k: made for k, made in zip(extra, solved[len(wanted):], strict=True)
+               if not isinstance(made, ContributedError)}
     ordered = list(known)
     spread = min(max(canaries, 0), len(ordered))
     picked = [ordered[i * len(ordered) // spread] for i in range(spread)]
-    made = 0
+    made_canaries = 0
     for seed, level in picked:
         task, answer = known[(seed, level)]
-        found = await _canary(env, seed, level, answer)
+        found = await _canary(env, seed, level, answer, draw)
         if found is not None:
-            made += 1
+            made_canaries += 1
             attempts += _canary_attempts(exploits, _task(env, seed, level, task), answer, *found)
-    if picked and not made:
+    if picked and not made_canaries:
         run.notes.append(Finding(CANARY, f"no canary could be made on {picked}: with another seed's hidden data "
                                  "the reference gave the same answer (or failed)",
                                  "nothing to fix if the hidden data cannot change the answer; otherwise draw the "
                                  "hidden data from the seed", blocking=False))
+    targets = [Known(*k, *known[k]) for k in ordered]
+    everything = targets + [Known(*k, *made) for k, made in sampled.items()]
+    findings, tries = await _probe(env, probes_asked, targets, everything, limit)
+    attempts += [_Attempt(t.check, t.source, t.seed, t.level, t.final, why=t.why) for t in tries]
     async with asyncio.TaskGroup() as group:  # the attacker thinks while the boxes judge
         judged = group.create_task(_judge(env, attempts, max(1, parallel)))
         proposed = group.create_task(_attack(env, attacker, attack_budget, *ordered[0], *known[ordered[0]], run)) \
@@ -301,8 +335,116 @@ async def run_tier2(env: BoxedEnvironment, keys: Sequence[tuple[int, int]], *, a
     run.outcomes = judged.result()
     if proposed is not None:
         run.outcomes += await _judge(env, proposed.result(), max(1, parallel))
+    run.notes[:0] = findings
     report = _report(run, describe)
     log.info("tier 2 of %s %s: %d attempts, %d rewarded, %d blocking findings, %d attacker tokens",
              env.manifest.env_name, env.manifest.version, report.tried, report.rewarded, len(report.blocking),
              report.attacker_tokens)
     return report
+
+
+_BARE_WRONG = frozenset({"hedge-or", "hedge-comma", "hedge-lines", "every-small-integer", "echo-prompt",
+                         "echo-expression", "prompt-completion", "prompt-injection", "empty", "blank"})
+"""The bare-answer exploits whose text holds another value beside the right one, or none: wrong whatever the
+format. (The others write the right value another way, "+3" or "3.0": a free-form answer verifier may take
+those, and that rewards no wrong answer.)"""
+
+
+def _library(kind: str, answers: Sequence[str]) -> list[Exploit]:
+    """The exploit library for ``kind``; for an ``answer`` environment whose answers are bare (no ``<answer>``
+    block, so the library's blocked forms fail it for their tags alone), the bare-answer kind's wrong ones too,
+    named ``bare:``: hedges and echoes aimed at the form its answers really take."""
+    library = for_kind(kind, slow=True)
+    if kind == "answer" and answers and all(extract_single_answer(a)[0] is None for a in answers):
+        library += [dataclasses.replace(e, name="bare:" + e.name) for e in for_kind("bare-answer", slow=True)
+                    if e.name in _BARE_WRONG]
+    return library
+
+
+async def _solve(env: BoxedEnvironment, key: tuple[int, int], limit: asyncio.Semaphore
+                 ) -> tuple[ContributedTask, str] | ContributedError:
+    async with limit:
+        try:
+            return await env.solve(*key)
+        except ContributedError as exc:
+            return exc
+
+
+async def _probe(env: BoxedEnvironment, asked: Collection[str], targets: list[Known], everything: list[Known],
+                 limit: asyncio.Semaphore) -> tuple[list[Finding], list[Try]]:
+    """The probes' findings by themselves (a leak, near-constant answers, answers the prompt does not decide)
+    and their attempts, to be judged with the rest."""
+    kind = env.manifest.kind
+    findings: list[Finding] = []
+    tries: list[Try] = []
+    if "leaks" in asked:
+        leaks = await asyncio.to_thread(lambda: {k.key: probes.find_leaks(k.task, k.answer) for k in everything})
+        places = probes.systematic(leaks)
+        findings += probes.leak_findings(leaks, places)
+        tries += [t for k in everything for t in probes.leak_tries(k, leaks[k.key], places)]
+    if "constants" in asked:
+        near = probes.near_constant(everything, kind)
+        findings += [near] if near is not None else []
+        tries += probes.constant_tries(everything, kind)
+    if "forged" in asked:
+        traces = await _traces(env, targets + [k for k in everything if k not in targets][:2], limit)
+        tries += probes.forged_tries(targets, everything, traces, kind)
+    if "underivable" in asked:
+        findings += await _underivable(env, everything, limit)
+    return findings, tries
+
+
+async def _traces(env: BoxedEnvironment, known: Sequence[Known], limit: asyncio.Semaphore
+                  ) -> dict[tuple[int, int], str]:
+    """What the verifier's children printed while it judged each task's reference (what it parses)."""
+
+    async def one(k: Known) -> tuple[tuple[int, int], str]:
+        async with limit:
+            try:
+                verdict = await env.verify(*k.key, k.answer, trace=True)
+            except ContributedError:
+                return k.key, ""
+        return k.key, "\n".join(verdict.trace)
+
+    return dict(await asyncio.gather(*[one(k) for k in known]))
+
+
+UNDERIVABLE_TASKS = 2
+"""Tasks whose hidden choices, and public ones, are drawn again to see whether the answer moves alone."""
+
+
+async def _underivable(env: BoxedEnvironment, everything: list[Known], limit: asyncio.Semaphore) -> list[Finding]:
+    """Answers an agent cannot derive: tasks posed alike whose verifier refuses each other's answers."""
+    checks: list[tuple[Known, str, str]] = []
+    for a, b in probes.alike(everything):
+        checks.append((a, b.answer, f"task (seed {b.seed}, level {b.level})"))
+    variants = [(Variant(hidden=secrets.randbits(32)), "the same task with other hidden random choices"),
+                (Variant(rng_salt=secrets.token_hex(8)), "the same seed with other random choices of its own")]
+
+    async def redrawn(k: Known, variant: Variant, how: str) -> tuple[Known, str, str] | None:
+        async with limit:
+            try:
+                task, answer = await env.solve(*k.key, variant=variant)
+            except ContributedError:
+                return None
+        again = Known(*k.key, task, answer)
+        if again.shown != k.shown or again.core.casefold() == k.core.casefold():
+            return None
+        return k, answer, how
+
+    drawn = await asyncio.gather(*[redrawn(k, v, how) for k in everything[:UNDERIVABLE_TASKS]
+                                   for v, how in variants])
+    checks += [c for c in drawn if c is not None]
+
+    async def refused(k: Known, answer: str, how: str) -> Finding | None:
+        async with limit:
+            try:
+                verdict = await env.verify(*k.key, answer)
+            except ContributedError as exc:
+                return probes.underivable_finding(k, answer, how, f" ({exc.evidence[:200]})")
+        if verdict.passed or verdict.reward > 0:
+            return None  # several answers are right: the other task's is right here too
+        return probes.underivable_finding(k, answer, how)
+
+    found = await asyncio.gather(*[refused(*c) for c in checks])
+    return [f for f in found if f is not None][:4]

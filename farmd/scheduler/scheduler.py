@@ -20,7 +20,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from farmd.metrics import Metrics
@@ -30,7 +30,7 @@ from farmd.scheduler.delivery import Delivery
 from farmd.scheduler.policies import Policies
 from farmd.store import Store
 from farmd.store.nodes import Completion
-from farmd.taskbank import BankConfig, TaskBank, TaskKey
+from farmd.taskbank import BankConfig, SeedSequence, TaskBank, TaskKey
 from farmd.tasks import cancel_and_wait
 
 log = logging.getLogger("farmd.scheduler")
@@ -40,6 +40,11 @@ _LAG_SHOWN_S = 3600.0
 _BANK_SAVE_EVERY_S = 5.0
 """The bank's state is a few hundred kB of JSON: saved this often while groups finish (and on stop), not at
 every upkeep round. A crash loses at most this much of its evidence, never a trajectory."""
+
+CanaryPlan = Callable[[str, Sequence[tuple[int, int]], int], list[tuple[int, int, str]]]
+"""Given an environment, the (seed, level) of the groups just queued on it and how many jobs they hold: the
+canary jobs to queue beside them, as (seed, level, agent), one attempt each (intake's production canaries of
+a contributed version; none for an environment it does not check). Handed in by the daemon."""
 
 
 class Scheduler:
@@ -61,15 +66,18 @@ class Scheduler:
         self._submit_lock = asyncio.Lock()
         self._work = asyncio.Event()
         """Set (and replaced) whenever jobs may have become leasable: what a node's parked lease waits on."""
-        self.counters: dict[str, int] = {"completed": 0, "failed": 0, "retried": 0, "requeued": 0, "enqueued": 0}
+        self.counters: dict[str, int] = {"completed": 0, "failed": 0, "retried": 0, "requeued": 0, "enqueued": 0,
+                                         "canaries": 0}
+        self.canaries: CanaryPlan | None = None
 
     @classmethod
     async def open(cls, store: Store, max_difficulty: dict[str, int], config: SchedulerConfig | None = None,
                    metrics: Metrics | None = None, *, bank_config: BankConfig | None = None,
-                   endpoint_lines: Mapping[str, str] | None = None) -> Scheduler:
+                   endpoint_lines: Mapping[str, str] | None = None, seeds: SeedSequence | None = None) -> Scheduler:
+        """``seeds``: the farm's keyed sequence of fresh seeds (``farmd.taskbank.seeds``); without, 0, 1, 2, ..."""
         saved = await store.get_state(_BANK_STATE)
-        bank = (TaskBank.from_json(saved["bank"], max_difficulty, bank_config) if saved
-                else TaskBank(max_difficulty, bank_config))
+        bank = (TaskBank.from_json(saved["bank"], max_difficulty, bank_config, seeds) if saved
+                else TaskBank(max_difficulty, bank_config, seeds))
         scheduler = cls(store, bank, config, metrics, endpoint_lines)
         await scheduler.policies.load()
         scheduler._bank_cursor = int(saved["cursor"]) if saved else 0
@@ -110,6 +118,7 @@ class Scheduler:
         planned = [(env, int(seed), difficulty, agent, size) for seed in seeds]
         run_id, _ = await self.store.enqueue_run(env, agent, size * len(planned), size, planned)
         self.counters["enqueued"] += size * len(planned)
+        await self._queue_canaries(env, agent, planned)
         self._work_queued()
         return run_id
 
@@ -130,8 +139,22 @@ class Scheduler:
             else:
                 ids = await self.store.enqueue(planned, source=source)
         self.counters["enqueued"] += sum(sizes)
+        await self._queue_canaries(env, agent, planned)
         self._work_queued()
         return run_id, ids, sum(sizes)
+
+    async def _queue_canaries(self, env: str, agent: str, planned: Sequence[tuple[str, int, int, str, int]]) -> None:
+        """Intake's canary jobs for what was just queued on ``env``, on the same tasks (``CanaryPlan``). They are
+        jobs like any other, leased in the same queue; their agents are a red team's, so the bank, pass rates
+        and trainer streams leave them out. A red team's own jobs get none (canaries of canaries)."""
+        if self.canaries is None or agent.startswith(RED_TEAM_PREFIX) or not planned:
+            return
+        canaries = self.canaries(env, [(seed, level) for _, seed, level, _, _ in planned],
+                                 sum(size for *_, size in planned))
+        if canaries:
+            await self.store.enqueue([(env, seed, level, spec, 1) for seed, level, spec in canaries],
+                                     source="canary")
+            self.counters["canaries"] += len(canaries)
 
     async def _top_up_demand(self) -> None:
         cfg = self.config

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import aiosqlite
 
 from farmd.flags import QUARANTINED, WITHDRAWN
+from farmd.records import CANARY_PREFIX
 
 if TYPE_CHECKING:
     from farmd.store.store import Store
@@ -122,6 +123,21 @@ class BountyRow:
 
 
 @dataclass
+class CanaryRow:
+    """A production canary's stored result (the attempt was wrong on purpose: any reward is the verifier's)."""
+
+    seq: int
+    trajectory_id: int
+    env: str
+    agent: str
+    seed: int
+    difficulty: int
+    reward: float
+    passed: bool
+    status: str
+
+
+@dataclass
 class WithdrawalRow:
     seq: int
     trajectory_id: int
@@ -175,8 +191,8 @@ class IntakeRecords:
                          "SUM(review_s) FROM intake_costs WHERE submission_id=? GROUP BY tier ORDER BY tier",
                          (submission_id,))]
         counts = await self._store._one(
-            "SELECT COUNT(*), (SELECT COUNT(*) FROM withdrawals WHERE env=?) FROM trajectories WHERE env=?",
-            (sub.env, sub.env))
+            "SELECT COUNT(*), (SELECT COUNT(*) FROM withdrawals WHERE env=?) FROM trajectories WHERE env=? "
+            "AND substr(agent, 1, ?) != ?", (sub.env, sub.env, len(CANARY_PREFIX), CANARY_PREFIX))
         sub.trajectories, sub.withdrawn = int(counts[0]), int(counts[1])
         return sub
 
@@ -384,6 +400,15 @@ class IntakeRecords:
             await self._store._finish_groups(db, groups)
             return await withdraw(db, "t.env = ?", [env], now)
 
+    async def canary_results(self, after_seq: int, upto_seq: int, limit: int = 500) -> list[CanaryRow]:
+        """Production canaries' trajectories on contributed versions stored in ``(after_seq, upto_seq]``, in
+        order (a range of the stream's index: a reader that comes back every few seconds reads what is new)."""
+        return [CanaryRow(int(q), int(i), e, a, int(s), int(d), float(r), bool(p), st) for q, i, e, a, s, d, r, p, st in
+                await self._store._all(
+                    "SELECT seq, id, env, agent, seed, difficulty, reward, passed, status FROM trajectories "
+                    "WHERE seq > ? AND seq <= ? AND substr(agent, 1, ?) = ? AND substr(env, 1, 8) = 'contrib:' "
+                    "ORDER BY seq LIMIT ?", (after_seq, upto_seq, len(CANARY_PREFIX), CANARY_PREFIX, limit))]
+
     async def quarantined_envs(self) -> set[str]:
         return {str(r[0]) for r in await self._store._all("SELECT env FROM quarantined_envs")}
 
@@ -398,7 +423,9 @@ async def withdraw(db: aiosqlite.Connection, where: str, params: Sequence[object
     """In the caller's transaction: the trajectories matching ``where`` (over ``trajectories t``) whose
     environment is quarantined get a withdrawn score (reward 0, flagged) and a withdrawal row, once each.
     Returns how many were withdrawn now. The store calls it too, for a rollout that was running when its
-    environment was quarantined and is stored after."""
+    environment was quarantined and is stored after. A production canary's is left alone: no stream ever sent
+    it, and it stays the evidence it was (a wrong attempt the version rewarded)."""
+    where = f"({where}) AND substr(t.agent, 1, {len(CANARY_PREFIX)}) != '{CANARY_PREFIX}'"
     flags = json.dumps([QUARANTINED, WITHDRAWN])
     await db.execute(
         "INSERT OR IGNORE INTO scores(trajectory_id, verifier_version, reward, passed, status, reasons, flags, "

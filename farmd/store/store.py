@@ -32,6 +32,7 @@ from farmd import domain
 from farmd.errors import CursorError, StoreError
 from farmd.private import create_file, make_dir
 from farmd.records import (
+    CANARY_PREFIX,
     RED_TEAM_PREFIX,
     VERIFIED_EXTERNAL,
     ChatMessage,
@@ -87,9 +88,12 @@ def _subscribed(agent: str | None, envs: Sequence[str], *, streamed: bool = Fals
                 ) -> tuple[str, list[object]]:
     """SQL (starting with AND, or empty) and its parameters keeping only ``agent``'s rows of ``envs``;
     ``streamed``: and none of a quarantined environment, nor one withdrawn alone (its node was quarantined), nor
-    for ``groups`` (rows of ``groups``, not ``trajectories``) a group holding one (no trainer stream sends them)."""
-    where, args = " AND env NOT IN (SELECT env FROM quarantined_envs)" if streamed else "", list[object]()
+    for ``groups`` (rows of ``groups``, not ``trajectories``) a group holding one (no trainer stream sends them),
+    nor an intake canary's (a known-wrong attempt that checks a contributed verifier, never data)."""
+    where, args = "", list[object]()
     if streamed:
+        where = " AND env NOT IN (SELECT env FROM quarantined_envs) AND substr(agent, 1, ?) != ?"
+        args += [len(CANARY_PREFIX), CANARY_PREFIX]
         where += (" AND withheld = 0" if groups else
                   " AND NOT EXISTS (SELECT 1 FROM withdrawals w WHERE w.trajectory_id = trajectories.id)")
     if agent:

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from farmd.errors import TaskBankError
 from farmd.taskbank.posterior import BetaModel, Posterior
+from farmd.taskbank.seeds import SeedSequence
 
 SCHEMA_VERSION = 1
 """Version of the ``to_json`` layout; ``from_json`` refuses any other."""
@@ -166,6 +167,7 @@ class _EnvState:
         self.level_rate = 0.0
         self.level_groups = 0
         self.next_seed: dict[int, int] = {}
+        """Per level, how many fresh seeds were handed out (the bank's ``seeds`` says which the next one is)."""
         # Insertion-ordered; sampling walks it in order, so the order is part of the saved state.
         self.tasks: dict[tuple[int, int], _Record] = {}
         # True/False: the sampled task's posterior mean was inside/outside the band; None: a fresh task.
@@ -179,11 +181,15 @@ class TaskBank:
     """Per-task pass-rate posteriors, band sampling and a difficulty curriculum, per environment.
 
     ``max_difficulty`` names every environment the bank serves and its highest level,
-    e.g. ``TaskBank({"py-func": 5, "kernel": 5})``.
+    e.g. ``TaskBank({"py-func": 5, "kernel": 5})``. ``seeds``: which seed the n-th fresh task of an
+    environment at a level gets (``seeds.py``: a farm's are keyed, so no environment can tell them from the
+    seeds intake checks it on); without, the n-th is ``n``.
     """
 
-    def __init__(self, max_difficulty: Mapping[str, int], config: BankConfig | None = None) -> None:
+    def __init__(self, max_difficulty: Mapping[str, int], config: BankConfig | None = None,
+                 seeds: SeedSequence | None = None) -> None:
         self.config = config or BankConfig()
+        self.seeds = seeds or SeedSequence()
         self._model = self.config.model()
         self._version = 0
         self._envs: dict[str, _EnvState] = {}
@@ -268,14 +274,13 @@ class TaskBank:
             rec.last_sampled = st.sampled_total
             out.append(TaskKey(env, seed, difficulty))
             st.recent_samples.append(cfg.band_low <= mean <= cfg.band_high)
-        out += [_fresh(st, env, rng.randint(1, st.level - 1) if i < n_review else st.level)
+        out += [_fresh(st, env, rng.randint(1, st.level - 1) if i < n_review else st.level, self.seeds)
                 for i in range(n - len(out))]
         st.sampled_total += n
         return out
 
-    @staticmethod
-    def _uniform(st: _EnvState, env: str, n: int, rng: random.Random) -> list[TaskKey]:
-        out = [_fresh(st, env, rng.randint(1, st.max_difficulty)) for _ in range(n)]
+    def _uniform(self, st: _EnvState, env: str, n: int, rng: random.Random) -> list[TaskKey]:
+        out = [_fresh(st, env, rng.randint(1, st.max_difficulty), self.seeds) for _ in range(n)]
         st.sampled_total += n
         return out
 
@@ -300,8 +305,9 @@ class TaskBank:
         first = rec is None
         if rec is None:
             rec = st.tasks[ident] = _Record(self._model.fresh(policy_version), 0, None)
-            # A task that reached the bank some other way (an operator's run) is not fresh any more.
-            if key.seed >= st.next_seed.get(key.difficulty, 0):
+            # A task that reached the bank some other way (an operator's run) is not fresh any more. (A keyed
+            # sequence meets an operator's seed about once in 2**31 draws: a repeat that harms nothing.)
+            if self.seeds.key is None and key.seed >= st.next_seed.get(key.difficulty, 0):
                 st.next_seed[key.difficulty] = key.seed + 1
         rec.post = self._model.update(rec.post, passes, len(rewards) - passes, policy_version)
         rec.groups += 1
@@ -380,7 +386,7 @@ class TaskBank:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], max_difficulty: Mapping[str, int],
-                  config: BankConfig | None = None) -> TaskBank:
+                  config: BankConfig | None = None, seeds: SeedSequence | None = None) -> TaskBank:
         """A bank from ``to_json`` output, serving the environments in ``max_difficulty``.
 
         Saved state of an environment not named is dropped; a named one without saved
@@ -390,7 +396,7 @@ class TaskBank:
         if not isinstance(data, Mapping) or data.get("schema") != SCHEMA_VERSION:
             got = data.get("schema") if isinstance(data, Mapping) else type(data).__name__
             raise TaskBankError(f"saved task bank state has schema {got!r}; this farm reads {SCHEMA_VERSION}")
-        bank = cls(max_difficulty, config)
+        bank = cls(max_difficulty, config, seeds)
         bank._version = _restored(lambda: int(data["policy_version"]))
         envs = _restored(lambda: dict(data["envs"]))
         for name, saved in envs.items():
@@ -463,12 +469,12 @@ class TaskBank:
             del st.tasks[ident]
 
 
-def _fresh(st: _EnvState, env: str, level: int) -> TaskKey:
-    """The next seed never handed out at ``level``."""
-    seed = st.next_seed.get(level, 0)
-    st.next_seed[level] = seed + 1
+def _fresh(st: _EnvState, env: str, level: int, seeds: SeedSequence) -> TaskKey:
+    """The next seed never handed out at ``level``: ``next_seed`` counts them, ``seeds`` says which each is."""
+    n = st.next_seed.get(level, 0)
+    st.next_seed[level] = n + 1
     st.recent_samples.append(None)
-    return TaskKey(env, seed, level)
+    return TaskKey(env, seeds.nth(env, level, n), level)
 
 
 def _round(x: float, rng: random.Random) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from farmd.intake.boxed import BoxedEnvironment, ContributedError
+from farmd.intake.boxed import BoxedEnvironment, CheckBudgetSpent, ContributedError, Variant
 from farmd.intake.package import MANIFEST, read_package
 from farmd.sandbox import Sandbox
 from farmd.verifier import VerifierKey
@@ -96,3 +96,37 @@ async def test_a_public_task_out_of_its_domain_is_the_environment_s_fault(tmp_pa
         with pytest.raises(ContributedError) as failed:
             await env.generate(7, 2)
     assert failed.value.op == "generate" and evidence in failed.value.evidence, failed.value.evidence
+
+
+async def test_a_submissions_checks_stop_once_they_have_spent_their_box_seconds(tmp_path: Path) -> None:
+    """However slow its own code (here a generator that sleeps well within its declared bound), one
+    submission's checks take at most the box seconds the farm gives them: a call past them is refused, never
+    started, and it is the environment's cost (CheckBudgetSpent), not a failure of the farm's."""
+    slow = WORD_COUNT.replace("        words = [rng.choice(WORDS)", "        import time\n        time.sleep(0.8)\n"
+                              "        words = [rng.choice(WORDS)")
+    async with Sandbox() as sandbox:
+        env = BoxedEnvironment(package(tmp_path, slow), sandbox, KEY, budget_s=2.0)
+        with pytest.raises(CheckBudgetSpent) as refused:
+            for seed in range(10):
+                await env.generate(seed, 1)
+    assert 2 <= len(env.calls) <= 3 and env.spent_s >= 2.0, [c.wall_s for c in env.calls]
+    assert "box seconds" in refused.value.evidence and not isinstance(refused.value, ContributedError)
+
+
+async def test_a_verifier_can_be_traced_and_asked_about_other_random_choices(tmp_path: Path) -> None:
+    """tier 2's questions: what the verifier's children printed while it judged (what it parses), and the
+    same task with another per-task seed (other hidden choices) or another public stream."""
+    traced = WORD_COUNT.replace("        ok = final.strip()", "        import subprocess, sys\n"
+                                "        subprocess.run([sys.executable, '-c', 'print(\"VERDICT ok\")'], "
+                                "capture_output=True)\n        ok = final.strip()")
+    async with Sandbox() as sandbox:
+        env = BoxedEnvironment(package(tmp_path, traced), sandbox, KEY)
+        task, answer = await env.solve(7, 2)
+        assert task == await env.generate(7, 2) and answer == await env.reference(7, 2), "solve is both in one box"
+        verdict = await env.verify(7, 2, answer, trace=True)
+        assert verdict.passed and verdict.trace == ("VERDICT ok\n",)
+        assert (await env.verify(7, 2, answer)).trace == (), "traced only when asked"
+        # word-count draws nothing from its hidden generator: another per-task seed, the same task and answer.
+        assert await env.solve(7, 2, variant=Variant(hidden=1)) == (task, answer)
+        other, _ = await env.solve(7, 2, variant=Variant(rng_salt="x"))
+        assert other != task, "another public stream, other choices"

@@ -29,7 +29,8 @@ def farm_toml(tmp_path: Path) -> Path:
                       f'token_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"\n'
                       for who, token in TOKENS.items())
     # Fewer seeds than a farm asks of a new contributor: the same checks, a cheaper test.
-    config.write_text('[intake]\nseeds = [2, 2, 2]\nattack_budget = [2, 2, 2]\ntier2_tasks = 1\n' + entries)
+    config.write_text('[intake]\nseeds = [2, 2, 2]\nattack_budget = [2, 2, 2]\ntier2_tasks = 1\ntier2_sample = 8\n'
+                      + entries)
     return config
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from farmd.intake.attacker import Attacker, AttackerConfig
 from farmd.intake.boxed import BoxedEnvironment
+from farmd.intake.exploits import for_kind
 from farmd.intake.package import read_package
 from farmd.intake.tier2 import ATTACKER, CANARY, EXPLOIT, run_tier2
 from farmd.sandbox import Sandbox
@@ -63,7 +64,8 @@ async def test_a_verifier_that_crashes_on_an_exploit_has_not_passed_it_a_note_sa
     crashing = WORD_COUNT.replace(RIGHT, 'ok = int(final) == task["hidden"]["count"]')  # int("<answer>2") raises
     async with Sandbox() as sandbox:
         env = BoxedEnvironment(submission(tmp_path, crashing), sandbox, KEY)
-        report = await run_tier2(env, [(2, 1)], canaries=0)
+        # The <answer> forms only: int() also takes "+2" and full-width digits, which the bare forms catch.
+        report = await run_tier2(env, [(2, 1)], canaries=0, probes_asked=(), exploits=for_kind("answer", slow=True))
     assert report.findings and report.blocking == [] and report.rewarded == 0
     assert all(f.check == EXPLOIT and "verify failed" in f.evidence and "ValueError" in f.evidence
                for f in report.findings), [str(f) for f in report.findings]
@@ -93,7 +95,7 @@ async def test_the_llm_attacker_finds_a_backdoor_and_its_proposal_is_the_evidenc
             Attacker(AttackerConfig(base_url=ep.url, model="attacker", max_attempts=1)) as attacker, \
             Sandbox() as sandbox:
         env = BoxedEnvironment(submission(tmp_path, backdoored), sandbox, KEY)
-        report = await run_tier2(env, [(2, 1)], attacker=attacker, attack_budget=4, canaries=0, exploits=())
+        report = await run_tier2(env, [(2, 1)], attacker=attacker, attack_budget=4, canaries=0, exploits=(), probes_asked=())
     shown = ep.requests[0]["messages"][-1]["content"]
     assert '"OVERRIDE" in final' in shown and "How many times" in shown, "it saw the verifier and the task"
     [found] = report.findings
@@ -109,8 +111,25 @@ async def test_an_attacker_that_is_down_is_a_note_never_a_verdict() -> None:
     async with Attacker(AttackerConfig(base_url=f"http://127.0.0.1:{port}/v1", model="attacker",
                                        max_attempts=1, request_timeout_s=5)) as attacker, Sandbox() as sandbox:
         env = BoxedEnvironment(read_package(EXAMPLE), sandbox, KEY)
-        report = await run_tier2(env, [(0, 1)], attacker=attacker, canaries=0, exploits=())
+        report = await run_tier2(env, [(0, 1)], attacker=attacker, canaries=0, exploits=(), probes_asked=())
     [note] = report.findings
     assert (note.check, note.blocking) == (ATTACKER, False)
     assert "could not run" in note.evidence and "cannot connect" in note.evidence
     assert report.blocking == [] and report.rewarded == 0
+
+
+async def test_bare_answers_declared_as_answer_blocks_meet_the_exploits_for_bare_answers(tmp_path: Path) -> None:
+    """word-count declares kind "answer" but its answers are bare numbers: the library's <answer> forms would
+    all fail its verifier for their tags, so tier 2 sends the bare hedges and echoes too. A verifier that takes
+    any text starting with the count ("3,4", "3 or 4") is caught; the shipped one is not."""
+    lenient = WORD_COUNT.replace(RIGHT, 'ok = final.strip().startswith(str(task["hidden"]["count"]))')
+    async with Sandbox() as sandbox:
+        env = BoxedEnvironment(submission(tmp_path, lenient), sandbox, KEY)
+        report = await run_tier2(env, [(2, 1)], canaries=0, probes_asked=())
+        honest = await run_tier2(BoxedEnvironment(read_package(EXAMPLE), sandbox, KEY), [(2, 1)], canaries=0,
+                                 probes_asked=())
+    caught = {f.evidence.split("'")[1] for f in report.blocking if f.check == EXPLOIT}
+    assert {"bare:hedge-or", "bare:hedge-comma"} <= caught, [str(f) for f in report.findings]
+    assert not [name for name in caught if name.startswith("bare:") and name[5:] not in ("hedge-or", "hedge-comma",
+                                                                                          "hedge-lines")]
+    assert honest.blocking == [] and honest.tried > report.tried // 2
