@@ -70,6 +70,12 @@ def _trajectory(data: bytes, job_id: int, node: str) -> Trajectory:
     return domain.check(dataclasses.replace(trajectory, node=node).sealed(), external=False)
 
 
+def _outside_vocab(trajectory: Trajectory, vocab: int) -> str | None:
+    """The first token id of ``trajectory`` its policy's vocabulary (``vocab`` tokens) does not hold, named; None."""
+    found = domain.problems(trajectory, vocab=vocab, external=False)
+    return "; ".join(found[:3]) if found else None
+
+
 class _Parts:
     """Records arriving in pieces, per job, until their last piece: bounded per record, per stream, and with
     every other stream of the node's credential (``share``: what is held waiting for more counts there)."""
@@ -270,6 +276,13 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
                 unreadable[job_id] = _text(f"the record cannot be stored: {exc}", 1000)
                 log.warning("node %s sent a record for job %d that cannot be read: %s", node.name, job_id,
                             _text(str(exc), 300), extra={"event": "bad_result", "node": node.name, "job": job_id})
+                continue
+            vocab = await self._nodes.vocab_size(trajectory.policy_version) if trajectory.policy_version else None
+            problem = await asyncio.to_thread(_outside_vocab, trajectory, vocab) if vocab is not None else None
+            if problem is not None:  # a token its policy cannot sample: refused as any record out of its domain
+                unreadable[job_id] = _text(f"the record cannot be stored: {problem}", 1000)
+                log.warning("node %s sent a record for job %d out of its domain: %s", node.name, job_id, problem,
+                            extra={"event": "bad_result", "node": node.name, "job": job_id})
                 continue
             items.append((owner, trajectory))
         completed = await self._nodes.report(node, items) if items else Completion()

@@ -283,6 +283,9 @@ class Nodes:
     async def policy_sha256(self, version: int) -> str:
         return await self._scheduler.policies.sha256_of(version)
 
+    async def vocab_size(self, version: int) -> int | None:
+        return await self._scheduler.policies.vocab_size(version)
+
     async def heartbeat(self, node: Node, job_ids: list[int], policies: tuple[str, ...]) -> int:
         self._seen(node)
         node.last_heartbeat = time.time()

@@ -16,14 +16,16 @@ Publications only grow, so they are held here, not read per lease.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
+import io
 import re
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Mapping
 from dataclasses import dataclass
 from typing import IO
 
-from farm_client.tinylm_blob import FORMAT, PolicyFormatError, read_layout
+from farm_client.tinylm_blob import FORMAT, SPECIALS, PolicyFormatError, read_layout
 
 from farmd.errors import BadRequest, NotFound
 from farmd.records import Policy
@@ -32,6 +34,9 @@ from farmd.store.policy_files import PolicyUpload
 
 MAX_URI_CHARS = 4096
 MAX_POLICY_READ_BYTES = 1 << 30
+MAX_VOCAB_READ_BYTES = 64 << 20
+"""The largest policy whose vocabulary the coordinator reads to check what a node says it sampled (a tiny LM's
+blob is a few MB; a larger one is not a policy a ``torch:`` worker loads here)."""
 """The most a worker reads whole into memory to load (``content``); larger policies are a uri's business."""
 _HEX = frozenset("0123456789abcdef")
 LINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -119,6 +124,8 @@ class Policies:
         self._lines: dict[str | None, _Line] = {None: _Line()}
         """Each line's publications (None: every line's together): ``load``, then each publish."""
         self._by_version: dict[int, Policy] = {}
+        self._vocab: dict[int, int | None] = {}
+        """Each version's vocabulary size, once read (``vocab_size``)."""
 
     async def load(self) -> None:
         """Read the publications from the store (once, at start; publishes keep them current)."""
@@ -162,6 +169,24 @@ class Policies:
                 raise NotFound(f"no policy version {version}")
             self._by_version[version] = policy
         return policy.sha256
+
+    async def vocab_size(self, version: int) -> int | None:
+        """How many tokens policy ``version`` samples from, when it is a tiny LM policy whose content farmd holds
+        (None for a uri alone, another kind of content, or one past ``MAX_VOCAB_READ_BYTES``): what bounds the
+        token ids a node reports for a rollout of that version. Read once per version, off the event loop."""
+        if version in self._vocab:
+            return self._vocab[version]
+        size: int | None = None
+        policy = self._by_version.get(version) or (await self._store.policy_by_version(version) if version > 0 else None)
+        if policy is not None and policy.uri is None and policy.size <= MAX_VOCAB_READ_BYTES:
+            content = await self.content(policy.sha256)
+            try:
+                layout = await asyncio.to_thread(read_layout, io.BytesIO(content))
+                size = SPECIALS + len(layout.config["vocab"])
+            except PolicyFormatError:
+                size = None
+        self._vocab[version] = size
+        return size
 
     async def content(self, sha256: str) -> bytes:
         """The whole content of the policy hashed ``sha256``, for a worker to load (bounded)."""

@@ -106,14 +106,8 @@ class NodeRecords:
             env, seed, difficulty, size, source = found
             if max_size is not None and int(size) > max_size:
                 return None
-            cur = await db.execute(
-                "INSERT INTO groups(env, seed, difficulty, agent, size, source, created_at, run_id, canary) "
-                "VALUES (?,?,?,?,?,?,?,0,?)", (env, seed, difficulty, agent, size, source, now, node))
-            group_id = int(cur.lastrowid or 0)
-            await db.executemany(
-                "INSERT INTO jobs(group_id, env, seed, difficulty, agent, state, source, created_at, updated_at, "
-                "for_node) VALUES (?,?,?,?,?,'queued',?,?,?,?)",
-                [(group_id, env, seed, difficulty, agent, source, now, now, node)] * int(size))
+            (group_id,) = await self._store._insert_groups(db, [(env, seed, difficulty, agent, int(size))], source, 0,
+                                                           now, canary_for=node)
             return group_id, int(size)
 
     async def cancel_canaries(self, node: str | None = None) -> int:

@@ -461,17 +461,19 @@ class Store:
             return run_id, await self._insert_groups(db, groups, "request", run_id, now)
 
     async def _insert_groups(self, db: aiosqlite.Connection, groups: Iterable[tuple[str, int, int, str, int]],
-                             source: str, run_id: int, now: float) -> list[int]:
+                             source: str, run_id: int, now: float, *, canary_for: str | None = None) -> list[int]:
+        """Groups and their queued jobs, inside the caller's transaction. ``canary_for``: a node's canary groups,
+        their jobs leasable by that node alone (``farmd.store.nodes``)."""
         ids = []
         for env, seed, difficulty, agent, size in groups:
             cur = await db.execute(
-                "INSERT INTO groups(env, seed, difficulty, agent, size, source, created_at, run_id) "
-                "VALUES (?,?,?,?,?,?,?,?)", (env, seed, difficulty, agent, size, source, now, run_id))
+                "INSERT INTO groups(env, seed, difficulty, agent, size, source, created_at, run_id, canary) "
+                "VALUES (?,?,?,?,?,?,?,?,?)", (env, seed, difficulty, agent, size, source, now, run_id, canary_for))
             group_id = int(cur.lastrowid or 0)
             await db.executemany(
-                "INSERT INTO jobs(group_id, env, seed, difficulty, agent, state, source, created_at, updated_at) "
-                "VALUES (?,?,?,?,?,'queued',?,?,?)",
-                [(group_id, env, seed, difficulty, agent, source, now, now)] * size)
+                "INSERT INTO jobs(group_id, env, seed, difficulty, agent, state, source, created_at, updated_at, "
+                "for_node) VALUES (?,?,?,?,?,'queued',?,?,?,?)",
+                [(group_id, env, seed, difficulty, agent, source, now, now, canary_for)] * size)
             ids.append(group_id)
         return ids
 

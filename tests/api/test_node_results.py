@@ -85,16 +85,47 @@ LIES: list[dict[str, Any]] = [
 ]
 
 
+def hello(node: BareNode) -> None:
+    welcome = node.ask(hello=node_pb2.NodeHello(
+        name=NAME, owner=OWNER, capacity=64, version="0",
+        isolation=[farm_pb2.IsolationCheck(name="bwrap", ok=True, detail="bubblewrap")]))
+    assert welcome.welcome.name == NAME
+
+
+def test_a_token_its_policy_cannot_sample_is_refused(running_farm) -> None:  # type: ignore[no-untyped-def]
+    """The coordinator reads each tiny LM version's vocabulary once: a node saying its rollout of that version
+    sampled a token past it (within int32, so only the vocabulary tells) is refused with why; one inside is stored."""
+    from farm_client import tinylm
+
+    farm = running_farm("--workers", "0")
+    vocab = tinylm.LMConfig().vocab_size
+    with FarmClient(farm.addr) as client:
+        client.publish_policy(tinylm.save(tinylm.TinyLM(tinylm.LMConfig())), name="tiny")
+        client.run("arith", "torch:tiny", rollouts=2, group_size=2)
+    node = BareNode(farm.addr)
+    try:
+        hello(node)
+        jobs = sorted(node.ask(lease=node_pb2.LeaseRequest(n=64, wait_s=1.0)).leased.jobs, key=lambda j: j.id)
+        assert len(jobs) == 2 and all(j.policy_version == 1 for j in jobs)
+        inside, past = (Turn(message_index=1, prompt_messages=1, prompt_token_ids=[1, 2], token_ids=[3, token],
+                             logprobs=[-0.5, -0.5], has_logprobs=True) for token in (vocab - 1, vocab))
+        parts = [node_pb2.ResultPart(job_id=job.id, owner=OWNER, data=record(job, turns=[turn]), last=True)
+                 for job, turn in zip(jobs, (inside, past), strict=True)]
+        reply = node.ask(results=node_pb2.ResultsRequest(parts=parts)).results
+    finally:
+        node.close()
+    assert list(reply.stored) == [jobs[0].id], reply
+    (refused,) = reply.refused
+    assert refused.job_id == jobs[1].id and f"the vocabulary has {vocab} tokens" in refused.reason, refused.reason
+
+
 def test_a_node_s_records_out_of_their_domain_are_refused_and_the_rest_stored(running_farm) -> None:  # type: ignore[no-untyped-def]
     farm = running_farm("--workers", "0")
     with FarmClient(farm.addr) as client:
         client.run("arith", "reference", rollouts=2 * (len(LIES) + 1), group_size=2)
     node = BareNode(farm.addr)
     try:
-        welcome = node.ask(hello=node_pb2.NodeHello(
-            name=NAME, owner=OWNER, capacity=64, version="0",
-            isolation=[farm_pb2.IsolationCheck(name="bwrap", ok=True, detail="bubblewrap")]))
-        assert welcome.welcome.name == NAME
+        hello(node)
         jobs = sorted(node.ask(lease=node_pb2.LeaseRequest(n=64, wait_s=1.0)).leased.jobs, key=lambda j: j.id)
         assert len(jobs) == 2 * (len(LIES) + 1)
         honest = jobs[:len(jobs) - len(LIES)]
@@ -107,6 +138,8 @@ def test_a_node_s_records_out_of_their_domain_are_refused_and_the_rest_stored(ru
         node.close()
     assert sorted(reply.stored) == [j.id for j in honest], "the honest records beside the lies are stored"
     assert sorted(reply.handled) == [j.id for j in jobs], "every record was dealt with: a lie is not stored"
+    told = {r.job_id: r.reason for r in reply.refused}
+    assert sorted(told) == [j.id for j in lying] and all("out of its domain" in why for why in told.values()), told
     with FarmClient(farm.addr) as client:
         stored = client.trajectories(limit=100, full=True)
         assert sorted(t.id for t in stored) == [j.id for j in honest]
