@@ -198,6 +198,8 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
         leasing: set[asyncio.Task[None]] = set()
         try:
             async for request in requests:
+                if node.quarantine_reason:  # its stream ends now, though its withdrawals may still be on the way
+                    break
                 if request.WhichOneof("kind") == "lease":
                     task = asyncio.get_running_loop().create_task(self._reply(node, request, parts, replies))
                     leasing.add(task)
