@@ -8,7 +8,6 @@ this module keeps rows and keeps each change atomic.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -22,7 +21,6 @@ from farmd.text import bounded
 if TYPE_CHECKING:
     from farmd.store.store import Store
 
-_IDENTITY = ("group_id", "env", "seed", "difficulty", "agent", "policy_version")
 """What a lease says a result is (and its run, which a node's record does not know)."""
 _SHOWN = 80
 
@@ -51,15 +49,20 @@ def _shown(value: object) -> str:
 def lease_identity(record: Trajectory, row: Sequence[Any]) -> tuple[Trajectory, str]:
     """``record`` under the identity its job's row gives (``(id, group_id, run_id, env, seed, difficulty, agent,
     policy_version, ...)``), and how the record disagreed with it ("" when it did not). A record from a node
-    knows no run: 0 there is no disagreement."""
+    knows no run: 0 there is no disagreement. The record is the store's to keep from here (``complete`` sets
+    its place too): its fields are set in place, not copied, since a copy of every record is most of what this
+    costs a worker's flush."""
     _, group_id, run_id, env, seed, difficulty, agent, policy_version = row[:8]
-    bound = dataclasses.replace(record, group_id=int(group_id), run_id=int(run_id or 0), env=str(env), seed=int(seed),
-                                difficulty=int(difficulty), agent=str(agent), policy_version=int(policy_version))
-    wrong = [f"{name} {_shown(getattr(record, name))} (its lease's is {_shown(getattr(bound, name))})"
-             for name in _IDENTITY if getattr(record, name) != getattr(bound, name)]
-    if record.run_id and record.run_id != bound.run_id:
-        wrong.append(f"run_id {_shown(record.run_id)} (its lease's is {bound.run_id})")
-    return bound, ("the record names " + "; ".join(wrong)) if wrong else ""
+    leased = {"group_id": int(group_id), "env": str(env), "seed": int(seed), "difficulty": int(difficulty),
+              "agent": str(agent), "policy_version": int(policy_version)}
+    wrong = [f"{name} {_shown(getattr(record, name))} (its lease's is {_shown(value)})"
+             for name, value in leased.items() if getattr(record, name) != value]
+    if record.run_id and record.run_id != int(run_id or 0):
+        wrong.append(f"run_id {_shown(record.run_id)} (its lease's is {int(run_id or 0)})")
+    for name, value in leased.items():
+        setattr(record, name, value)
+    record.run_id = int(run_id or 0)
+    return record, ("the record names " + "; ".join(wrong)) if wrong else ""
 
 
 @dataclass(frozen=True, slots=True)

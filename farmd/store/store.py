@@ -152,6 +152,7 @@ def _pack(traj: Trajectory) -> bytes:
 
 
 pack_body = _pack
+"""For records made outside the store's own writes (``farmd.store.atropos``): packed off the event loop."""
 
 
 def _checked_bodies(records: dict[int, Trajectory]) -> tuple[dict[int, bytes], dict[int, list[str]]]:
@@ -165,7 +166,6 @@ def _checked_bodies(records: dict[int, Trajectory]) -> tuple[dict[int, bytes], d
         else:
             bodies[tid] = _pack(t)
     return bodies, refused
-"""For records made outside the store's own writes (``farmd.store.atropos``): packed off the event loop."""
 
 
 def _pack_turn(turn: Turn, messages: list[ChatMessage], arrays: bytearray) -> dict[str, Any]:
