@@ -21,7 +21,10 @@ TINY = SandboxPolicy(wall_time_s=5, cpu_time_s=5, memory_mb=128, pids=16, disk_m
 def _thread_uids() -> dict[str, list[str]]:
     out = {}
     for task in Path("/proc/self/task").iterdir():
-        status = (task / "status").read_text()
+        try:
+            status = (task / "status").read_text()
+        except FileNotFoundError:  # a thread that ended since the listing holds no ids
+            continue
         out[task.name] = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
     return out
 

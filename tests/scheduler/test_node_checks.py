@@ -118,7 +118,7 @@ async def test_a_record_is_stored_under_its_lease_and_one_that_says_otherwise_is
         stored = await scheduler.store.trajectory(jobs[0].id)
         assert stored is not None and (stored.run_id, stored.node, stored.verified_by) == (run, "n", "node:n")
         # Back in the queue at once, the attempt not counted: the job did nothing wrong.
-        again = await nodes.lease(node, 4)
+        again = [j for j in await nodes.lease(node, 8) if j.id in lies]  # beside them, perhaps its first canary
         assert sorted(j.id for j in again) == sorted(lies) and {j.attempts for j in again} == {1}
     finally:
         await nodes.stop()
