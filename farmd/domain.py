@@ -263,7 +263,7 @@ def _usage_problems(usage: Any, at: str) -> Iterable[str | None]:
 
 
 def _all_problems(t: Trajectory, vocab: int | None, external: bool | None) -> Iterable[str | None]:
-    for name in ("id", "seq", "group_id", "run_id", "policy_version"):
+    for name in ("id", "seq", "group_id", "run_id", "policy_version", "verdict_version"):
         yield _int_problem(getattr(t, name), name, *_BOUNDED_COUNT)
     yield _int_problem(t.seed, "seed", -INT64_MAX - 1, INT64_MAX)
     yield _int_problem(t.difficulty, "difficulty", *_UINT32)
@@ -301,6 +301,7 @@ def _all_problems(t: Trajectory, vocab: int | None, external: bool | None) -> It
     for i, score in enumerate(t.scores):
         yield reward_problem(score.reward, score.passed, score.status)
         yield _time_problem(score.scored_at, f"scores[{i}].scored_at", MAX_TIME_S)
+        yield _int_problem(score.verdict_version, f"scores[{i}].verdict_version", *_BOUNDED_COUNT)
 
 
 def problems(t: Trajectory, *, vocab: int | None = None, external: bool | None = None) -> list[str]:
@@ -381,7 +382,8 @@ def check(t: Trajectory, **kwargs: Any) -> Trajectory:
 
 
 _STUB_INTS = {"id": _BOUNDED_COUNT, "seq": _BOUNDED_COUNT, "group_id": _BOUNDED_COUNT, "run_id": _BOUNDED_COUNT,
-              "policy_version": _BOUNDED_COUNT, "seed": (-INT64_MAX - 1, INT64_MAX), "difficulty": _UINT32}
+              "policy_version": _BOUNDED_COUNT, "seed": (-INT64_MAX - 1, INT64_MAX), "difficulty": _UINT32,
+              "verdict_version": _BOUNDED_COUNT}
 _STUB_TEXT = ("env", "env_version", "agent", "verifier_version", "node")
 
 
