@@ -135,7 +135,9 @@ class VerdictRecords:
             "t.verifier_version, t.reward, t.passed, t.status, t.reasons, t.flags, t.finished_at, "
             "(SELECT w.reason FROM withdrawals w WHERE w.trajectory_id = t.id ORDER BY w.seq LIMIT 1), "
             "(SELECT g.done_seq FROM groups g WHERE g.id = t.group_id) "
-            "FROM trajectories t WHERE t.verdict_version > ? ORDER BY t.verdict_version LIMIT ?", (after, limit))
+            # "> 0" as well: SQLite reads the partial index trajectories_by_verdict only for a bound it can see.
+            "FROM trajectories t WHERE t.verdict_version > ? AND t.verdict_version > 0 ORDER BY t.verdict_version "
+            "LIMIT ?", (after, limit))
         out = [VerdictChange(int(i), str(env), int(seq), int(g), int(seed), int(d), str(agent), int(pv),
                              None if done is None else int(done), int(vv), why is not None, str(why or ""),
                              verdict_score(v, r, p, st, rs, fl, at, "", int(vv)))
