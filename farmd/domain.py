@@ -344,8 +344,8 @@ def _fine(t: Trajectory, vocab: int | None, external: bool | None) -> bool:
             and (not t.passed or reward > 0) and (t.status == "ok" or (t.status == "error" and not t.passed
                                                                      and reward == 0))):
         return False
-    counts = [t.id, t.seq, t.group_id, t.run_id, t.policy_version, u.prompt_tokens, u.completion_tokens,
-              u.total_tokens]
+    counts = [t.id, t.seq, t.group_id, t.run_id, t.policy_version, t.verdict_version, u.prompt_tokens,
+              u.completion_tokens, u.total_tokens]
     narrow = [t.difficulty, u.requests, u.retries, s.max_tokens, s.n]
     seconds = [t.timings.task, t.timings.agent, t.timings.verify, t.timings.total]
     for turn in t.turns:
@@ -370,7 +370,8 @@ def _fine(t: Trajectory, vocab: int | None, external: bool | None) -> bool:
             and not (t.verdict_details and tree_problem(t.verdict_details, "", finite=False))
             and not any(tree_problem(tree, "") for tree in (t.task.examples, t.task.metadata, s.extra) if tree)
             and all(reward_problem(x.reward, x.passed, x.status) is None
-                    and _seconds_within((x.scored_at,), MAX_TIME_S) for x in t.scores))
+                    and _seconds_within((x.scored_at,), MAX_TIME_S) and _ints_within((x.verdict_version,), 0, INT64_MAX)
+                    for x in t.scores))
 
 
 def check(t: Trajectory, **kwargs: Any) -> Trajectory:
