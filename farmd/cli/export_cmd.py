@@ -509,7 +509,7 @@ async def _store_changes(data_dir: Path, after: int) -> list[Any]:
 @click.pass_obj
 def withdrawn(state: CliState, since: Path, data_dir: Path | None, as_json: bool) -> None:
     """Which trajectories of an export were withdrawn or rescored since it was made: each one's id, the verdict
-    exported, the verdict it holds now and why. Drop those rows from a dataset made of the export (``changed``
+    exported, the verdict it holds now and why. Drop those rows from a dataset made of the export ("changed"
     false: a later verdict that gives the same reward, such as a node's verdict the farm checked)."""
     manifest = read_manifest(since)
     if data_dir is not None:
