@@ -263,7 +263,7 @@ def _usage_problems(usage: Any, at: str) -> Iterable[str | None]:
 
 
 def _all_problems(t: Trajectory, vocab: int | None, external: bool | None) -> Iterable[str | None]:
-    for name in ("id", "seq", "group_id", "run_id", "policy_version"):
+    for name in ("id", "seq", "group_id", "run_id", "policy_version", "verdict_version"):
         yield _int_problem(getattr(t, name), name, *_BOUNDED_COUNT)
     yield _int_problem(t.seed, "seed", -INT64_MAX - 1, INT64_MAX)
     yield _int_problem(t.difficulty, "difficulty", *_UINT32)
@@ -301,6 +301,7 @@ def _all_problems(t: Trajectory, vocab: int | None, external: bool | None) -> It
     for i, score in enumerate(t.scores):
         yield reward_problem(score.reward, score.passed, score.status)
         yield _time_problem(score.scored_at, f"scores[{i}].scored_at", MAX_TIME_S)
+        yield _int_problem(score.verdict_version, f"scores[{i}].verdict_version", *_BOUNDED_COUNT)
 
 
 def problems(t: Trajectory, *, vocab: int | None = None, external: bool | None = None) -> list[str]:
@@ -343,8 +344,8 @@ def _fine(t: Trajectory, vocab: int | None, external: bool | None) -> bool:
             and (not t.passed or reward > 0) and (t.status == "ok" or (t.status == "error" and not t.passed
                                                                      and reward == 0))):
         return False
-    counts = [t.id, t.seq, t.group_id, t.run_id, t.policy_version, u.prompt_tokens, u.completion_tokens,
-              u.total_tokens]
+    counts = [t.id, t.seq, t.group_id, t.run_id, t.policy_version, t.verdict_version, u.prompt_tokens,
+              u.completion_tokens, u.total_tokens]
     narrow = [t.difficulty, u.requests, u.retries, s.max_tokens, s.n]
     seconds = [t.timings.task, t.timings.agent, t.timings.verify, t.timings.total]
     for turn in t.turns:
@@ -369,7 +370,8 @@ def _fine(t: Trajectory, vocab: int | None, external: bool | None) -> bool:
             and not (t.verdict_details and tree_problem(t.verdict_details, "", finite=False))
             and not any(tree_problem(tree, "") for tree in (t.task.examples, t.task.metadata, s.extra) if tree)
             and all(reward_problem(x.reward, x.passed, x.status) is None
-                    and _seconds_within((x.scored_at,), MAX_TIME_S) for x in t.scores))
+                    and _seconds_within((x.scored_at,), MAX_TIME_S) and _ints_within((x.verdict_version,), 0, INT64_MAX)
+                    for x in t.scores))
 
 
 def check(t: Trajectory, **kwargs: Any) -> Trajectory:
@@ -381,7 +383,8 @@ def check(t: Trajectory, **kwargs: Any) -> Trajectory:
 
 
 _STUB_INTS = {"id": _BOUNDED_COUNT, "seq": _BOUNDED_COUNT, "group_id": _BOUNDED_COUNT, "run_id": _BOUNDED_COUNT,
-              "policy_version": _BOUNDED_COUNT, "seed": (-INT64_MAX - 1, INT64_MAX), "difficulty": _UINT32}
+              "policy_version": _BOUNDED_COUNT, "seed": (-INT64_MAX - 1, INT64_MAX), "difficulty": _UINT32,
+              "verdict_version": _BOUNDED_COUNT}
 _STUB_TEXT = ("env", "env_version", "agent", "verifier_version", "node")
 
 

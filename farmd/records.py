@@ -141,7 +141,8 @@ class Trajectory(record.Trajectory):
 
 
 SUMMARY_FIELDS = ("id", "seq", "group_id", "run_id", "env", "seed", "difficulty", "agent", "policy_version",
-                  "reward", "passed", "status", "flags", "verifier_version", "node", "finished_at", "verified_by")
+                  "reward", "passed", "status", "flags", "verifier_version", "node", "finished_at", "verified_by",
+                  "verdict_version")
 """What a trajectory is listed by (``farmctl trajectories list``, a summary-only stream)."""
 BODY_FIELDS = ("task", "messages", "turns", "steps", "final", "verdict_details")
 """The bulk of a record: left out of summaries."""

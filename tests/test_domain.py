@@ -85,6 +85,8 @@ def test_a_record_in_its_domain_has_no_problems_and_travels() -> None:
     ({"task": PosedTask(examples=[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]])}, "task.examples is nested more than 16 deep"),
     ({"task": PosedTask(examples=[{"x": math.nan}])}, "task.examples[0].x is nan"),
     ({"scores": [Score(reward=math.nan)]}, "the reward is nan"),
+    ({"verdict_version": -1}, "verdict_version is -1"),
+    ({"scores": [Score(verdict_version=1 << 63)]}, "scores[0].verdict_version is 9223372036854775808"),
 ])
 def test_each_number_out_of_its_domain_is_named(change: dict[str, Any], named: str) -> None:
     found = domain.problems(good(**change))

@@ -6,7 +6,7 @@ one module that needs torch; they are importable from here too, and importing th
 
 from typing import TYPE_CHECKING, Any
 
-from farm_client.client import Batch, FarmClient, Withdrawal, advantages
+from farm_client.client import Batch, FarmClient, Listing, VerdictChange, Withdrawal, advantages
 from farm_client.sequences import UntokenizedError, group_advantages, token_rows
 
 if TYPE_CHECKING:
@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 
 _TORCH_NAMES = frozenset({"FarmDataset", "TensorBatch", "collate", "token_logprobs"})
 
-__all__ = ["Batch", "FarmClient", "FarmDataset", "TensorBatch", "UntokenizedError", "Withdrawal", "advantages", "collate",
-           "group_advantages", "token_logprobs", "token_rows"]
+__all__ = ["Batch", "FarmClient", "FarmDataset", "Listing", "TensorBatch", "UntokenizedError", "VerdictChange",
+           "Withdrawal", "advantages", "collate", "group_advantages", "token_logprobs", "token_rows"]
 
 
 def __getattr__(name: str) -> Any:

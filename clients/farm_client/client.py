@@ -27,7 +27,7 @@ from farm.v1 import farm_pb2, farm_pb2_grpc, trajectory_pb2
 from google.protobuf.json_format import MessageToDict
 
 from farm_client.convert import from_message
-from farm_client.record import Trajectory
+from farm_client.record import Score, Trajectory
 from farm_client.sequences import group_advantages
 
 _CHUNK = 1 << 20
@@ -55,6 +55,39 @@ class Withdrawal:
     trajectory_id: int
     env: str
     reason: str
+
+
+class Listing(list[Trajectory]):
+    """Trajectories from a listing (a list), and what the listing says beside them."""
+
+    withdrawn_left_out: int = 0
+    """Withdrawn trajectories (a quarantine took them back) that matched and were left out (over every page; 0
+    when they were asked for)."""
+    verdict_mark: int = 0
+    """The farm's verdict mark when the listing began: every verdict given later has a higher ``verdict_version``
+    (``FarmClient.verdict_changes(verdict_mark)`` says which changed since)."""
+
+
+@dataclass(frozen=True)
+class VerdictChange:
+    """A trajectory whose current verdict changed after a mark: withdrawn, or given a later verdict (a rescore)."""
+
+    trajectory_id: int
+    env: str
+    verdict_version: int
+    """Its current verdict's (in ``scores``)."""
+    withdrawn: bool
+    withdrawal_reason: str
+    scores: list[Score]
+    """Every verdict it was given, the first (``verdict_version`` 0) included."""
+
+    def verdict(self, verdict_version: int) -> Score | None:
+        """The verdict it held as ``verdict_version`` (what an export that kept that version holds)."""
+        return next((s for s in self.scores if s.verdict_version == verdict_version), None)
+
+    @property
+    def current(self) -> Score | None:
+        return self.verdict(self.verdict_version)
 
 
 @dataclass
@@ -218,34 +251,59 @@ class FarmClient:
         return _run(reply.run)
 
     def trajectory_pages(self, env: str = "", *, page_size: int = 1000, newest_first: bool = False,
-                         full: bool = False, run_id: int = 0, **where: Any) -> Iterator[list[Trajectory]]:
-        """Every stored trajectory, a page at a time (``full`` for whole records, else summaries). ``where``
-        narrows them: ``agent``, ``policy_version``, ``min_reward``, ``max_reward``, ``flag`` (a flag's name,
-        e.g. ``"timeout"``), ``node``; None or absent: any."""
+                         full: bool = False, run_id: int = 0, include_withdrawn: bool = False, **where: Any
+                         ) -> Iterator[Listing]:
+        """Every stored trajectory, a page at a time (``full`` for whole records, else summaries), each with its
+        current verdict. ``where`` narrows them: ``agent``, ``policy_version``, ``min_reward``, ``max_reward``,
+        ``flag`` (a flag's name, e.g. ``"timeout"``), ``node``; None or absent: any. Withdrawn trajectories are
+        left out unless ``include_withdrawn`` (or ``flag`` names ``withdrawn`` or ``quarantined``); every page
+        says how many were (``Listing.withdrawn_left_out``), and the verdict mark the listing began at."""
         narrowed = _trajectory_filter(where)
         token = ""
+        left_out = mark = 0
         while True:
             reply = self._stub.ListTrajectories(
                 farm_pb2.ListTrajectoriesRequest(env=env, page_size=page_size, page_token=token,
-                                                 newest_first=newest_first, full=full, run_id=run_id, **narrowed),
+                                                 newest_first=newest_first, full=full, run_id=run_id,
+                                                 include_withdrawn=include_withdrawn, **narrowed),
                 metadata=self._metadata, timeout=self._timeout)
-            if reply.trajectories:
-                yield [_trajectory(t) for t in reply.trajectories]
+            if not token:  # what the first page says holds for the listing
+                left_out, mark = reply.withdrawn_left_out, reply.verdict_mark
+            page = Listing(_trajectory(t) for t in reply.trajectories)
+            page.withdrawn_left_out, page.verdict_mark = left_out, mark
             token = reply.next_page_token
+            if page or not token:
+                yield page
             if not token:
                 return
 
     def trajectories(self, env: str = "", limit: int = 50, *, newest_first: bool = False, full: bool = False,
-                     run_id: int = 0, **where: Any) -> list[Trajectory]:
-        """Up to ``limit`` stored trajectories; ``full`` for whole records, else summaries; ``where`` as in
-        ``trajectory_pages``."""
-        out: list[Trajectory] = []
+                     run_id: int = 0, include_withdrawn: bool = False, **where: Any) -> Listing:
+        """Up to ``limit`` stored trajectories; ``full`` for whole records, else summaries; ``include_withdrawn``
+        and ``where`` as in ``trajectory_pages``."""
+        out = Listing()
         for page in self.trajectory_pages(env, page_size=min(limit, 1000), newest_first=newest_first, full=full,
-                                          run_id=run_id, **where):
+                                          run_id=run_id, include_withdrawn=include_withdrawn, **where):
+            out.withdrawn_left_out, out.verdict_mark = page.withdrawn_left_out, page.verdict_mark
             out.extend(page[:limit - len(out)])
             if len(out) >= limit:
                 break
         return out
+
+    def verdict_changes(self, after_mark: int) -> Iterator[VerdictChange]:
+        """Every trajectory whose current verdict changed after ``after_mark`` (a listing's or an export's
+        ``verdict_mark``), in the order they changed: withdrawn ones, and those given a later verdict."""
+        token = ""
+        while True:
+            reply = self._stub.ListVerdictChanges(
+                farm_pb2.ListVerdictChangesRequest(after_mark=after_mark, page_token=token),
+                metadata=self._metadata, timeout=self._timeout)
+            for c in reply.changes:
+                yield VerdictChange(c.trajectory_id, c.env, c.verdict_version, c.withdrawn, c.withdrawal_reason,
+                                    [from_message(s, Score) for s in c.scores])
+            token = reply.next_page_token
+            if not token:
+                return
 
     def trajectory(self, traj_id: int) -> Trajectory:
         """One whole trajectory, with its scores under every verifier version since."""

@@ -101,7 +101,8 @@ class Step:
 
 @dataclass(slots=True)
 class Score:
-    """One verdict under one verifier version (re-scoring adds, never overwrites)."""
+    """One verdict the trajectory was given: the first, or a later one (a rescore under a verifier version, a
+    coordinator's check, a withdrawal). Adding one never overwrites another."""
 
     verifier_version: str = ""
     reward: float = 0.0
@@ -110,6 +111,9 @@ class Score:
     reasons: list[str] = field(default_factory=list)
     flags: list[str] = field(default_factory=list)
     scored_at: float = 0.0
+    verdict_version: int = 0
+    """0: the verdict the trajectory was stored with; else this score's place in the store's growing sequence.
+    The trajectory's ``verdict_version`` names the current one."""
 
 
 @dataclass(slots=True)
@@ -155,7 +159,7 @@ class Trajectory:
     usage: Usage = field(default_factory=Usage)
     agent_error: str = ""
     scores: list[Score] = field(default_factory=list)
-    """Verdicts under later verifier versions, oldest first (whole records; a summary has none)."""
+    """Every verdict it was given, the first included, oldest first (whole records; a summary has none)."""
     timings: Timings = field(default_factory=Timings)
     started_at: float = 0.0
     finished_at: float = 0.0
@@ -165,6 +169,10 @@ class Trajectory:
     """Whose verdict ``reward`` is: ``local`` (the farm's own worker), ``node:NAME`` (a joined node's, not
     checked), ``coordinator`` (a node's, verified again by the farm and found the same), ``external`` (pushed
     with its score from outside); "" for records stored before farm kept it."""
+    verdict_version: int = 0
+    """Which verdict ``reward``, ``passed``, ``status``, ``reasons``, ``flags`` and ``verifier_version`` are: 0 the
+    one it was stored with, else the later score (in ``scores``) with this ``verdict_version``. They are always
+    the current verdict: a withdrawal (reward 0, flagged ``withdrawn``) or a rescore replaces the first."""
 
     @property
     def completion_token_count(self) -> int:

@@ -56,6 +56,7 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = MappingProxyType({
     f"{_FARM}ListNames": frozenset({OPERATOR}),
     f"{_FARM}ReassignName": frozenset({OPERATOR}),
     f"{_FARM}ClearNode": frozenset({OPERATOR}),
+    f"{_FARM}ListVerdictChanges": frozenset({OPERATOR, TRAINER}),
     f"{_NODE_SERVICE}Work": frozenset({NODE}),
     # What a contributor sees of others' work is narrowed by the service itself (their own submissions).
     f"{_INTAKE}Submit": frozenset({OPERATOR, CONTRIBUTOR}),

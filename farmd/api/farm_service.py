@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 from farm.v1 import farm_pb2, farm_pb2_grpc
 
+from farmd import domain
 from farmd.agents import NamedEndpoint
 from farmd.agents.registry import MAX_SPEC_CHARS, check_spec
 from farmd.api import history
@@ -19,11 +20,12 @@ from farmd.api.errors import Refused, guarded, guarded_stream
 from farmd.api.limits import POLICY_CHUNK_BYTES
 from farmd.api.names import NameGuard
 from farmd.api.paging import make_token, page_size, read_token
-from farmd.api.trajectories import batch_messages, fitting, trajectory_pb
+from farmd.api.trajectories import batch_messages, fitting, fitting_changes, trajectory_pb
 from farmd.atropos.records import is_atropos_env
 from farmd.envs import VerifyContext, get
 from farmd.envs.catalog import EnvLookup
 from farmd.errors import BadRequest, FailedPrecondition, NotFound
+from farmd.flags import QUARANTINED, WITHDRAWN
 from farmd.names import CONSUMER, POLICY_LINE
 from farmd.node import NodeInfo
 from farmd.records import NODE_NAME
@@ -40,6 +42,8 @@ MAX_ROLLOUTS = 1_000_000
 MAX_GROUP = 1024
 MAX_BATCH = 4096
 MAX_CONSUMER_CHARS = 200
+MAX_VERDICT_CHANGES = 200
+"""Verdict changes a page holds unless asked for fewer or more (at most 1000, and what fits a reply)."""
 MAX_WITHDRAWALS_TOLD = 1000
 """Withdrawals one batch carries at most; the rest ride on the batches after it."""
 MAX_POLICY_BYTES = 4 << 30
@@ -159,15 +163,23 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
             kind = "trajectories-newest" if request.newest_first else "trajectories"
             position = read_token(kind, request.page_token)
             before, after = (position, 0) if request.newest_first else (None, position or 0)
+            where = history.trajectory_filter(request)
+            # Withdrawn is shown or absent, never live: absent unless asked for (by name, or by the flag they carry).
+            withdrawn = request.include_withdrawn or where.flag in (QUARANTINED, WITHDRAWN)
+            # Read before the page: whatever changes after it has a higher verdict_version than the mark.
+            mark = await self._store.verdicts.mark()
             rows = await self._store.trajectories(limit=size + 1, env=request.env or None, run_id=request.run_id,
                                                   newest_first=request.newest_first, body=request.full,
-                                                  before_seq=before, after_seq=after,
-                                                  where=history.trajectory_filter(request))
+                                                  before_seq=before, after_seq=after, where=where,
+                                                  withdrawn=withdrawn)
+            left_out = 0 if withdrawn or position is not None else await self._store.withdrawn_count(
+                env=request.env or None, run_id=request.run_id, where=where)
             sent = await asyncio.to_thread(fitting, rows[:size])  # a page of whole records: tens of ms of protos
             more = len(rows) > len(sent)
             return farm_pb2.ListTrajectoriesResponse(
                 trajectories=sent, next_page_token=make_token(kind, sent[-1].seq) if more else "",
-                capped=len(sent) < min(size, len(rows)) or (request.page_size > size and more))
+                capped=len(sent) < min(size, len(rows)) or (request.page_size > size and more),
+                withdrawn_left_out=left_out, verdict_mark=mark)
         return await guarded(context, call)
 
     async def GetTrajectory(self, request: farm_pb2.GetTrajectoryRequest,
@@ -177,6 +189,21 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
             if traj is None:
                 raise NotFound(f"no trajectory {request.id}")
             return farm_pb2.GetTrajectoryResponse(trajectory=trajectory_pb(traj))
+        return await guarded(context, call)
+
+    async def ListVerdictChanges(self, request: farm_pb2.ListVerdictChangesRequest,
+                                 context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.ListVerdictChangesResponse:
+        async def call() -> farm_pb2.ListVerdictChangesResponse:
+            size = page_size(request.page_size or MAX_VERDICT_CHANGES)
+            position = read_token("verdicts", request.page_token)
+            mark = await self._store.verdicts.mark()
+            after = min(request.after_mark if position is None else position, domain.INT64_MAX)
+            rows = await self._store.verdicts.changed(after, size + 1)
+            sent = await asyncio.to_thread(fitting_changes, rows[:size])
+            more = len(rows) > len(sent)
+            return farm_pb2.ListVerdictChangesResponse(
+                changes=sent, next_page_token=make_token("verdicts", sent[-1].verdict_version) if more else "",
+                verdict_mark=mark)
         return await guarded(context, call)
 
     async def GetHistory(self, request: farm_pb2.GetHistoryRequest, context: grpc.aio.ServicerContext[Any, Any]

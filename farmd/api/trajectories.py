@@ -16,6 +16,7 @@ from farm_client.convert import to_message
 
 from farmd import domain
 from farmd.records import Trajectory
+from farmd.store.verdicts import VerdictChange
 
 log = logging.getLogger("farmd.api.trajectories")
 
@@ -49,7 +50,7 @@ def _sized(t: Trajectory) -> tuple[trajectory_pb2.Trajectory, int]:
 
 
 _STUB_FIELDS = ("id", "seq", "group_id", "run_id", "env", "env_version", "seed", "difficulty", "agent",
-                "policy_version", "verifier_version", "node", "finished_at")
+                "policy_version", "verifier_version", "node", "finished_at", "verdict_version")
 
 
 def batch_messages(trajectories: list[Trajectory], up_to: int) -> Iterator[farm_pb2.StreamTrajectoriesResponse]:
@@ -65,6 +66,28 @@ def batch_messages(trajectories: list[Trajectory], up_to: int) -> Iterator[farm_
         chunk.append(message)
         size += n
     yield farm_pb2.StreamTrajectoriesResponse(trajectories=chunk, up_to=up_to)
+
+
+def change_pb(c: VerdictChange) -> farm_pb2.VerdictChange:
+    """A trajectory whose verdict changed, with every verdict it had (each score converts like a record's)."""
+    message = farm_pb2.VerdictChange(trajectory_id=c.trajectory_id, env=c.env, verdict_version=c.verdict_version,
+                                     withdrawn=c.withdrawn, withdrawal_reason=c.withdrawal_reason)
+    for score in c.scores:
+        to_message(score, message.scores.add())
+    return message
+
+
+def fitting_changes(changes: list[VerdictChange]) -> list[farm_pb2.VerdictChange]:
+    """The leading changes that fit one reply (at least one); the caller pages on from the last."""
+    out: list[farm_pb2.VerdictChange] = []
+    size = 0
+    for c in changes:
+        message = change_pb(c)
+        size += message.ByteSize()
+        if out and size > MESSAGE_BUDGET_BYTES:
+            break
+        out.append(message)
+    return out
 
 
 def fitting(trajectories: list[Trajectory]) -> list[trajectory_pb2.Trajectory]:

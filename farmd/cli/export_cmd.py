@@ -1,7 +1,12 @@
-"""``farmctl export``: the stored trajectories as a file a trainer or a notebook reads as it is.
+"""``farmctl export``: the stored trajectories as a file a trainer or a notebook reads as it is; and
+``farmctl withdrawn``: which of an export's trajectories were withdrawn or rescored since it was made.
 
 Two sources, one record: from a running farmd (gRPC) or from a stopped farm's data directory, every
-trajectory goes through the wire record (``farm.v1.Trajectory``), so both write the same bytes.
+trajectory goes through the wire record (``farm.v1.Trajectory``), so both write the same bytes. Every row
+holds its trajectory's current verdict; withdrawn ones are left out unless asked for (and then shown
+withdrawn). Beside the file goes its manifest (``OUT.manifest.json``): the farm's verdict mark when the
+export began and each exported trajectory's ``verdict_version``, which is all ``farmctl withdrawn`` needs to
+say what changed since.
 
 The Parquet schema is derived, never listed: names and Python types from the record's dataclasses
 (``farmd/records.py``), and from the wire descriptor what a ``float`` means there (a ``Timestamp``
@@ -19,17 +24,27 @@ import json
 import os
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 from rich.text import Text
 
-from farmd.cli.common import EXIT_FAILED, CliState, console, emit_json, fail, json_option, run_async
-from farmd.cli.remote_cmd import client
+from farmd.cli.common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    CliState,
+    console,
+    emit_json,
+    fail,
+    json_option,
+    run_async,
+)
+from farmd.cli.remote_cmd import client, say_withdrawn_left_out
 from farmd.cli.shown import text
 from farmd.records import Trajectory
 
@@ -41,6 +56,10 @@ if TYPE_CHECKING:
 
 STORE_PAGE = 256
 """Trajectories read from a data dir at a time: a page, not the farm, is ever in memory."""
+MANIFEST_SUFFIX = ".manifest.json"
+MANIFEST_FORMAT = 1
+MAX_MANIFEST_BYTES = 1 << 30
+"""A manifest lists two numbers per trajectory: a gigabyte is tens of millions of them."""
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
@@ -192,9 +211,15 @@ def flat_row(t: Any) -> dict[str, Any]:
 # -- writing -----------------------------------------------------------------------------------------
 
 
+def manifest_path(path: Path) -> Path:
+    """Where the manifest of an export written to ``path`` goes: beside it."""
+    return path.with_name(path.name + MANIFEST_SUFFIX)
+
+
 class Sink:
     """Writes pages of records as they come to a partial file, which becomes ``path`` only when every
-    page is written: an export that stopped half way never looks like a whole one."""
+    page is written: an export that stopped half way never looks like a whole one. Its manifest (what was
+    exported, at which verdict) is written beside it the same way, after it."""
 
     def __init__(self, path: Path, fmt: str, view: str) -> None:
         self.path = path
@@ -202,6 +227,12 @@ class Sink:
         self.view = view
         self.count = 0
         self.partial = path.with_name(f".{path.name}.partial")
+        self.manifest = manifest_path(path)
+        self.verdict_mark = 0
+        """The farm's verdict mark when the export began (set by the source before its first page)."""
+        self.withdrawn_left_out = 0
+        self.exported: list[list[int]] = []
+        """[id, verdict_version] of each row written."""
         self._schema = schema(view)
         self._jsonl: Any = None
         self._parquet: Any = None
@@ -217,6 +248,7 @@ class Sink:
         return self
 
     def write(self, page: list[Any]) -> None:
+        self.exported.extend([t.id, t.verdict_version] for t in page)
         if self.fmt == "jsonl":
             rows = self._rows(page, rfc3339)
             self._jsonl.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
@@ -238,8 +270,18 @@ class Sink:
             self._parquet.close()  # with no page written, still a valid file: the schema and no rows
         if exc_type is None:
             os.replace(self.partial, self.path)
+            self._write_manifest()
         else:
             self.partial.unlink(missing_ok=True)
+
+    def _write_manifest(self) -> None:
+        partial = self.manifest.with_name(f".{self.manifest.name}.partial")
+        with open(partial, "w", encoding="utf-8") as fh:
+            json.dump({"farm_export_manifest": MANIFEST_FORMAT, "path": self.path.name, "format": self.fmt,
+                       "view": self.view, "verdict_mark": self.verdict_mark,
+                       "withdrawn_left_out": self.withdrawn_left_out, "trajectories": self.exported}, fh,
+                      separators=(",", ":"))
+        os.replace(partial, self.manifest)
 
 
 @contextlib.contextmanager
@@ -263,9 +305,10 @@ def _total(pass_rates: list[dict[str, Any]], env: str) -> int:
     return sum(int(r["trajectories"]) for r in pass_rates if not env or r["env"] == env)
 
 
-def export_farmd(state: CliState, sink: Sink, env: str) -> None:
+def export_farmd(state: CliState, sink: Sink, env: str, include_withdrawn: bool) -> None:
     with client(state) as c, progress(_total(c.status()["pass_rates"], env)) as advance:
-        for page in c.trajectory_pages(env=env, full=True):
+        for page in c.trajectory_pages(env=env, full=True, include_withdrawn=include_withdrawn):
+            sink.verdict_mark, sink.withdrawn_left_out = page.verdict_mark, page.withdrawn_left_out
             sink.write(page)
             advance(len(page))
 
@@ -281,7 +324,9 @@ def served(t: Trajectory) -> Trajectory:
     return from_message(wire, Trajectory)
 
 
-async def export_store(data_dir: Path, sink: Sink, env: str) -> None:
+@contextlib.asynccontextmanager
+async def opened_store(data_dir: Path) -> AsyncIterator[Any]:
+    """The store of a stopped farm's data directory (opening it migrates an older one, as farmd would)."""
     from farmd.store import Store
 
     path = data_dir / "farm.db"
@@ -289,14 +334,24 @@ async def export_store(data_dir: Path, sink: Sink, env: str) -> None:
         fail(f"{data_dir} holds no farm.db", EXIT_FAILED)
     store = await Store.open(path)
     try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def export_store(data_dir: Path, sink: Sink, env: str, include_withdrawn: bool) -> None:
+    async with opened_store(data_dir) as store:
+        # As farmd answers a listing: the mark before the first page, and what was left out.
+        sink.verdict_mark = await store.verdicts.mark()
+        if not include_withdrawn:
+            sink.withdrawn_left_out = await store.withdrawn_count(env=env or None)
         with progress(_total(await store.pass_rates(), env)) as advance:
             after = 0
-            while page := await store.trajectories(after_seq=after, limit=STORE_PAGE, env=env or None):
+            while page := await store.trajectories(after_seq=after, limit=STORE_PAGE, env=env or None,
+                                                   withdrawn=include_withdrawn):
                 sink.write([served(t) for t in page])
                 advance(len(page))
                 after = page[-1].seq
-    finally:
-        await store.close()
 
 
 @click.command()
@@ -307,11 +362,22 @@ async def export_store(data_dir: Path, sink: Sink, env: str) -> None:
 @click.option("--env", "env_name", default="", help="Only this environment.")
 @click.option("--view", type=click.Choice(["record", "flat"]), default="record", show_default=True,
               help="record: every field; flat: prompt/completion/reward rows for SFT and DPO tools.")
+@click.option("--include-withdrawn", is_flag=True,
+              help="Withdrawn trajectories too (a quarantine took them back): reward 0, passed false, flagged.")
 @json_option
 @click.pass_obj
 def export(state: CliState, fmt: str, out_path: Path, data_dir: Path | None, env_name: str, view: str,
-           as_json: bool) -> None:
+           include_withdrawn: bool, as_json: bool) -> None:
     """Write every stored trajectory to a file, a page at a time, the same from farmd or from --data.
+
+    \b
+    Every row holds its trajectory's current verdict: a rescore's, or a
+    withdrawal's. Withdrawn trajectories are left out (stderr says how many)
+    unless --include-withdrawn, which writes them with reward 0 and passed
+    false, flagged withdrawn and quarantined. OUT.manifest.json goes beside
+    the file: each exported id with its verdict_version, and the farm's
+    verdict mark; `farmctl withdrawn --since OUT.manifest.json` lists those
+    withdrawn or rescored since, to drop from a dataset made of the export.
 
     \b
     --view record (the default): one row per trajectory, every field of the
@@ -321,8 +387,8 @@ def export(state: CliState, fmt: str, out_path: Path, data_dir: Path | None, env
     seconds; started_at, finished_at and scored_at are timestamp[us, UTC] in
     Parquet and RFC 3339 strings in jsonl, null when never set. Free-form
     fields (verdict_details, task.examples, task.metadata, sampling.extra)
-    are JSON strings in both formats. scores stays empty: a listing carries
-    no later verdicts (trajectories show ID has them).
+    are JSON strings in both formats. scores holds every verdict it was
+    given, the first included; verdict_version says which is current.
 
     \b
     --view flat: id, group_id, env, prompt, completion, reward, passed,
@@ -335,10 +401,144 @@ def export(state: CliState, fmt: str, out_path: Path, data_dir: Path | None, env
     sink = Sink(out_path, fmt, view)
     with sink:
         if data_dir is not None:
-            run_async(export_store(data_dir, sink, env_name))
+            run_async(export_store(data_dir, sink, env_name, include_withdrawn))
         else:
-            export_farmd(state, sink, env_name)
+            export_farmd(state, sink, env_name, include_withdrawn)
+    say_withdrawn_left_out(sink.withdrawn_left_out, "--include-withdrawn exports them")
     if as_json:
-        emit_json({"exported": sink.count, "path": str(out_path), "format": fmt, "view": view})
+        emit_json({"exported": sink.count, "path": str(out_path), "format": fmt, "view": view,
+                   "withdrawn_left_out": sink.withdrawn_left_out, "manifest": str(sink.manifest),
+                   "verdict_mark": sink.verdict_mark})
     else:
-        console().print(Text.assemble(f"exported {sink.count} trajectories to ", text(out_path)))
+        console().print(Text.assemble(f"exported {sink.count} trajectories to ", text(out_path), " (manifest ",
+                                      text(sink.manifest), ")"))
+
+
+# -- after the fact: what changed since an export --------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Manifest:
+    """What an export wrote: the farm's verdict mark when it began, and each row's id and verdict_version."""
+
+    path: Path
+    verdict_mark: int
+    exported: dict[int, int]
+
+
+def read_manifest(path: Path) -> Manifest:
+    """A manifest ``farmctl export`` wrote, checked for its shape; what is not one is a usage error."""
+    def bad(why: str) -> NoReturn:
+        fail(f"{path} is not an export's manifest ({why}): give the OUT{MANIFEST_SUFFIX} farmctl export wrote "
+             "beside its file", EXIT_USAGE, kind="USAGE_ERROR")
+
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_MANIFEST_BYTES + 1)
+    except OSError as exc:
+        bad(exc.strerror or type(exc).__name__)
+    if len(raw) > MAX_MANIFEST_BYTES:
+        bad(f"over {MAX_MANIFEST_BYTES} bytes")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        bad(f"not JSON: {str(exc)[:200]}")
+    if not isinstance(data, dict) or data.get("farm_export_manifest") != MANIFEST_FORMAT:
+        bad(f"no farm_export_manifest {MANIFEST_FORMAT}")
+    mark, rows = data.get("verdict_mark"), data.get("trajectories")
+    if not isinstance(mark, int) or not _count(mark) or not isinstance(rows, list):
+        bad("no verdict_mark and trajectories")
+    exported: dict[int, int] = {}
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 2 and _count(row[0]) and _count(row[1])):
+            bad(f"a trajectory is [id, verdict_version], not {json.dumps(row)[:80]}")
+        exported[row[0]] = row[1]
+    return Manifest(path, mark, exported)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63
+
+
+def _verdict(score: Any) -> dict[str, Any] | None:
+    if score is None:
+        return None
+    return {"verdict_version": score.verdict_version, "reward": score.reward, "passed": score.passed,
+            "status": score.status, "flags": list(score.flags), "reasons": list(score.reasons),
+            "verifier_version": score.verifier_version}
+
+
+def change_entry(change: Any, exported_version: int) -> dict[str, Any]:
+    """One exported trajectory whose verdict is no longer the one exported: what it was, what it is, why.
+    ``change`` is a verdict change as the store or ``farm_client`` gives it (the same fields)."""
+    was = next((s for s in change.scores if s.verdict_version == exported_version), None)
+    now = next((s for s in change.scores if s.verdict_version == change.verdict_version), None)
+    differs = change.withdrawn or was is None or now is None or \
+        (was.reward, was.passed, was.status) != (now.reward, now.passed, now.status)
+    why = change.withdrawal_reason if change.withdrawn else "; ".join(now.reasons if now is not None else [])
+    return {"id": change.trajectory_id, "env": change.env, "withdrawn": change.withdrawn, "changed": differs,
+            "was": _verdict(was), "now": _verdict(now), "why": why}
+
+
+def changes_since(manifest: Manifest, changes: Iterator[Any]) -> list[dict[str, Any]]:
+    """The exported trajectories among ``changes`` (everything changed after the manifest's mark) whose current
+    verdict is not the one exported (one changed while the export ran may have been exported changed)."""
+    out = []
+    for change in changes:
+        exported = manifest.exported.get(change.trajectory_id)
+        if exported is not None and exported != change.verdict_version:
+            out.append(change_entry(change, exported))
+    return out
+
+
+async def _store_changes(data_dir: Path, after: int) -> list[Any]:
+    async with opened_store(data_dir) as store:
+        found: list[Any] = []
+        while page := await store.verdicts.changed(after, STORE_PAGE):
+            found += page
+            after = page[-1].verdict_version
+        return found
+
+
+@click.command("withdrawn")
+@click.option("--since", "since", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help=f"The manifest an export wrote beside its file (OUT{MANIFEST_SUFFIX}).")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Read a stopped farm's data directory instead of asking farmd.")
+@json_option
+@click.pass_obj
+def withdrawn(state: CliState, since: Path, data_dir: Path | None, as_json: bool) -> None:
+    """Which trajectories of an export were withdrawn or rescored since it was made: each one's id, the verdict
+    exported, the verdict it holds now and why. Drop those rows from a dataset made of the export ("changed"
+    false: a later verdict that gives the same reward, such as a node's verdict the farm checked)."""
+    manifest = read_manifest(since)
+    if data_dir is not None:
+        changes: Iterator[Any] = iter(run_async(_store_changes(data_dir, manifest.verdict_mark)))
+        entries = changes_since(manifest, changes)
+    else:
+        with client(state) as c:
+            entries = changes_since(manifest, c.verdict_changes(manifest.verdict_mark))
+    pulled = [e for e in entries if e["withdrawn"]]
+    summary = {"since": str(since), "verdict_mark": manifest.verdict_mark, "exported": len(manifest.exported),
+               "withdrawn": len(pulled), "rescored": len(entries) - len(pulled),
+               "changed": sum(1 for e in entries if e["changed"]), "trajectories": entries}
+    if as_json:
+        emit_json(summary)
+        return
+    out = console()
+    out.print(Text.assemble(f"of {len(manifest.exported)} trajectories exported (", text(since), f"), "
+                            f"{len(pulled)} were withdrawn and {len(entries) - len(pulled)} rescored since"))
+    if entries:
+        table = Table("id", "env", "was", "now", "why")
+        for e in entries:
+            table.add_row(str(e["id"]), text(e["env"]), _shown_verdict(e["was"]),
+                          "withdrawn" if e["withdrawn"] else _shown_verdict(e["now"]), text(e["why"]))
+        out.print(table)
+
+
+def _shown_verdict(v: dict[str, Any] | None) -> str:
+    if v is None:
+        return "?"
+    if v["status"] == "error":
+        return "error"
+    return f"{v['reward']:.3f} {'pass' if v['passed'] else 'fail'}"

@@ -33,7 +33,7 @@ _COMMANDS = {
     "sandbox": "farmd.cli.sandbox_cmd:sandbox_group", "doctor": "farmd.cli.sandbox_cmd:doctor",
     "status": "farmd.cli.remote_cmd:status", "run": "farmd.cli.remote_cmd:run", "runs": "farmd.cli.remote_cmd:runs_group",
     "trajectories": "farmd.cli.remote_cmd:trajectories_group", "rescore": "farmd.cli.remote_cmd:rescore",
-    "export": "farmd.cli.export_cmd:export", "task": "farmd.cli.env_cmd:task_group", "verify": "farmd.cli.env_cmd:verify",
+    "export": "farmd.cli.export_cmd:export", "withdrawn": "farmd.cli.export_cmd:withdrawn", "task": "farmd.cli.env_cmd:task_group", "verify": "farmd.cli.env_cmd:verify",
     "audit": "farmd.cli.env_cmd:audit", "envs": "farmd.cli.catalog_cmd:envs", "agents": "farmd.cli.catalog_cmd:agents",
     "token": "farmd.cli.token_cmd:token_group", "submit": "farmd.cli.intake_cmd:submit",
     "submission": "farmd.cli.intake_cmd:submission_group", "review": "farmd.cli.intake_cmd:review_group",

@@ -31,6 +31,7 @@ from farmd.cli.remote_cmd import client, farm_client
 from farmd.cli.shown import joined, text
 from farmd.envs.catalog import CONTRIBUTED_PREFIX
 from farmd.envs.registry import get, names
+from farmd.flags import WITHDRAWN
 from farmd.intake.redteam import NOT_AN_ATTACK, Attack, Family, contributed_family, families_of, plan
 from farmd.verifier.secret import KEY_FILE
 
@@ -155,13 +156,16 @@ def _results(c: Any, runs: list[tuple[int, Attack]]) -> tuple[list[dict[str, Any
     texts: list[tuple[str, str]] = []
     for run_id, attack in runs:
         run = c.get_run(run_id)
-        for t in c.trajectories(run_id=run_id, limit=1000, full=True):
-            result = "breached" if t.reward > 0 or t.passed else "held"
+        for t in c.trajectories(run_id=run_id, limit=1000, full=True, include_withdrawn=True):
+            # A withdrawn one (its node was quarantined) is judged by the last verdict a verifier gave it: the
+            # question is whether a verifier rewarded the exploit, not whether its reward was taken back.
+            judged = next((s for s in reversed(t.scores) if WITHDRAWN not in s.flags), t)
+            result = "breached" if judged.reward > 0 or judged.passed else "held"
             if t.agent_error == NOT_AN_ATTACK:
                 result = "not an attack"  # the exploit's attempt was the task's right answer (a bare-answer task)
             rows.append({"attempt": t.id, "env": attack.env, "family": attack.family, "seed": t.seed,
                          "difficulty": t.difficulty, "tried": attack.tried, "agent": t.agent, "node": t.node,
-                         "reward": t.reward, "flags": list(t.flags), "result": result})
+                         "reward": judged.reward, "flags": list(t.flags), "result": result})
             texts.append((f"trajectory {t.id}", json.dumps(dataclasses.asdict(t), default=str)))
         for _ in range(run["failed"]):  # an infrastructure failure is no verdict: shown, neither held nor breached
             rows.append({"attempt": None, "env": attack.env, "family": attack.family, "seed": None,

@@ -202,24 +202,36 @@ def trajectories_group() -> None:
 @click.option("--min-reward", type=float, default=None, help="Only those scored at least this.")
 @click.option("--max-reward", type=float, default=None, help="Only those scored at most this.")
 @click.option("--flag", type=click.Choice(flags.ALL), default=None,
-              help="Only those carrying this flag (in the first verdict or a later score).")
+              help="Only those whose current verdict carries this flag (withdrawn, quarantined: the withdrawn ones).")
 @click.option("--node", default=None, help="Only those run on this node.")
 @click.option("--limit", type=click.IntRange(min=1, max=1000), default=20)
+@click.option("--include-withdrawn", is_flag=True,
+              help="Withdrawn ones too (a quarantine took them back): reward 0, flagged withdrawn.")
 @json_option
 @click.pass_obj
 def trajectories_list(state: CliState, env_name: str, agent: str | None, policy_version: int | None,
                       min_reward: float | None, max_reward: float | None, flag: str | None, node: str | None,
-                      limit: int, as_json: bool) -> None:
-    """The newest trajectories, narrowed by any of the options."""
+                      limit: int, include_withdrawn: bool, as_json: bool) -> None:
+    """The newest trajectories, narrowed by any of the options, each with its current verdict (a rescore's, a
+    withdrawal's). Withdrawn ones are left out unless asked for; stderr says how many were."""
     with client(state) as c:
-        rows = [{name: getattr(t, name) for name in SUMMARY_FIELDS}
-                for t in c.trajectories(env=env_name, limit=limit, newest_first=True, agent=agent,
-                                        policy_version=policy_version, min_reward=min_reward,
-                                        max_reward=max_reward, flag=flag, node=node)]
+        listing = c.trajectories(env=env_name, limit=limit, newest_first=True, agent=agent,
+                                 policy_version=policy_version, min_reward=min_reward, max_reward=max_reward,
+                                 flag=flag, node=node, include_withdrawn=include_withdrawn)
+    rows = [{name: getattr(t, name) for name in SUMMARY_FIELDS} for t in listing]
+    # On stderr, so the --json list on stdout stays what it was; a script reads it from there too.
+    say_withdrawn_left_out(listing.withdrawn_left_out, "--include-withdrawn lists them")
     if as_json:
         emit_json(rows)
         return
     console().print(trajectory_table(rows))
+
+
+def say_withdrawn_left_out(n: int, how: str) -> None:
+    """Tell stderr how many withdrawn trajectories a listing or an export left out (nothing when none were)."""
+    if n:
+        click.echo(f"{n} withdrawn trajector{'y was' if n == 1 else 'ies were'} left out ({how}, flagged "
+                   "withdrawn, reward 0)", err=True)
 
 
 def trajectory_table(rows: list[dict[str, Any]]) -> Table:

@@ -120,18 +120,21 @@ def final(t: Any) -> list[RenderableType]:
 
 
 def verdict(t: Any) -> list[RenderableType]:
-    out: list[RenderableType] = [Text.assemble(Text("verdict", "bold"), " (verifier ", text(t.verifier_version),
-                                               "): ", _verdict(t.reward, t.passed, t.status))]
+    which = "the first" if not t.verdict_version else f"verdict {t.verdict_version}"
+    out: list[RenderableType] = [Text.assemble(Text("verdict", "bold"), f" (current: {which}; verifier ",
+                                               text(t.verifier_version), "): ", _verdict(t.reward, t.passed, t.status))]
     if t.flags:
         out.append(Text.assemble("  flags: ", joined(t.flags, ", ")))
     out += [Text.assemble("  - ", text(reason)) for reason in t.reasons]
     if t.verdict_details:
         out.append(Text.assemble("  details: ", text(json.dumps(t.verdict_details, ensure_ascii=False)[:1000])))
-    if t.scores:
-        table = Table("verifier version", "verdict", "flags", "reasons", "scored at", title="scored again under")
+    if len(t.scores) > 1 or any(s.verdict_version for s in t.scores):  # more than the verdict shown above
+        table = Table("", "verdict version", "verifier version", "verdict", "flags", "reasons", "scored at",
+                      title="every verdict it was given")
         for s in t.scores:
-            table.add_row(text(s.verifier_version), _verdict(s.reward, s.passed, s.status), joined(s.flags, ", "),
-                          joined(s.reasons, "; "), _when(s.scored_at))
+            mark = "current" if s.verdict_version == t.verdict_version else ("first" if not s.verdict_version else "")
+            table.add_row(mark, str(s.verdict_version), text(s.verifier_version), _verdict(s.reward, s.passed, s.status),
+                          joined(s.flags, ", "), joined(s.reasons, "; "), _when(s.scored_at))
         out.append(table)
     return out
 

@@ -23,8 +23,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from farmd.flags import WITHDRAWN
 from farmd.metrics import Metrics
-from farmd.records import RED_TEAM_PREFIX, VERIFIED_LOCAL, Job, JobState, Trajectory
+from farmd.records import RED_TEAM_PREFIX, VERIFIED_LOCAL, Job, JobState, Score, Trajectory
 from farmd.scheduler.config import SchedulerConfig
 from farmd.scheduler.delivery import Delivery
 from farmd.scheduler.policies import Policies
@@ -58,6 +59,9 @@ class Scheduler:
         self._rng = random.Random(self.config.seed)
         self._jitter = random.Random()  # apart from ``_rng``, whose seeded draws choose the tasks
         self._bank_cursor = 0
+        self._verdict_mark = 0
+        """The task bank counts each group it observed by the verdicts its trajectories held at this verdict mark;
+        a verdict given later (a rescore, a withdrawal) moves the counts when the mark passes it."""
         self._bank_saved = 0.0
         self._task: asyncio.Task[None] | None = None
         self.policies = Policies(store, self.set_policy_version, endpoint_lines)
@@ -81,6 +85,9 @@ class Scheduler:
         scheduler = cls(store, bank, config, metrics, endpoint_lines)
         await scheduler.policies.load()
         scheduler._bank_cursor = int(saved["cursor"]) if saved else 0
+        # The verdicts the bank's counts hold: a bank saved before it kept this holds today's, near enough.
+        scheduler._verdict_mark = int(saved["verdicts"]) if saved and "verdicts" in saved else \
+            await store.verdicts.mark()
         scheduler.policy_version = scheduler.policies.newest()
         bank.set_policy_version(scheduler.policy_version)
         # Nodes kept running while this coordinator was down and buffered what they finished: their leases
@@ -322,9 +329,9 @@ class Scheduler:
         m.streams.set(self.delivery.open_streams())
 
     async def _observe_finished(self) -> int:
-        seen = 0
+        seen = await self._amend_verdicts()
         while True:
-            groups = await self.store.finished_groups(self._bank_cursor, 500)
+            groups = await self.store.finished_groups(self._bank_cursor, 500, as_of=self._verdict_mark)
             if not groups:
                 return seen
             for g in groups:
@@ -334,6 +341,32 @@ class Scheduler:
                         self.bank.observe(TaskKey(g["env"], g["seed"], g["difficulty"]),
                                           [min(1.0, max(0.0, r)) for r in g["rewards"]], g["policy_version"])
                     seen += 1
+
+    async def _amend_verdicts(self) -> int:
+        """Move the bank's counts for every trajectory it counted whose verdict changed since its mark: a rescore
+        that turns a pass into a fail moves it, a withdrawal takes it back (a quarantined verdict says nothing of
+        how hard the task is). Groups not observed yet are read later, as of the mark this leaves."""
+        amended = 0
+        while True:
+            changed = await self.store.verdicts.changed(self._verdict_mark, 500)
+            if not changed:
+                return amended
+            counted = [c for c in changed if c.group_done is not None and c.group_done <= self._bank_cursor
+                       and c.env in self.bank.envs and self.bank_follows(c.agent)]
+            held = await self.store.verdicts.at([c.trajectory_id for c in counted], self._verdict_mark)
+            for c in counted:
+                was = held.get(c.trajectory_id)
+                if was is not None and c.current is not None and self.bank.amend(
+                        TaskKey(c.env, c.seed, c.difficulty), self._counts_as(was), self._counts_as(c.current),
+                        c.policy_version):
+                    amended += 1
+            self._verdict_mark = changed[-1].verdict_version
+
+    def _counts_as(self, verdict: Score) -> bool | None:
+        """How the bank counts a verdict: a pass, a fail, or (an error, a withdrawn one) neither."""
+        if verdict.status != "ok" or WITHDRAWN in verdict.flags:
+            return None
+        return self.bank.passes(min(1.0, max(0.0, verdict.reward)))
 
     def bank_follows(self, agent: str) -> bool:
         """Whether ``agent``'s groups teach the task bank pass rates: the agents the config names
@@ -351,7 +384,8 @@ class Scheduler:
 
     async def _save_bank(self) -> None:
         self._bank_saved = time.monotonic()
-        await self.store.put_state(_BANK_STATE, {"cursor": self._bank_cursor, "bank": self.bank.to_json()})
+        await self.store.put_state(_BANK_STATE, {"cursor": self._bank_cursor, "verdicts": self._verdict_mark,
+                                                 "bank": self.bank.to_json()})
 
     async def status(self) -> dict[str, Any]:
         """``pulse`` and the pass rates by environment and level (these read every stored trajectory)."""

@@ -3,8 +3,9 @@
 What the console draws and ``GetHistory`` / ``GetLearningCurve`` answer. Both read only the columns
 stored before a record's body (env, level, agent, version, outcome, flags), so a look at a farm of a
 million trajectories never decompresses one; ``trajectories_by_time`` and ``trajectories_by_agent``
-(migration 9) keep them to the rows they count. A red team's attempts are left out: wrong on purpose,
-they would read as a policy failing.
+(migration 9) keep them to the rows they count. Each trajectory counts by its current verdict (a rescore's),
+and a withdrawn one not at all (a quarantine took it back: its verdict says nothing of the policy). A red team's
+attempts are left out: wrong on purpose, they would read as a policy failing.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from farmd.records import RED_TEAM_PREFIX
 if TYPE_CHECKING:
     from farmd.store.store import Store
 
-_NOT_RED_TEAM = "substr(agent, 1, ?) != ?"
+_COUNTED = ("substr(agent, 1, ?) != ? AND NOT EXISTS (SELECT 1 FROM withdrawals w "
+            "WHERE w.trajectory_id = trajectories.id)")
+"""Neither a red team's nor withdrawn."""
 _RED_TEAM_ARGS = (len(RED_TEAM_PREFIX), RED_TEAM_PREFIX)
 
 
@@ -54,12 +57,12 @@ class ActivityRecords:
 
     async def buckets(self, since: float, width_s: float) -> list[ActivityBucket]:
         """Per environment and ``width_s`` bucket from ``since``: counts, mean level, newest policy version
-        and how many carried each flag (their first verdict's flags; later scores are the scores table's)."""
+        and how many carried each flag (their current verdicts'); withdrawn ones are in none of it."""
         bucket = "CAST((finished_at - ?) / ? AS INTEGER)"
         rows = await self._store._all(
             f"SELECT {bucket} AS b, env, COUNT(*), SUM(status='ok' AND passed), SUM(status='error'), "
             "AVG(difficulty), MAX(policy_version) FROM trajectories "
-            f"WHERE finished_at >= ? AND {_NOT_RED_TEAM} GROUP BY b, env ORDER BY b, env",
+            f"WHERE finished_at >= ? AND {_COUNTED} GROUP BY b, env ORDER BY b, env",
             (since, width_s, since, *_RED_TEAM_ARGS))
         out = {(int(b), env): ActivityBucket(start=since + int(b) * width_s, env=env, trajectories=int(n),
                                              passed=int(p or 0), errors=int(e or 0), mean_difficulty=float(d or 0),
@@ -69,7 +72,7 @@ class ActivityRecords:
             # A flags column that is not JSON (never written so) would fail the whole query: read as none.
             f"SELECT {bucket} AS b, env, f.value, COUNT(*) FROM trajectories, json_each(CASE WHEN "
             "json_valid(trajectories.flags) THEN trajectories.flags ELSE '[]' END) AS f "
-            f"WHERE finished_at >= ? AND {_NOT_RED_TEAM} GROUP BY b, env, f.value",
+            f"WHERE finished_at >= ? AND {_COUNTED} GROUP BY b, env, f.value",
             (since, width_s, since, *_RED_TEAM_ARGS))
         for b, env, flag, n in flagged:
             found = out.get((int(b), env))
@@ -79,8 +82,9 @@ class ActivityRecords:
 
     async def learning_curve(self, agent: str, env: str | None, points: int) -> list[CurvePoint]:
         """``agent``'s trajectories (of ``env``, or all) in stream order, cut into at most ``points`` runs
-        of equal length: each one's pass rate, mean level and newest policy version."""
+        of equal length: each one's pass rate, mean level and newest policy version; withdrawn ones left out."""
         env_sql, env_args = (" AND env = ?", [env]) if env else ("", [])
+        env_sql += " AND NOT EXISTS (SELECT 1 FROM withdrawals w WHERE w.trajectory_id = trajectories.id)"
         row = await self._store._one(f"SELECT COUNT(*) FROM trajectories WHERE agent = ?{env_sql}",
                                      (agent, *env_args))
         total = int(row[0]) if row else 0
@@ -105,6 +109,6 @@ class ActivityRecords:
         """Agents whose trajectories a farm policy produced (a version above 0), newest first."""
         rows = await self._store._all(
             "SELECT agent, MAX(seq) AS last FROM trajectories WHERE policy_version > 0 AND "
-            f"{_NOT_RED_TEAM} GROUP BY agent ORDER BY last DESC LIMIT ?", (*_RED_TEAM_ARGS, limit))
+            f"{_COUNTED} GROUP BY agent ORDER BY last DESC LIMIT ?", (*_RED_TEAM_ARGS, limit))
         return [str(agent) for agent, _ in rows]
 

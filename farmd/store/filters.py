@@ -12,12 +12,13 @@ class TrajectoryFilter:
     min_reward: float | None = None
     max_reward: float | None = None
     flag: str | None = None
-    """Carried by the first verdict or by any later score (a quarantine's ``withdrawn`` is a later score's)."""
+    """Carried by the current verdict (a quarantine's ``withdrawn`` once withdrawn; a rescore's flags once
+    rescored): the same one the listing shows."""
     node: str | None = None
     agent: str | None = None
 
     def sql(self) -> tuple[str, list[object]]:
-        """SQL (each part starting with AND) and its parameters."""
+        """SQL (each part starting with AND) and its parameters; every verdict field is the current verdict's."""
         parts: list[str] = []
         args: list[object] = []
         for column, op, value in (("policy_version", "=", self.policy_version), ("reward", ">=", self.min_reward),
@@ -27,8 +28,8 @@ class TrajectoryFilter:
                 parts.append(f" AND {column} {op} ?")
                 args.append(value)
         if self.flag is not None:
-            parts.append(" AND (EXISTS (SELECT 1 FROM json_each(trajectories.flags) WHERE value = ?) OR EXISTS "
-                         "(SELECT 1 FROM scores s, json_each(s.flags) WHERE s.trajectory_id = trajectories.id "
-                         "AND value = ?))")
-            args += [self.flag, self.flag]
+            # A flags column that is not JSON (never written so) would fail the whole query: read as none.
+            parts.append(" AND EXISTS (SELECT 1 FROM json_each(CASE WHEN json_valid(trajectories.flags) THEN "
+                         "trajectories.flags ELSE '[]' END) WHERE value = ?)")
+            args.append(self.flag)
         return "".join(parts), args

@@ -18,6 +18,7 @@ import aiosqlite
 
 from farmd.flags import QUARANTINED, WITHDRAWN
 from farmd.records import CANARY_PREFIX
+from farmd.store.verdicts import give
 
 if TYPE_CHECKING:
     from farmd.store.store import Store
@@ -421,17 +422,18 @@ class IntakeRecords:
 
 async def withdraw(db: aiosqlite.Connection, where: str, params: Sequence[object], now: float) -> int:
     """In the caller's transaction: the trajectories matching ``where`` (over ``trajectories t``) whose
-    environment is quarantined get a withdrawn score (reward 0, flagged) and a withdrawal row, once each.
+    environment is quarantined get a withdrawn verdict (reward 0, flagged), current from now on, and a withdrawal
+    row, once each.
     Returns how many were withdrawn now. The store calls it too, for a rollout that was running when its
     environment was quarantined and is stored after. A production canary's is left alone: no stream ever sent
     it, and it stays the evidence it was (a wrong attempt the version rewarded)."""
-    where = f"({where}) AND substr(t.agent, 1, {len(CANARY_PREFIX)}) != '{CANARY_PREFIX}'"
+    where = (f"({where}) AND substr(t.agent, 1, {len(CANARY_PREFIX)}) != '{CANARY_PREFIX}' AND NOT EXISTS "
+             "(SELECT 1 FROM withdrawals w WHERE w.trajectory_id = t.id)")
     flags = json.dumps([QUARANTINED, WITHDRAWN])
-    await db.execute(
-        "INSERT OR IGNORE INTO scores(trajectory_id, verifier_version, reward, passed, status, reasons, flags, "
-        "scored_at) SELECT t.id, t.verifier_version || '+quarantined', 0, 0, 'ok', json_array('withdrawn: ' || "
-        f"q.reason), ?, ? FROM trajectories t JOIN quarantined_envs q ON q.env = t.env WHERE {where}",
-        (flags, now, *params))
+    # The withdrawn verdict becomes each one's current verdict (every reader shows it), its earlier ones kept.
+    await give(db, now, select=(
+        "SELECT t.id, t.verifier_version || '+quarantined', 0, 0, 'ok', json_array('withdrawn: ' || q.reason), ? "
+        f"FROM trajectories t JOIN quarantined_envs q ON q.env = t.env WHERE {where} ORDER BY t.seq", (flags, *params)))
     before = db.total_changes
     await db.execute(
         "INSERT INTO withdrawals(trajectory_id, env, reason, at) SELECT t.id, t.env, q.reason, ? FROM trajectories t "

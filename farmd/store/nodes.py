@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from farmd.flags import QUARANTINED, WITHDRAWN
 from farmd.records import Trajectory, verified_by_node
+from farmd.store.verdicts import give
 from farmd.text import bounded
 
 if TYPE_CHECKING:
@@ -155,7 +156,8 @@ class NodeRecords:
     async def quarantine(self, node: str, reason: str, *, everything: bool = False) -> Quarantined:
         """Quarantine ``node`` for good (until ``clear``), in one transaction: every result of its that reads as its
         own verdict still (none the coordinator confirmed; ``everything``: those it confirmed too) gets a withdrawn
-        score (reward 0, flagged) and a withdrawal row, and its group leaves whole-group streams; the jobs it holds
+        verdict (reward 0, flagged), current from now on, and a withdrawal row, and its group leaves whole-group
+        streams; the jobs it holds
         go back to the queue, and canary jobs waiting for it are dropped."""
         now = time.time()
         store = self._store
@@ -172,10 +174,10 @@ class NodeRecords:
             for start in range(0, len(ids), 10_000):
                 chunk = ids[start:start + 10_000]
                 marks = ",".join("?" * len(chunk))
-                await db.execute(
-                    "INSERT OR IGNORE INTO scores(trajectory_id, verifier_version, reward, passed, status, reasons, "
-                    "flags, scored_at) SELECT id, verifier_version || '+quarantined', 0, 0, 'ok', json_array(?), ?, ? "
-                    f"FROM trajectories WHERE id IN ({marks})", (why, flags, now, *chunk))
+                await give(db, now, select=(
+                    "SELECT id, verifier_version || '+quarantined', 0, 0, 'ok', json_array(?), ? FROM trajectories t "
+                    f"WHERE id IN ({marks}) AND NOT EXISTS (SELECT 1 FROM withdrawals w WHERE w.trajectory_id = t.id) "
+                    "ORDER BY seq", (why, flags, *chunk)))
                 before = db.total_changes
                 await db.execute(
                     "INSERT INTO withdrawals(trajectory_id, env, reason, at) SELECT t.id, t.env, ?, ? FROM trajectories t "

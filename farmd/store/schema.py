@@ -359,4 +359,53 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX node_checks_by_node ON node_checks(node, at);
     """,
+    # 14: a trajectory's row holds its CURRENT verdict, the one every reader shows (a withdrawal, or a rescore under a
+    # newer verifier version, replaces what listings, exports, pass rates and the task bank read); the verdict it
+    # was first given moves to its score history (kind 'first') the first time a later one comes. ``verdict_version``
+    # names the score that is current (0: the first verdict): scores are numbered by ``seq``, which only grows
+    # across the store, so "what changed since an export" is one range of ``trajectories_by_verdict``. A score given
+    # after its trajectory was withdrawn, or one that is not a verdict (an error), is kept but never current
+    # ('kept'). The table is made again for its ``seq`` and its keys: one score per verifier version as before, and
+    # the first verdict beside a later one under the same version (a node's word and the coordinator's check of
+    # it). Rows an older farmd wrote are sorted in: the first verdict, then each score, current unless it came
+    # after its trajectory's withdrawal.
+    """
+    CREATE TABLE scores_by_seq (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        trajectory_id INTEGER NOT NULL REFERENCES trajectories(id),
+        verifier_version TEXT NOT NULL,
+        reward REAL NOT NULL,
+        passed INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        reasons TEXT NOT NULL,
+        flags TEXT NOT NULL,
+        scored_at REAL NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('first', 'current', 'kept'))
+    );
+    INSERT INTO scores_by_seq(trajectory_id, verifier_version, reward, passed, status, reasons, flags, scored_at, kind)
+    SELECT trajectory_id, verifier_version, reward, passed, status, reasons, flags, at, kind FROM (
+        SELECT t.id AS trajectory_id, t.verifier_version, t.reward, t.passed, t.status, t.reasons, t.flags,
+               t.finished_at AS at, 'first' AS kind, 0 AS late, 0 AS n
+        FROM trajectories t WHERE EXISTS (SELECT 1 FROM scores s WHERE s.trajectory_id = t.id)
+        UNION ALL
+        SELECT s.trajectory_id, s.verifier_version, s.reward, s.passed, s.status, s.reasons, s.flags, s.scored_at,
+               CASE WHEN s.status = 'ok' AND NOT EXISTS (
+                   SELECT 1 FROM scores w, json_each(CASE WHEN json_valid(w.flags) THEN w.flags ELSE '[]' END) f
+                   WHERE w.trajectory_id = s.trajectory_id AND f.value = 'withdrawn'
+                   AND (w.scored_at < s.scored_at OR (w.scored_at = s.scored_at AND w.rowid < s.rowid)))
+               THEN 'current' ELSE 'kept' END, 1, s.rowid
+        FROM scores s
+    ) ORDER BY at, late, n;
+    DROP TABLE scores;
+    ALTER TABLE scores_by_seq RENAME TO scores;
+    CREATE INDEX scores_by_trajectory ON scores(trajectory_id, seq);
+    CREATE UNIQUE INDEX scores_one_per_version ON scores(trajectory_id, verifier_version) WHERE kind != 'first';
+    CREATE UNIQUE INDEX scores_one_first ON scores(trajectory_id) WHERE kind = 'first';
+    ALTER TABLE trajectories ADD COLUMN verdict_version INTEGER NOT NULL DEFAULT 0;
+    UPDATE trajectories SET (reward, passed, status, reasons, flags, verifier_version, verdict_version) = (
+        SELECT s.reward, s.passed, s.status, s.reasons, s.flags, s.verifier_version, s.seq FROM scores s
+        WHERE s.trajectory_id = trajectories.id AND s.kind = 'current' ORDER BY s.seq DESC LIMIT 1)
+    WHERE id IN (SELECT trajectory_id FROM scores WHERE kind = 'current');
+    CREATE INDEX trajectories_by_verdict ON trajectories(verdict_version) WHERE verdict_version > 0;
+    """,
 )

@@ -30,6 +30,7 @@ import aiosqlite
 
 from farmd import domain
 from farmd.errors import CursorError, StoreError
+from farmd.flags import UNREADABLE, WITHDRAWN
 from farmd.private import create_file, make_dir
 from farmd.records import (
     CANARY_PREFIX,
@@ -52,6 +53,7 @@ from farmd.store.names import NameRecords
 from farmd.store.nodes import Completion, NodeRecords, lease_identity
 from farmd.store.policy_files import PolicyFiles, PolicyUpload
 from farmd.store.schema import MIGRATIONS
+from farmd.store.verdicts import FIRST, VerdictRecords, give
 from farmd.text import valid_text, valid_tree
 
 log = logging.getLogger("farmd.store")
@@ -60,7 +62,7 @@ _JOB_COLUMNS = "id, group_id, env, seed, difficulty, agent, state, attempts, lea
                "policy_version, source"
 _POLICY_COLUMNS = "version, sha256, size, uri, created_at, name"
 _TRAJ_COLUMNS = "id, seq, group_id, env, env_version, seed, difficulty, agent, policy_version, reward, passed, " \
-                "status, reasons, flags, verifier_version, body, node, finished_at, run_id, verified_by"
+                "status, reasons, flags, verifier_version, body, node, finished_at, run_id, verified_by, verdict_version"
 _BODY_INDEX = [c.strip() for c in _TRAJ_COLUMNS.split(",")].index("body")
 _COLUMN_INDEX = tuple(i for i, c in enumerate(_TRAJ_COLUMNS.split(",")) if c.strip() != "body")
 
@@ -68,6 +70,10 @@ _COLUMN_INDEX = tuple(i for i, c in enumerate(_TRAJ_COLUMNS.split(",")) if c.str
 _MAX_VARS = 10_000
 CONTRIBUTED_ENV_PREFIX = "contrib:"
 """Only a contributed environment can be quarantined: only its trajectories are looked at for withdrawal."""
+
+
+_WITHDRAWN = "EXISTS (SELECT 1 FROM withdrawals w WHERE w.trajectory_id = trajectories.id)"
+"""A trajectory a quarantine took back: its current verdict is the withdrawn one, for good."""
 
 
 CURSOR_KINDS = ("trajectories", "groups")
@@ -243,7 +249,7 @@ def _traj_row(t: Trajectory, body: bytes) -> tuple[Any, ...]:
     """A stored trajectory's row, in ``_TRAJ_COLUMNS``' order (the body packed already)."""
     return (t.id, t.seq, t.group_id, t.env, t.env_version, t.seed, t.difficulty, t.agent, t.policy_version, t.reward,
             int(t.passed), t.status, _json(t.reasons), _json(t.flags), t.verifier_version, body, t.node, t.finished_at,
-            t.run_id, t.verified_by)
+            t.run_id, t.verified_by, 0)  # the verdict it is stored with is verdict 0, whatever the record says
 
 
 def _json(value: Any) -> str:
@@ -318,12 +324,14 @@ def _log_unreadable(traj_id: object, problems: list[str]) -> None:
               "; ".join(problems[:3])[:1000], extra={"event": "unreadable_trajectory", "trajectory": key})
 
 
-def _score(version: Any, reward: Any, passed: Any, status: Any, reasons: Any, flags: Any, at: Any) -> Score | None:
-    """A score row as a ``Score``; None when it is not one in its domain (a later score is left out, never
-    the record it scores)."""
+def verdict_score(version: Any, reward: Any, passed: Any, status: Any, reasons: Any, flags: Any, at: Any, kind: Any,
+                  seq: Any) -> Score | None:
+    """A score row (or a trajectory's verdict columns) as a ``Score``, its ``verdict_version`` 0 for the first
+    verdict and its ``seq`` for a later one; None when it is not one in its domain (a score is left out, never the
+    record it scores)."""
     try:
         score = Score(version if isinstance(version, str) else "", reward, passed in (1, True), status,
-                      _read_json(reasons), _read_json(flags), at)
+                      _read_json(reasons), _read_json(flags), at, 0 if kind == FIRST else int(seq))
     except Exception:  # a score's JSON columns that do not decode, as a trajectory's body (see _trajectory)
         return None
     if passed not in (0, 1) or domain.reward_problem(score.reward, score.passed, score.status) \
@@ -371,6 +379,8 @@ class Store:
         """Which credential each name (a node's, a consumer's, an Atropos id) belongs to."""
         self.nodes = NodeRecords(self)
         """Quarantined nodes, canary groups, and the checks of nodes' results."""
+        self.verdicts = VerdictRecords(self)
+        """Which verdicts changed since a mark, and what a trajectory's was at one."""
 
     @classmethod
     async def open(cls, path: Path) -> Store:
@@ -850,9 +860,12 @@ class Store:
         return totals[0], totals[1], totals[2], totals[3]
 
     async def finished_groups(self, after: int, limit: int, *, agent: str | None = None,
-                              envs: Sequence[str] = (), streamed: bool = False) -> list[dict[str, Any]]:
-        """Groups that ended after done position ``after``, in the order they ended, with their rewards;
-        only ``agent``'s and only those of ``envs`` when given (a subscription); ``streamed``: none withdrawn."""
+                              envs: Sequence[str] = (), streamed: bool = False, as_of: int | None = None
+                              ) -> list[dict[str, Any]]:
+        """Groups that ended after done position ``after``, in the order they ended, with their rewards (of their
+        current verdicts, none withdrawn; ``as_of`` a verdict mark: of the verdicts they held at that mark, what a
+        reader keeping up with ``store.verdicts.changed`` from there must count); only ``agent``'s and only those of
+        ``envs`` when given (a subscription); ``streamed``: no group holding one withdrawn."""
         where, args = _subscribed(agent, envs, streamed=streamed, groups=True)
         groups = await self._all(
             f"SELECT id, done_seq, env, seed, difficulty, agent, size FROM groups WHERE done_seq > ? {where} "
@@ -861,9 +874,16 @@ class Store:
             return []
         rewards: dict[int, list[tuple[float, int]]] = {}
         marks = ",".join("?" * len(groups))
-        for gid, reward, version in await self._all(
-                f"SELECT group_id, reward, policy_version FROM trajectories WHERE group_id IN ({marks}) "
-                f"AND status='ok' ORDER BY id", [g[0] for g in groups]):
+        rows = await self._all(
+            f"SELECT group_id, reward, policy_version, status, {_WITHDRAWN}, id, verdict_version FROM trajectories "
+            f"WHERE group_id IN ({marks}) ORDER BY id", [g[0] for g in groups])
+        then = {} if as_of is None else await self.verdicts.at([int(r[5]) for r in rows if r[6] > as_of], as_of)
+        for gid, reward, version, status, withdrawn, tid, _ in rows:
+            held = then.get(int(tid))
+            if held is not None:
+                reward, status, withdrawn = held.reward, held.status, WITHDRAWN in held.flags
+            if status != "ok" or withdrawn:
+                continue
             # A reward out of any domain (a NaN is stored as NULL) or a version that is not one counts for
             # nothing here; its record is served as unreadable (``_trajectory``).
             if domain.reward_problem(reward, False, "ok", external=True) is None and isinstance(version, int):
@@ -885,13 +905,16 @@ class Store:
     async def trajectories(self, *, after_seq: int = 0, limit: int = 100, env: str | None = None,
                            min_policy: int | None = None, newest_first: bool = False, body: bool = True,
                            before_seq: int | None = None, run_id: int = 0, agent: str | None = None,
-                           envs: Sequence[str] = (), streamed: bool = False, where: TrajectoryFilter | None = None
-                           ) -> list[Trajectory]:
+                           envs: Sequence[str] = (), streamed: bool = False, where: TrajectoryFilter | None = None,
+                           withdrawn: bool = True) -> list[Trajectory]:
         """Trajectories in stream order (or newest first), after ``after_seq`` and before ``before_seq``;
         ``body=False`` leaves out the bulk of the record (``BODY_FIELDS``: decompressing it is most of a
-        read's cost). ``agent`` and ``envs``: only those (a subscription); ``streamed``: none withdrawn;
-        ``where``: what an operator looking for some narrows them to."""
+        read's cost). ``agent`` and ``envs``: only those (a subscription); ``streamed``: none withdrawn nor
+        any a trainer is never sent; ``withdrawn`` False: none withdrawn; ``where``: what an operator looking for
+        some narrows them to. Each holds its current verdict (``farmd.store.verdicts``)."""
         subscribed, sub_args = _subscribed(agent, envs, streamed=streamed)
+        if not withdrawn:
+            subscribed += f" AND NOT {_WITHDRAWN}"
         narrowed, narrow_args = where.sql() if where is not None else ("", [])
         args: list[object] = [after_seq, *sub_args, *narrow_args]
         where_sql: list[str] = [f"seq > ? {subscribed}{narrowed}"]
@@ -918,21 +941,35 @@ class Store:
         return await self._with_scores(await asyncio.to_thread(_trajectories, rows))
 
     async def _with_scores(self, trajectories: list[Trajectory]) -> list[Trajectory]:
-        """Whole records carry their scores under later verifier versions: one query for a page."""
+        """Whole records carry every verdict they were given, the first included: one query for a page. A
+        trajectory never given a later one keeps its first in its row only, and reads it from there."""
         if not trajectories:
             return trajectories
-        by_id = {t.id: t for t in trajectories}
-        for start in range(0, len(trajectories), _MAX_VARS):
-            ids = [t.id for t in trajectories[start:start + _MAX_VARS]]
-            for tid, v, r, p, st, rs, fl, at in await self._all(
-                    "SELECT trajectory_id, verifier_version, reward, passed, status, reasons, flags, scored_at "
-                    f"FROM scores WHERE trajectory_id IN ({','.join('?' * len(ids))}) ORDER BY scored_at", ids):
-                score = _score(v, r, p, st, rs, fl, at)
+        history = await self.score_history([t.id for t in trajectories])
+        for t in trajectories:
+            t.scores = history.get(t.id, [])
+            if t.verdict_version == 0 and not any(s.verdict_version == 0 for s in t.scores) \
+                    and UNREADABLE not in t.flags:  # a stub's error verdict is no verdict it was given
+                t.scores.insert(0, Score(t.verifier_version, t.reward, t.passed, t.status, list(t.reasons),
+                                         list(t.flags), t.finished_at, 0))
+        return trajectories
+
+    async def score_history(self, trajectory_ids: list[int]) -> dict[int, list[Score]]:
+        """The scores table's verdicts of these trajectories, the first one first, then in the order given; one out
+        of its domain is left out (logged), never the record it scores."""
+        out: dict[int, list[Score]] = {}
+        for start in range(0, len(trajectory_ids), _MAX_VARS):
+            ids = trajectory_ids[start:start + _MAX_VARS]
+            for tid, v, r, p, st, rs, fl, at, kind, seq in await self._all(
+                    "SELECT trajectory_id, verifier_version, reward, passed, status, reasons, flags, scored_at, kind, "
+                    f"seq FROM scores WHERE trajectory_id IN ({','.join('?' * len(ids))}) "
+                    f"ORDER BY trajectory_id, kind != '{FIRST}', seq", ids):
+                score = verdict_score(v, r, p, st, rs, fl, at, kind, seq)
                 if score is not None:
-                    by_id[int(tid)].scores.append(score)
+                    out.setdefault(int(tid), []).append(score)
                 else:
                     _log_unreadable(f"{tid} (a score under {str(v)[:60]})", ["a score out of its domain"])
-        return trajectories
+        return out
 
     async def group_trajectories(self, group_ids: list[int], body: bool = True) -> list[Trajectory]:
         if not group_ids:
@@ -943,21 +980,41 @@ class Store:
                                group_ids)
         return await self._with_scores(await asyncio.to_thread(_trajectories, rows)) if body else _trajectories(rows)
 
+    async def withdrawn_count(self, *, env: str | None = None, run_id: int = 0,
+                              where: TrajectoryFilter | None = None) -> int:
+        """How many withdrawn trajectories match (of ``env``, of run ``run_id``, narrowed by ``where``): what a
+        listing or an export that leaves them out says it left out. Read from the withdrawals, not the
+        trajectories: as many rows as were withdrawn."""
+        narrowed, narrow_args = where.sql() if where is not None else ("", [])
+        sql = (f"SELECT COUNT(*) FROM trajectories WHERE id IN (SELECT trajectory_id FROM withdrawals){narrowed}")
+        args: list[object] = [*narrow_args]
+        if env is not None:
+            sql += " AND env = ?"
+            args.append(env)
+        if run_id:
+            sql += " AND run_id = ?"
+            args.append(run_id)
+        row = await self._one(sql, args)
+        return int(row[0]) if row else 0
+
     async def last_seq(self) -> int:
         row = await self._one("SELECT COALESCE(MAX(seq), 0) FROM trajectories")
         return int(row[0]) if row else 0
 
     async def pass_rates(self) -> list[dict[str, Any]]:
-        """Per environment and level: trajectories, passed, mean reward, errors (never scores); a red team's
-        attempts left out (wrong on purpose, they would read as a policy failing)."""
+        """Per environment and level, by each trajectory's current verdict: trajectories, passed, mean reward,
+        errors (never scores); withdrawn ones left out (a quarantine took them back: their verdicts say nothing of
+        the policy, and their withdrawn 0 would read as it failing), and a red team's attempts (wrong on purpose,
+        they would read as a policy failing)."""
         # Only rewards in a reward's domain count in the mean: one stored out of it (an infinity, a text) would
         # make every status read show it (``farmd.domain``; its record is served as unreadable).
         bound = domain.EXTERNAL_SCORE_BOUND
         rows = await self._all(
             "SELECT env, difficulty, COUNT(*), SUM(status='ok' AND passed), AVG(CASE WHEN status='ok' AND "
             "typeof(reward) IN ('real', 'integer') AND reward BETWEEN ? AND ? THEN reward END), "
-            "SUM(status='error') FROM trajectories WHERE substr(agent, 1, ?) != ? GROUP BY env, difficulty "
-            "ORDER BY env, difficulty", (-bound, bound, len(RED_TEAM_PREFIX), RED_TEAM_PREFIX))
+            f"SUM(status='error') FROM trajectories WHERE substr(agent, 1, ?) != ? AND NOT {_WITHDRAWN} "
+            "GROUP BY env, difficulty ORDER BY env, difficulty",
+            (-bound, bound, len(RED_TEAM_PREFIX), RED_TEAM_PREFIX))
         return [{"env": e, "difficulty": d, "trajectories": n, "passed": int(p or 0),
                  "mean_reward": float(r) if r is not None else None, "errors": int(err or 0)}
                 for e, d, n, p, r, err in rows]
@@ -973,8 +1030,11 @@ class Store:
     # -- scores (re-scoring adds, never overwrites) ---------------------------------------------
 
     async def add_scores(self, rows: list[tuple[int, str, float, bool, str, list[str], list[str]]]) -> int:
-        """(trajectory id, verifier version, reward, passed, status, reasons, flags) rows; existing kept. A row
-        whose verdict is out of its domain (``farmd.domain``) is not kept: logged, never read back."""
+        """(trajectory id, verifier version, reward, passed, status, reasons, flags) rows; a version that scored a
+        trajectory already keeps its score. Each added becomes its trajectory's current verdict, the one every reader
+        shows (its first kept in its scores), unless it was withdrawn or the verdict is an error: kept, never current
+        (``farmd.store.verdicts.give``). A row whose verdict is out of its domain (``farmd.domain``) is not kept:
+        logged, never read back. Returns how many were added."""
         now = time.time()
         kept: list[tuple[int, str, float, bool, str, list[str], list[str]]] = []
         for row in rows:
@@ -985,26 +1045,23 @@ class Store:
                 log.error("a score of trajectory %s out of its domain was not kept: %s", row[0], problem,
                           extra={"event": "refused_score", "trajectory": row[0]})
         rows = kept
+        if not rows:
+            return 0
         async with self._write() as db:
-            before = db.total_changes
-            await db.executemany(
-                "INSERT OR IGNORE INTO scores(trajectory_id, verifier_version, reward, passed, status, reasons, "
-                "flags, scored_at) VALUES (?,?,?,?,?,?,?,?)",
-                [(t, v, r, int(p), s, _json(valid_tree(rs)[0]), _json(valid_tree(fl)[0]), now)
-                 for t, v, r, p, s, rs, fl in rows])
-            return db.total_changes - before
+            return await give(db, now, rows=[(t, v, r, p, s, valid_tree(rs)[0], valid_tree(fl)[0])
+                                             for t, v, r, p, s, rs, fl in rows])
 
     async def scores(self, traj_id: int) -> list[dict[str, Any]]:
-        rows = await self._all(
-            "SELECT verifier_version, reward, passed, status, reasons, flags, scored_at FROM scores "
-            "WHERE trajectory_id=? ORDER BY scored_at", (traj_id,))
-        return [{"verifier_version": v, "reward": r, "passed": bool(p), "status": s, "reasons": _read_json(rs),
-                 "flags": _read_json(f), "scored_at": t} for v, r, p, s, rs, f, t in rows]
+        """Every verdict ``traj_id`` was given, the first included, as plain values."""
+        found = await self.trajectory(traj_id)
+        return [dataclasses.asdict(s) for s in found.scores] if found is not None else []
 
     async def scored_versions(self, env: str) -> dict[int, set[str]]:
+        """Per trajectory of ``env``, the verifier versions a later verdict scored it under (the verdict it was
+        stored with is not one: rescoring under its version adds that score, as it always did)."""
         rows = await self._all(
             "SELECT s.trajectory_id, s.verifier_version FROM scores s JOIN trajectories t ON t.id = s.trajectory_id "
-            "WHERE t.env = ?", (env,))
+            f"WHERE t.env = ? AND s.kind != '{FIRST}'", (env,))
         out: dict[int, set[str]] = {}
         for tid, version in rows:
             out.setdefault(int(tid), set()).add(str(version))

@@ -321,6 +321,24 @@ class TaskBank:
         if first and len(st.tasks) > cfg.max_tasks_per_env:
             self._prune(st)
 
+    def amend(self, key: TaskKey, was: bool | None, now: bool | None, policy_version: int) -> bool:
+        """One attempt at ``key`` the bank counted (under ``policy_version``) holds another verdict now: a rescore
+        (``was``/``now``: whether each verdict passes, by ``pass_threshold``; None: it counts as neither, a
+        withdrawn one or an error). Its pass or fail moves to what it is now, or is taken back. Returns whether
+        the task's counts moved (False: the same standing, or a task the bank no longer holds)."""
+        st = self._envs.get(key.env)
+        rec = st.tasks.get((key.seed, key.difficulty)) if st is not None else None
+        if rec is None or was is now:
+            return False
+        passes = int(now is True) - int(was is True)
+        fails = int(now is False) - int(was is False)
+        rec.post = self._model.amend(rec.post, passes, fails, policy_version)
+        return True
+
+    def passes(self, reward: float) -> bool:
+        """Whether a verdict of ``reward`` counts as a pass here."""
+        return reward >= self.config.pass_threshold
+
     def status(self) -> dict[str, Any]:
         """Per environment and in total: level, pool counts, band occupancy, informative-group fraction.
 

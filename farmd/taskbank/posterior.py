@@ -91,3 +91,15 @@ class BetaModel:
         else:
             base, weight = post, self.keep_per_version ** (post.version - version)
         return Posterior(base.alpha + weight * passes, base.beta + weight * fails, base.version)
+
+    def amend(self, post: Posterior, passes: float, fails: float, version: int) -> Posterior:
+        """``post`` after attempts it counted under policy ``version`` got another verdict: ``passes`` and
+        ``fails`` are what that moves (-1 takes one back, +1 counts one), at the weight ``update`` gave them, so
+        a pass taken back removes about what counting it added. Evidence never goes below a sliver (fading is
+        not exactly reversible): the posterior stays a Beta."""
+        weight = self.keep_per_version ** max(0, post.version - version)
+        return Posterior(max(_SLIVER, post.alpha + weight * passes), max(_SLIVER, post.beta + weight * fails),
+                         post.version)
+
+
+_SLIVER = 1e-3

@@ -101,7 +101,7 @@ def test_bad_calls_get_a_clear_4xx_and_reach_no_service(farm: InProcessFarm) -> 
     refused(call(farm, "FarmService/ListTrajectories", raw=b'{"env": "' + b"a" * (300 << 10) + b'"}', who="op"),
             413, "at most")
     assert call(farm, "FarmService/ListTrajectories", {"flag": "FLAG_TIMEOUT", "min_reward": 0.5}, who="op").json() \
-        == {"trajectories": [], "next_page_token": "", "capped": False}
+        == {"trajectories": [], "next_page_token": "", "capped": False, "withdrawn_left_out": "0", "verdict_mark": "0"}
 
 
 def test_a_farm_without_credentials_has_a_read_only_console(console_in_process) -> None:  # type: ignore[no-untyped-def]

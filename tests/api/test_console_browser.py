@@ -234,6 +234,8 @@ def test_a_review_and_a_quarantine_from_the_page_change_the_submission_in_the_st
     assert not page.find_elements(By.TAG_NAME, "img") and browser.execute_script(
         "return document.body.dataset.pwned === undefined"), "text people wrote is shown, never run"
     no_page_errors(browser)
+    env = f"contrib:{sub['name']}@{sub['version']}"
+    farm.farmctl("--token", TOKENS["op"][0], "run", "--env", env, "--agent", "reference", "--rollouts", "2", "--wait")
 
     browser.find_element(By.ID, "quarantine-reason").send_keys("a red team found a hedge that passes")
     browser.find_element(By.ID, "quarantine").click()
@@ -241,6 +243,27 @@ def test_a_review_and_a_quarantine_from_the_page_change_the_submission_in_the_st
     stored = json.loads(farm.farmctl("--token", TOKENS["op"][0], "submission", "show", str(sub["id"]),
                                      "--json").stdout)
     assert stored["state"] == "quarantined"
+
+    # Its two rollouts are withdrawn: the list leaves them out and says so, and shows them withdrawn when asked.
+    query = f"env={quote(env, safe='')}&agent=reference"
+    open_page(browser, farm, f"trajectories?{query}", "op")
+    loaded(browser, "trajectories")
+    wait_for(browser, lambda d: "2 withdrawn left out" in d.find_element(By.ID, "traj-count").text,
+             "the count of withdrawn trajectories left out")
+    assert not browser.find_elements(By.CSS_SELECTOR, "#trajectories-table .trajectory-row")
+    browser.find_element(By.ID, "f-include-withdrawn").click()
+    browser.find_element(By.ID, "f-apply").click()
+    rows = wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#trajectories-table .trajectory-row"),
+                    "the withdrawn trajectories listed when asked for")
+    assert len(rows) == 2 and all("withdrawn" in r.text and "0.000" in r.text for r in rows), [r.text for r in rows]
+    shoot(browser, "trajectories-withdrawn")
+    rows[0].click()
+    loaded(browser, "trajectory")
+    assert value(browser, "traj-reward") == "0" and value(browser, "traj-verdict-version") != "0"
+    scores = browser.find_elements(By.CSS_SELECTOR, "#traj-scores .score-row")
+    assert [r.get_attribute("data-verdict") == "0" for r in scores] == [True, False], "the first, then the withdrawal"
+    assert "first" in scores[0].text and "current" in scores[1].text and "withdrawn" in scores[1].text
+    no_page_errors(browser)
     open_page(browser, farm, f"contributor/{sub['contributor']}", "rita")
     loaded(browser, "contributor")
     ledger = [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#ledger-table tbody tr")]

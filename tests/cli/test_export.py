@@ -119,7 +119,8 @@ def test_farmd_and_a_data_dir_export_the_same_typed_record(running_farm, tmp_pat
     served = {fmt: tmp_path / f"served.{fmt}" for fmt in ("parquet", "jsonl")}
     for fmt, path in served.items():
         summary = json.loads(farm.farmctl("export", "--format", fmt, "--out", str(path), "--json").stdout)
-        assert summary == {"exported": 4, "path": str(path), "format": fmt, "view": "record"}
+        assert summary == {"exported": 4, "path": str(path), "format": fmt, "view": "record", "withdrawn_left_out": 0,
+                           "manifest": f"{path}.manifest.json", "verdict_mark": summary["verdict_mark"]}
     assert farm.stop() == 0
     direct = {fmt: tmp_path / f"direct.{fmt}" for fmt in ("parquet", "jsonl")}
     for fmt, path in direct.items():
@@ -154,8 +155,14 @@ def test_farmd_and_a_data_dir_export_the_same_typed_record(running_farm, tmp_pat
     assert first["steps"] == [{"action": "echo hi", "observation": "hi\n", "exit_code": 0, "duration": 0.25,
                                "violations": ["wall"]}]
     assert first["timings"] == {"task": 0.125, "agent": 2.0, "verify": 0.5, "total": 3.25}
-    assert [(s["verifier_version"], s["reward"], s["flags"]) for s in first["scores"]] == [("2", 0.5, ["truncated"])]
+    # The later score is its current verdict (issue 24); the one it was stored with stays first in its scores.
+    assert (first["reward"], first["passed"], first["flags"], first["verifier_version"]) == (0.5, False, ["truncated"],
+                                                                                            "2")
+    assert [(s["verifier_version"], s["reward"], s["flags"]) for s in first["scores"]] == [
+        ("1", 1.0, ["timeout"]), ("2", 0.5, ["truncated"])]
+    assert first["verdict_version"] == first["scores"][1]["verdict_version"] > 0 == first["scores"][0]["verdict_version"]
     assert isinstance(first["scores"][0]["scored_at"], datetime.datetime), "every score is exported with the record"
+    assert rows[1]["verdict_version"] == 0 and [s["verdict_version"] for s in rows[1]["scores"]] == [0]
     assert rows[2]["messages"] == [] and rows[2]["steps"][0]["exit_code"] == 1 and rows[2]["status"] == "ok"
     assert rows[3]["status"] == "error"
 
@@ -192,8 +199,9 @@ def test_the_flat_view_is_prompt_completion_reward(tmp_path: Path) -> None:
     data = tmp_path / "farm"
     seed_store(data)
     out = tmp_path / "flat.parquet"
-    assert export("--format", "parquet", "--out", str(out), "--data", str(data), "--view", "flat") == {
-        "exported": 4, "path": str(out), "format": "parquet", "view": "flat"}
+    summary = export("--format", "parquet", "--out", str(out), "--data", str(data), "--view", "flat")
+    assert {k: summary[k] for k in ("exported", "path", "format", "view", "withdrawn_left_out")} == {
+        "exported": 4, "path": str(out), "format": "parquet", "view": "flat", "withdrawn_left_out": 0}
     ds = datasets.load_dataset("parquet", data_files=str(out), split="train", cache_dir=str(tmp_path / "hf"))
     assert set(ds.column_names) == {"id", "group_id", "env", "prompt", "completion", "reward", "passed", "status"}
     first = ds[0]
@@ -201,7 +209,8 @@ def test_the_flat_view_is_prompt_completion_reward(tmp_path: Path) -> None:
                                {"role": "user", "content": "What is 2+3?"}]
     assert [m["role"] for m in first["completion"]] == ["assistant", "tool", "assistant"]
     assert first["completion"][-1]["content"] == "<answer>5</answer>"
-    assert (first["reward"], first["passed"], first["env"]) == (1.0, True, "rg:chain_sum")
+    assert (first["reward"], first["passed"], first["env"]) == (0.5, False, "rg:chain_sum"), "its current verdict"
+    assert (ds[1]["reward"], ds[1]["passed"]) == (1.0, True)
     script = ds[2]
     assert script["prompt"] == [{"role": "user", "content": "Write f."}]
     assert script["completion"] == [{"role": "assistant", "content": "def f(x): return x"}]
@@ -226,7 +235,8 @@ def test_an_empty_export_is_a_valid_file_and_a_failed_one_leaves_none(tmp_path: 
             assert "turns" in table.schema.names
         else:
             assert out.read_text() == ""
-    assert sorted(os.listdir(tmp_path / "empty")) == ["none.jsonl", "none.parquet"], "no partial file is left"
+    assert sorted(os.listdir(tmp_path / "empty")) == ["none.jsonl", "none.jsonl.manifest.json", "none.parquet",
+                                                      "none.parquet.manifest.json"], "no partial file is left"
 
     nowhere = tmp_path / "nowhere.parquet"
     missing = farmctl("export", "--format", "parquet", "--out", str(nowhere), "--data", str(tmp_path / "empty"),
@@ -245,19 +255,19 @@ def test_show_escapes_everything_an_attempt_wrote(running_farm, tmp_path: Path) 
     shown = farm.farmctl("trajectories", "show", str(first), env={**os.environ, "COLUMNS": "400"})
     assert_shown_safely(shown.stdout)
     out = shown.stdout.decode()
-    # node, the prompt, a user and a tool message, a tool call, a step's action and its output, a reason,
-    # the later score's reason
-    assert out.count(SHOWN) == 9, out
+    # node, the prompt, a user and a tool message, a tool call, a step's action and its output, the current
+    # verdict's reason (the later score's), and in the table of every verdict the first's and the later one's
+    assert out.count(SHOWN) == 10, out
     for expected in ("[2] assistant", "[3] tool answering c1", "tool call sh", "3 completion tokens", "logprobs stored", "no logprobs", "exit 0",
-                     "violations: wall", "verifier 1", "flags: timeout", "scored again under", "truncated",
-                     "2023-11-14T22:13:20.250"):
+                     "violations: wall", "verifier 2", "flags: truncated", "every verdict it was given", "timeout",
+                     "first", "current", "2023-11-14T22:13:20.250"):
         assert expected in out, (expected, out)
 
     record = json.loads(farm.farmctl("trajectories", "show", str(first), "--json").stdout)
     assert record["messages"][1]["content"] == f"What is 2+3?{HOSTILE}", "--json keeps every character"
     assert record["turns"][0]["token_ids"] == REPLY_IDS
     assert record["started_at"] == pytest.approx(STARTED, abs=1e-6)
-    assert [(s["verifier_version"], s["reward"]) for s in record["scores"]] == [("2", 0.5)]
+    assert [(s["verifier_version"], s["reward"]) for s in record["scores"]] == [("1", 1.0), ("2", 0.5)]
 
 
 @pytest.mark.parametrize("view", ["record", "flat"])

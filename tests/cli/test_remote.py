@@ -63,7 +63,10 @@ def test_run_status_trajectories_export_rescore(running_farm, tmp_path: Path) ->
     again = json.loads(farm.farmctl("rescore", "--env", "py-func", "--json").stdout)
     assert (again["scored"], again["already"]) == (0, 6), "scores are added once, never overwritten"
     rescored = json.loads(farm.farmctl("trajectories", "show", "--json", str(listed[0]["id"])).stdout)
-    assert [(s["verifier_version"], s["passed"]) for s in rescored["scores"]] == [(first["verifier_version"], True)]
+    # Every verdict it was given: the first (verdict 0) and the rescore's, which is current.
+    assert [(s["verifier_version"], s["passed"], s["verdict_version"] > 0) for s in rescored["scores"]] == [
+        (first["verifier_version"], True, False), (first["verifier_version"], True, True)]
+    assert rescored["verdict_version"] == rescored["scores"][1]["verdict_version"]
 
     bad = farm.farmctl("run", "--env", "nope", "--agent", "reference", "--rollouts", "1", check=False)
     assert bad.returncode != 0 and b"INVALID_ARGUMENT" in bad.stderr and b"nope" in bad.stderr
@@ -73,9 +76,12 @@ def test_run_status_trajectories_export_rescore(running_farm, tmp_path: Path) ->
     farm.farmctl("export", "--format", "jsonl", "--out", str(stopped), "--data", str(farm.data_dir))
     served = [json.loads(line) for line in jsonl.read_text().splitlines()]
     kept = [json.loads(line) for line in stopped.read_text().splitlines()]
-    rescored_ids = {r["id"] for r in kept if r["scores"]}
+    rescored_ids = {r["id"] for r in kept if len(r["scores"]) == 2}
     assert rescored_ids == {r["id"] for r in served if r["env"] == "py-func"}, "rescores are exported with the record"
-    assert [{**r, "scores": []} for r in kept] == served, "the data dir holds what farmd served"
+    assert all(len(r["scores"]) == 1 for r in served), "each with the verdict it was stored with, first"
+    # The rescore (the same verdict under the same verifier version) is current now: only its number moved.
+    assert [{**r, "scores": r["scores"][:1], "verdict_version": 0} for r in kept] == served, \
+        "the data dir holds what farmd served"
     empty = tmp_path / "empty.parquet"
     farm.farmctl("export", "--format", "parquet", "--out", str(empty), "--data", str(farm.data_dir), "--env", "shell")
     assert pq.read_table(empty).num_rows == 0

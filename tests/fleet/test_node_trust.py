@@ -152,8 +152,14 @@ def test_a_node_passing_wrong_answers_is_quarantined_its_unconfirmed_results_wit
 
         row = node_row(client, "fibber")
         assert row is not None and row["disagreed"] >= 1 and "disagrees with the coordinator" in row["quarantine_reason"]
+        # Its current verdict, the one every reader shows, is the withdrawal (issue 24: it was the node's pass, kept
+        # as the top level for ever); the node's word stays in the history as the first verdict, nothing overwritten.
         checked = client.trajectory(lies[0].id)
-        assert (checked.reward, checked.passed, checked.verified_by) == (1.0, True, "node:fibber"), "never overwritten"
+        assert (checked.reward, checked.passed, checked.verified_by) == (0.0, False, "node:fibber")
+        assert set(checked.flags) == {"quarantined", "withdrawn"}
+        assert checked.verdict_version == checked.scores[-1].verdict_version > 0
+        first = checked.scores[0]
+        assert (first.reward, first.passed, first.verdict_version) == (1.0, True, 0), "the node's word, kept first"
         theirs = [s for s in checked.scores if "coordinator" in " ".join(s.reasons)]
         assert theirs and (theirs[0].reward, theirs[0].passed) == (0.0, False), "the coordinator's verdict, added"
         for j in lies:
@@ -212,8 +218,9 @@ def test_a_node_that_answers_for_its_agent_is_caught_by_a_canary(tmp_path: Path,
         assert row is not None and row["state"] == "quarantined" and row["canaries"] >= 1
         assert "canary" in row["quarantine_reason"] and "final answer" in row["quarantine_reason"]
         # What re-verification confirmed of it is withdrawn too: a verdict was checked, not who made the attempt.
-        stored = [t for page in client.trajectory_pages(CHAIN) for t in page]
-        assert stored and all(t.node == "mimic" for t in stored)
+        assert [t for page in client.trajectory_pages(CHAIN) for t in page] == [], "withdrawn: listed only when asked"
+        stored = [t for page in client.trajectory_pages(CHAIN, include_withdrawn=True) for t in page]
+        assert stored and all(t.node == "mimic" and "withdrawn" in t.flags and t.reward == 0 for t in stored)
         for t in stored:
             assert "withdrawn" in client.trajectory(t.id).scores[-1].flags, t.id
         assert len(stored) == 24 < len(reported), "the run's results are stored; its canary's, reported too, are not"

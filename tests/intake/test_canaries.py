@@ -176,7 +176,8 @@ def test_a_version_that_passes_anything_after_its_checks_is_caught_by_production
     farm = running_farm("--workers", "2", "--config", str(config), data_dir=data_dir)
     for env in (ENV, BOMB):
         run = as_op(farm, "run", "--env", env, "--agent", "reference", "--rollouts", "4", "--wait")
-        assert run["passed"] == 4, run
+        # The bomb's canary may quarantine it before the run is read: its passes, withdrawn, count none then.
+        assert run["done"] == 4 and (env == BOMB or run["passed"] == 4), run
 
     deadline = time.monotonic() + 90
     while True:

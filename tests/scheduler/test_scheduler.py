@@ -10,6 +10,7 @@ import pytest
 from farmd.records import JobState, Trajectory
 from farmd.scheduler import PolicyChunk, Scheduler, SchedulerConfig
 from farmd.store import Store
+from farmd.taskbank import TaskKey
 
 LEVELS = {"rg:chain_sum": 5, "py-func": 5}
 
@@ -232,3 +233,51 @@ async def test_a_trainer_resumed_from_a_checkpoint_finds_its_older_trajectories_
     assert [s.policies.behind("tiny", x) for x in (*v, after)] == [3, 2, 1, 0, 1, 0]
     reopened = await open_(group_size=1)
     assert [reopened.policies.behind("tiny", x) for x in (*v, after)] == [3, 2, 1, 0, 1, 0]
+
+
+async def test_a_later_verdict_moves_the_task_banks_counts_of_the_task_it_counted(farm) -> None:  # type: ignore[no-untyped-def]
+    """The bank counted a group by the verdicts it had; a rescore that turns a pass into a fail moves that pass to a
+    fail, a withdrawal takes it back, and a group finished after a rescore is counted by its current verdict, once."""
+    store, open_ = farm
+    s = await open_(group_size=4)
+    await s.submit("rg:chain_sum", "skilled:3", 4)
+    jobs = sorted(await s.lease("w", 4), key=lambda j: j.id)
+    await s.complete("w", [scored(j, reward=1.0) for j in jobs])
+    await s._observe_finished()
+    key = TaskKey("rg:chain_sum", jobs[0].seed, jobs[0].difficulty)
+    start = s.bank.posterior(key)
+    assert start is not None and (start.alpha, start.beta) == (5.0, 1.0), "four passes on a uniform prior"
+
+    # A newer verifier finds two of the passes were not: two passes become fails.
+    await store.add_scores([(j.id, "2", 0.0, False, "ok", ["stricter"], []) for j in jobs[:2]])
+    await s._observe_finished()
+    moved = s.bank.posterior(key)
+    assert moved is not None and (moved.alpha, moved.beta) == (3.0, 3.0)
+    # One more is withdrawn (its node lied): its fail is taken back, not counted again as one.
+    async with store._write() as db:
+        await db.execute("UPDATE trajectories SET verified_by='node:liar', node='liar' WHERE id=?", (jobs[0].id,))
+    await store.nodes.quarantine("liar", "it lied")
+    await s._observe_finished()
+    taken = s.bank.posterior(key)
+    assert taken is not None and (taken.alpha, taken.beta) == (3.0, 2.0)
+    await s._observe_finished()
+    assert s.bank.posterior(key) == taken, "each change moves the counts once"
+
+    # A group rescored before the bank read it is counted as it is now, and never moved again for that.
+    await s.submit("rg:chain_sum", "skilled:3", 4)
+    later = sorted(await s.lease("w", 4), key=lambda j: j.id)
+    await s.complete("w", [scored(j, reward=1.0) for j in later])
+    await store.add_scores([(later[0].id, "2", 0.0, False, "ok", [], [])])
+    await s._observe_finished()
+    other = s.bank.posterior(TaskKey("rg:chain_sum", later[0].seed, later[0].difficulty))
+    if later[0].seed == jobs[0].seed:  # the bank handed the same task out again
+        assert other is not None and (other.alpha, other.beta) == (6.0, 3.0)
+    else:
+        assert other is not None and (other.alpha, other.beta) == (4.0, 2.0)
+
+    # Kept across a restart: the mark the counts hold goes with the bank's state.
+    await s.stop()
+    kept = s.bank.posterior(key)
+    again = await open_(group_size=4)
+    await again._observe_finished()
+    assert again.bank.posterior(key) == kept

@@ -116,6 +116,8 @@ async def test_a_record_out_of_its_domain_is_not_stored_and_the_others_are(tmp_p
         assert await store.add_scores([(jobs[0].id, "2", 1.5, True, "ok", [], []),
                                        (jobs[0].id, "3", 1.0, True, "ok", [], [])]) == 1
         kept = await store.trajectory(jobs[0].id)
-        assert kept is not None and [s.verifier_version for s in kept.scores] == ["3"]
+        # The first verdict (version "1") stays in the history; the one kept in its domain is current.
+        assert kept is not None and [s.verifier_version for s in kept.scores] == ["1", "3"]
+        assert kept.verifier_version == "3" and kept.verdict_version == kept.scores[-1].verdict_version > 0
     finally:
         await store.close()

@@ -127,7 +127,11 @@ async def test_consumers_scores_policies_state(store: Store) -> None:
     row = (job.id, "2", 0.0, False, "ok", ["stricter"], ["suspected_hack"])
     assert await store.add_scores([row]) == 1
     assert await store.add_scores([(job.id, "2", 1.0, True, "ok", [], [])]) == 0  # never overwritten
-    assert [s["reward"] for s in await store.scores(job.id)] == [0.0]
+    # The later verdict is current (what every reader shows); the first stays in the history, as verdict 0.
+    assert [(s["reward"], s["verdict_version"] > 0) for s in await store.scores(job.id)] == [(1.0, False), (0.0, True)]
+    current = await store.trajectory(job.id)
+    assert current is not None and (current.reward, current.flags, current.verifier_version) == \
+        (0.0, ["suspected_hack"], "2") and current.verdict_version == current.scores[-1].verdict_version
     weights = hashlib.sha256(b"weights").hexdigest()
     p1 = await store.add_policy(weights, b"weights", None)
     assert (await store.add_policy(weights, b"weights", None)).version == p1.version == 1

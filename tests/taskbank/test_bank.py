@@ -451,3 +451,33 @@ def test_an_environment_added_later_is_served_and_one_removed_keeps_its_state() 
     assert "contrib:wc@1.0.0" not in again.envs
     again.add_env("contrib:wc@1.0.0", 2)
     assert again.status()["envs"]["contrib:wc@1.0.0"]["groups"] == 1
+
+
+def test_a_counted_attempts_new_verdict_moves_its_pass_or_takes_it_back() -> None:
+    """``amend``: a pass rescored a fail moves one count over; a withdrawn one (neither) takes its count back, at
+    the weight it was counted with; an unknown task or an unchanged standing moves nothing."""
+    bank = TaskBank({"py-func": 5}, BankConfig(keep_per_version=0.5))
+    key = TaskKey("py-func", 7, 2)
+    bank.observe(key, [1.0, 1.0, 0.0], policy_version=1)
+    assert bank.amend(key, True, False, policy_version=1)
+    post = bank.posterior(key)
+    assert post is not None and (post.alpha, post.beta) == (2.0, 3.0)
+    assert bank.amend(key, False, None, policy_version=1)  # withdrawn: no longer a fail, nor a pass
+    post = bank.posterior(key)
+    assert post is not None and (post.alpha, post.beta) == (2.0, 2.0)
+    assert not bank.amend(key, True, True, policy_version=1) and not bank.amend(key, None, None, policy_version=1)
+    assert not bank.amend(TaskKey("py-func", 8, 2), True, False, 1) and not bank.amend(TaskKey("kernel", 1, 1),
+                                                                                      True, False, 1)
+    # Counted under an older version than the task's newest evidence: moved at the weight it was counted with.
+    bank.observe(key, [1.0], policy_version=2)
+    faded = bank.posterior(key)
+    assert faded is not None
+    bank.amend(key, True, False, policy_version=1)
+    after = bank.posterior(key)
+    assert after is not None and after.alpha == pytest.approx(faded.alpha - 0.5)
+    assert after.beta == pytest.approx(faded.beta + 0.5)
+    # Never below a sliver: the posterior stays a Beta whatever is taken back.
+    for _ in range(10):
+        bank.amend(key, True, None, policy_version=2)
+    low = bank.posterior(key)
+    assert low is not None and 0 < low.alpha < 0.01 and low.mean >= 0

@@ -34,6 +34,7 @@ from farmd.config import Credential
 READ_ONLY_METHODS = frozenset({
     "FarmService/GetStatus", "FarmService/GetRun", "FarmService/ListRuns", "FarmService/ListTrajectories",
     "FarmService/GetTrajectory", "FarmService/GetHistory", "FarmService/GetLearningCurve",
+    "FarmService/ListVerdictChanges",
     "IntakeService/GetSubmission", "IntakeService/ListSubmissions", "IntakeService/ListBounties",
     "IntakeService/GetContributor", "IntakeService/GetFunnel",
 })

@@ -926,6 +926,9 @@ function trajectoriesPage(page, params) {
     }
     inputs[key] = input;
   }
+  // Withdrawn trajectories (a quarantine took them back) are left out unless asked for, as farmctl does.
+  const withdrawnBox = h("input", {id: "f-include-withdrawn", name: "include_withdrawn", type: "checkbox",
+    checked: params.get("include_withdrawn") === "1"});
   const form = h("form", {id: "traj-filter", class: "filters", on: {submit: (ev) => {
     ev.preventDefault();
     const q = new URLSearchParams();
@@ -933,9 +936,11 @@ function trajectoriesPage(page, params) {
       const v = inputs[key].value.trim();
       if (v !== "") q.set(key, v);
     }
+    if (withdrawnBox.checked) q.set("include_withdrawn", "1");
     go("/trajectories", q);
   }}},
   TRAJ_FILTERS.map(([key, label]) => h("label", {}, h("span", {}, label), inputs[key])),
+  h("label", {}, h("span", {}, "include withdrawn"), withdrawnBox),
   h("div", {class: "filter-buttons"},
     h("button", {type: "submit", id: "f-apply", class: "primary"}, "Apply"),
     h("button", {type: "button", id: "f-clear", on: {click: () => go("/trajectories", null)}}, "Clear")),
@@ -964,14 +969,19 @@ function trajectoriesPage(page, params) {
     return;
   }
   let shown = 0;
+  let leftOut = 0;
   const load = async (pageToken) => {
     const reply = await page.call("FarmService", "ListTrajectories", {...request, ...(pageToken ? {page_token: pageToken} : {})});
     const rows = reply.trajectories || [];
-    if (!pageToken) body.replaceChildren();
+    if (!pageToken) {
+      body.replaceChildren();
+      leftOut = toNum(reply.withdrawn_left_out) ?? 0;  // the first page says it for the whole listing
+    }
     for (const t of rows) body.append(trajectoryRow(t));
     shown += rows.length;
     none.hidden = shown > 0;
-    count.textContent = `${shown} shown${reply.next_page_token ? ", more older" : ""}`;
+    count.textContent = `${shown} shown${reply.next_page_token ? ", more older" : ""}` +
+      (leftOut ? `, ${fmtCount(leftOut)} withdrawn left out` : "");
     older.hidden = !reply.next_page_token;
     older.dataset.token = reply.next_page_token || "";
     page.loaded("list");
@@ -994,6 +1004,7 @@ function trajectoryRequest(params) {
   for (const key of ["env", "agent", "node"]) if (params.get(key)) body[key] = params.get(key);
   for (const key of ["policy_version", "min_reward", "max_reward", "run_id"]) if (params.get(key)) body[key] = number(key);
   if (params.get("flag")) body.flag = normFlag(params.get("flag"));
+  if (params.get("include_withdrawn") === "1") body.include_withdrawn = true;
   return body;
 }
 
@@ -1043,7 +1054,7 @@ async function trajectoryPage(page, params, id) {
     section(`Conversation (${(t.messages || []).length} messages, ${(t.turns || []).length} model turns)`, trajectoryTurns(t)),
     section(`Steps (${(t.steps || []).length})`, trajectorySteps(t.steps || [])),
     section("Final submission", pre(t.final ?? "", "long", "traj-final"), (t.final ?? "") === "" ? h("div", {class: "muted"}, "(empty)") : null),
-    section("Scores under every verifier version", scoresTable(t.scores || [])),
+    section("Every verdict it was given", scoresTable(t.scores || [], verdictVersion(t))),
   );
   page.loaded("trajectory");
 }
@@ -1098,7 +1109,10 @@ function trajectoryVerdict(t) {
       tile("traj-reward", "reward", t.reward ?? 0, fmtFloat(t.reward ?? 0)),
       tile("traj-passed", "passed", String(Boolean(t.passed)), t.passed ? "pass" : "fail", t.passed ? "tile-good" : "tile-bad"),
       tile("traj-status", "status", t.status ?? "", enumShort(t.status, "VERDICT_STATUS_"), t.status === "VERDICT_STATUS_ERROR" ? "tile-bad" : null),
-      tile("traj-verifier", "verifier version", t.verifier_version ?? "", t.verifier_version || DASH, "tile-text")),
+      tile("traj-verifier", "verifier version", t.verifier_version ?? "", t.verifier_version || DASH, "tile-text"),
+      // The verdict shown is the current one: the first (0), or a later score's (a rescore, a withdrawal).
+      tile("traj-verdict-version", "verdict", String(verdictVersion(t)),
+        verdictVersion(t) ? `later (${t.verdict_version})` : "first", "tile-text")),
     facts([
       ["flags", flagBadges(t.flags)],
       ["reasons", (t.reasons || []).length ? h("ul", {class: "reasons"}, t.reasons.map((r) => h("li", {}, r))) : DASH],
@@ -1220,11 +1234,16 @@ function trajectorySteps(steps) {
   return container;
 }
 
-function scoresTable(scores) {
-  return table("traj-scores", ["verifier version", ["reward", "num"], "passed", "status", "reasons", "flags", "scored"],
+// Which verdict a record or a score is: 0 the first, else its place in the farm's sequence of scores.
+const verdictVersion = (x) => toNum(x.verdict_version) ?? 0;
+
+function scoresTable(scores, current) {
+  return table("traj-scores", ["", "verifier version", ["reward", "num"], "passed", "status", "reasons", "flags", "scored"],
     scores.map((s) => ({
-      attrs: {class: "score-row", "data-verifier": s.verifier_version ?? ""},
-      cells: [h("span", {class: "mono"}, s.verifier_version ?? ""), numCell(fmtFloat(s.reward ?? 0)), passBadge(s),
+      attrs: {class: "score-row", "data-verifier": s.verifier_version ?? "", "data-verdict": String(verdictVersion(s))},
+      cells: [verdictVersion(s) === current ? h("span", {class: "badge tone-good"}, "current")
+        : (verdictVersion(s) ? "" : h("span", {class: "badge"}, "first")),
+        h("span", {class: "mono"}, s.verifier_version ?? ""), numCell(fmtFloat(s.reward ?? 0)), passBadge(s),
         badge(s.status, "VERDICT_STATUS_", s.status === "VERDICT_STATUS_ERROR" ? "bad" : null),
         (s.reasons || []).join("; ") || DASH, flagBadges(s.flags), fmtTime(s.scored_at)],
     })), {empty: "no scores"});

@@ -1,0 +1,173 @@
+"""The SQL of verdicts: which of a trajectory's verdicts is current, the history behind it, what changed since a mark.
+
+A trajectory's row holds its current verdict (reward, passed, status, reasons, flags, verifier version), so every
+reader that reads the row (listings, exports, streams, pass rates, the console, the task bank) shows the same one;
+``verdict_version`` names it: 0 the verdict it was stored with, else the ``seq`` of the score that replaced it.
+``scores`` holds every verdict it was given: the first (kind ``first``, copied there when a later one comes, so a
+trajectory nobody looked at again costs no row), each later one that became current (``current``), and those
+kept but never current (``kept``: given after the trajectory was withdrawn, which is for good, or not a verdict at
+all, an error). ``seq`` only grows, across the whole store: a trajectory changed after mark M has a
+``verdict_version`` above M, one range of an index.
+
+``give`` is the one way a later verdict enters, inside its caller's transaction: a rescore and a coordinator's
+check of a node's verdict (``Store.add_scores``), and a withdrawal (``farmd.store.intake.withdraw``, a node's
+quarantine in ``farmd.store.nodes``). Reached as ``store.verdicts`` for the reads; it shares the store's connections.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import aiosqlite
+
+from farmd.records import Score
+
+if TYPE_CHECKING:
+    from farmd.store.store import Store
+
+FIRST, CURRENT, KEPT = "first", "current", "kept"
+
+VerdictRow = tuple[int, str, float, bool, str, list[str], list[str]]
+"""(trajectory id, verifier version, reward, passed, status, reasons, flags): a verdict to give."""
+
+_PENDING_COLUMNS = "trajectory_id, verifier_version, reward, passed, status, reasons, flags"
+_MAX_VARS = 10_000
+
+
+async def _pending(db: aiosqlite.Connection) -> None:
+    # A temporary table of the writing connection: verdicts given by a statement (a withdrawal's INSERT ... SELECT)
+    # and by a list (a rescore's) go through the same three statements below.
+    await db.execute("CREATE TEMP TABLE IF NOT EXISTS pending_verdicts (n INTEGER PRIMARY KEY, trajectory_id INTEGER "
+                     "NOT NULL, verifier_version TEXT NOT NULL, reward REAL NOT NULL, passed INTEGER NOT NULL, "
+                     "status TEXT NOT NULL, reasons TEXT NOT NULL, flags TEXT NOT NULL)")
+    await db.execute("DELETE FROM temp.pending_verdicts")
+
+
+async def give(db: aiosqlite.Connection, now: float, *, rows: Sequence[VerdictRow] = (),
+               select: tuple[str, Sequence[object]] | None = None) -> int:
+    """Give trajectories later verdicts, in the caller's transaction: ``rows``, or what ``select`` (a SELECT of
+    ``trajectory_id, verifier_version, reward, passed, status, reasons (JSON), flags (JSON)`` and its parameters)
+    yields. Each is added to its trajectory's scores (one per verifier version: a version that scored it already
+    keeps its score), its first verdict kept there once, and the newest one added becomes the row's current verdict,
+    unless the trajectory was withdrawn (for good: the score is kept, the withdrawal stays current) or the verdict
+    is an error (never a score). Returns how many scores were added."""
+    await _pending(db)
+    if rows:
+        await db.executemany(f"INSERT INTO temp.pending_verdicts({_PENDING_COLUMNS}) VALUES (?,?,?,?,?,?,?)",
+                             [(t, v, r, int(p), s, json.dumps(rs, ensure_ascii=False),
+                               json.dumps(fl, ensure_ascii=False)) for t, v, r, p, s, rs, fl in rows])
+    if select is not None:
+        sql, params = select
+        await db.execute(f"INSERT INTO temp.pending_verdicts({_PENDING_COLUMNS}) {sql}", params)
+    top = await _mark(db)
+    before = db.total_changes
+    await db.execute(
+        "INSERT OR IGNORE INTO scores(trajectory_id, verifier_version, reward, passed, status, reasons, flags, "
+        "scored_at, kind) SELECT p.trajectory_id, p.verifier_version, p.reward, p.passed, p.status, p.reasons, "
+        f"p.flags, ?, CASE WHEN p.status = 'ok' AND NOT EXISTS (SELECT 1 FROM withdrawals w WHERE w.trajectory_id = "
+        f"p.trajectory_id) THEN '{CURRENT}' ELSE '{KEPT}' END FROM temp.pending_verdicts p "
+        "WHERE EXISTS (SELECT 1 FROM trajectories t WHERE t.id = p.trajectory_id) ORDER BY p.n", (now,))
+    added = db.total_changes - before
+    if added:
+        # The verdict each was stored with, kept before it is replaced (once: a later verdict finds it there).
+        await db.execute(
+            "INSERT OR IGNORE INTO scores(trajectory_id, verifier_version, reward, passed, status, reasons, flags, "
+            f"scored_at, kind) SELECT t.id, t.verifier_version, t.reward, t.passed, t.status, t.reasons, t.flags, "
+            f"t.finished_at, '{FIRST}' FROM trajectories t WHERE t.verdict_version = 0 AND t.id IN "
+            "(SELECT trajectory_id FROM scores WHERE seq > ?)", (top,))
+        await db.execute(
+            "UPDATE trajectories SET reward = s.reward, passed = s.passed, status = s.status, reasons = s.reasons, "
+            "flags = s.flags, verifier_version = s.verifier_version, verdict_version = s.seq FROM "
+            f"(SELECT trajectory_id, MAX(seq) AS seq FROM scores WHERE seq > ? AND kind = '{CURRENT}' "
+            "GROUP BY trajectory_id) AS m JOIN scores s ON s.seq = m.seq WHERE trajectories.id = m.trajectory_id",
+            (top,))
+    await db.execute("DELETE FROM temp.pending_verdicts")
+    return added
+
+
+async def _mark(db: aiosqlite.Connection) -> int:
+    rows = await db.execute_fetchall("SELECT COALESCE(MAX(seq), 0) FROM scores")
+    return int(next(iter(rows))[0])
+
+
+@dataclass
+class VerdictChange:
+    """A trajectory whose current verdict changed after a mark: what it is now, and every verdict it had."""
+
+    trajectory_id: int
+    env: str
+    seq: int
+    group_id: int
+    seed: int
+    difficulty: int
+    agent: str
+    policy_version: int
+    group_done: int | None
+    """Its group's place among finished groups (None: not finished), what the task bank reads groups by."""
+    verdict_version: int
+    withdrawn: bool
+    withdrawal_reason: str
+    current: Score | None
+    """The row's verdict now (None: the row holds one out of its domain; its record reads as unreadable)."""
+    scores: list[Score] = field(default_factory=list)
+    """Every verdict it was given, the first (``verdict_version`` 0) included, in the order given."""
+
+
+class VerdictRecords:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def mark(self) -> int:
+        """The store's verdict mark now: every verdict given after this has a higher ``verdict_version``."""
+        row = await self._store._one("SELECT COALESCE(MAX(seq), 0) FROM scores")
+        return int(row[0]) if row else 0
+
+    async def changed(self, after: int, limit: int) -> list[VerdictChange]:
+        """Trajectories whose current verdict changed after mark ``after``, in the order they changed (by
+        ``verdict_version``: page on from the last one's), each with its scores."""
+        from farmd.store.store import verdict_score
+
+        rows = await self._store._all(
+            "SELECT t.id, t.env, t.seq, t.group_id, t.seed, t.difficulty, t.agent, t.policy_version, t.verdict_version, "
+            "t.verifier_version, t.reward, t.passed, t.status, t.reasons, t.flags, t.finished_at, "
+            "(SELECT w.reason FROM withdrawals w WHERE w.trajectory_id = t.id ORDER BY w.seq LIMIT 1), "
+            "(SELECT g.done_seq FROM groups g WHERE g.id = t.group_id) "
+            # "> 0" as well: SQLite reads the partial index trajectories_by_verdict only for a bound it can see.
+            "FROM trajectories t WHERE t.verdict_version > ? AND t.verdict_version > 0 ORDER BY t.verdict_version "
+            "LIMIT ?", (after, limit))
+        out = [VerdictChange(int(i), str(env), int(seq), int(g), int(seed), int(d), str(agent), int(pv),
+                             None if done is None else int(done), int(vv), why is not None, str(why or ""),
+                             verdict_score(v, r, p, st, rs, fl, at, "", int(vv)))
+               for i, env, seq, g, seed, d, agent, pv, vv, v, r, p, st, rs, fl, at, why, done in rows]
+        history = await self._store.score_history([c.trajectory_id for c in out])
+        for c in out:
+            c.scores = history.get(c.trajectory_id, [])
+        return out
+
+    async def at(self, trajectory_ids: Sequence[int], mark: int) -> dict[int, Score]:
+        """The verdict each of these trajectories held at mark ``mark`` (what a reader that read it then saw), for
+        those changed since (the others hold it still: not in the answer). A verdict out of its domain is left
+        out."""
+        from farmd.store.store import verdict_score
+
+        out: dict[int, Score] = {}
+        ids = list(trajectory_ids)
+        for start in range(0, len(ids), _MAX_VARS):
+            chunk = ids[start:start + _MAX_VARS]
+            marks = ",".join("?" * len(chunk))
+            # The newest score that was current by the mark; none: the first verdict (copied to the scores when
+            # the first later one came, whatever its seq).
+            rows: list[Any] = await self._store._all(
+                "SELECT s.trajectory_id, s.verifier_version, s.reward, s.passed, s.status, s.reasons, s.flags, "
+                "s.scored_at, s.kind, s.seq FROM trajectories t JOIN scores s ON s.seq = COALESCE("
+                f"(SELECT MAX(c.seq) FROM scores c WHERE c.trajectory_id = t.id AND c.kind = '{CURRENT}' AND c.seq <= ?), "
+                f"(SELECT f.seq FROM scores f WHERE f.trajectory_id = t.id AND f.kind = '{FIRST}')) "
+                f"WHERE t.id IN ({marks}) AND t.verdict_version > ?", (mark, *chunk, mark))
+            for tid, v, r, p, st, rs, fl, at, kind, seq in rows:
+                score = verdict_score(v, r, p, st, rs, fl, at, kind, seq)
+                if score is not None:
+                    out[int(tid)] = score
+        return out
