@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -42,6 +41,7 @@ from farmd.cli.common import (
     emit_json,
     fail,
     json_option,
+    progress_console,
     run_async,
 )
 from farmd.cli.remote_cmd import client, say_withdrawn_left_out
@@ -289,7 +289,7 @@ def progress(total: int) -> Iterator[Callable[[int], None]]:
     """A bar on stderr, for a person (stdout may be a --json summary); yields ``advance(n)``. A farm
     still running may store more than ``total`` while it is exported."""
     with Progress(TextColumn("exporting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True)) as bar:
+                  console=progress_console()) as bar:
         task = bar.add_task("export", total=total)
 
         def advance(n: int) -> None:
