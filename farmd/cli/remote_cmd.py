@@ -27,7 +27,7 @@ from farmd.cli.common import (
     wants_json,
 )
 from farmd.cli.shown import joined, text
-from farmd.cli.status_view import status_view
+from farmd.cli.status_view import error_line, status_view
 from farmd.records import SUMMARY_FIELDS
 
 
@@ -132,6 +132,8 @@ def run(state: CliState, env_name: str, agent: str, rollouts: int, group_size: i
         console().print(f"run {ended['id']} {ended['state']}: {ended['done']} done ({ended['passed']} passed), "
                         f"{ended['failed']} failed")
     if ended["failed"] or ended["state"] != "succeeded":
+        if ended.get("last_error") and not as_json:  # the cause, where a person reads errors (JSON holds it)
+            progress_console().print(Text.assemble("last error: ", error_line(ended["last_error"])))
         sys.exit(EXIT_FAILED)
 
 
@@ -218,6 +220,8 @@ def _print_run(r: dict[str, Any], as_json: bool) -> None:
     console().print(Text.assemble(f"run {r['id']} ", (r["state"], "bold"), ": ", text(r["env"]), " by ",
                                   text(r["agent"]), f", {r['jobs']} jobs: {r['done']} done ({r['passed']} passed), "
                                   f"{r['failed']} failed, {r['cancelled']} cancelled"))
+    if r.get("last_error"):
+        console().print(Text.assemble("last error: ", error_line(r["last_error"])))
 
 
 @click.group("trajectories")

@@ -39,6 +39,8 @@ log = logging.getLogger("farmd.scheduler")
 _BANK_STATE = "taskbank"
 _LAG_SHOWN_S = 3600.0
 _BANK_SAVE_EVERY_S = 5.0
+RECENT_FAILURES = 5
+"""Job failures ``status`` shows, newest first: enough to see a cause repeat, few enough to read."""
 """The bank's state is a few hundred kB of JSON: saved this often while groups finish (and on stop), not at
 every upkeep round. A crash loses at most this much of its evidence, never a trajectory."""
 
@@ -388,8 +390,10 @@ class Scheduler:
                                                  "bank": self.bank.to_json()})
 
     async def status(self) -> dict[str, Any]:
-        """``pulse`` and the pass rates by environment and level (these read every stored trajectory)."""
-        return {**await self.pulse(), "pass_rates": await self.store.pass_rates()}
+        """``pulse``, the pass rates by environment and level (these read every stored trajectory), and the
+        newest job failures."""
+        return {**await self.pulse(), "pass_rates": await self.store.pass_rates(),
+                "recent_failures": await self.store.failures(RECENT_FAILURES)}
 
     async def pulse(self) -> dict[str, Any]:
         """The farm now, from what is cheap to read: queue, throughput, task bank, consumers, versions."""

@@ -52,3 +52,31 @@ def test_progress_goes_to_stderr_and_results_to_stdout(running_farm) -> None:  #
     lines = done.stdout.decode().splitlines()
     assert len(lines) == 1 and lines[0].startswith("run ") and "4 done (4 passed), 0 failed" in lines[0], lines
     assert "rollouts" in done.stderr.decode(), "the bar, on stderr"
+
+
+def test_a_failed_run_says_why_wherever_it_is_read(running_farm, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Every rollout of a run fails (its model endpoint refuses connections): the cause travels with the run
+    (a google.rpc.Status), run --wait prints it on stderr, runs show and status show it."""
+    config = tmp_path / "farm.toml"
+    config.write_text('[scheduler]\nmax_attempts = 2\nretry_backoff_s = 0.0\n\n'
+                      '[endpoints.gone]\nurl = "http://127.0.0.1:1/v1"\n')
+    farm = running_farm("--workers", "1", "--config", str(config))
+    done = farm.farmctl("run", "--env", "rg:chain_sum", "--agent", "openai:m@gone", "--rollouts", "2", "--wait",
+                        check=False)
+    assert done.returncode == 1 and "2 failed" in done.stdout.decode()
+    said = done.stderr.decode()
+    assert "last error: UNAVAILABLE INFRASTRUCTURE:" in said and "cannot connect to http://127.0.0.1:1" in said, said
+
+    (run,) = json.loads(farm.farmctl("runs", "list", "--json").stdout)
+    assert run["state"] == "failed" and run["last_error"]["code"] == "UNAVAILABLE"
+    assert run["last_error"]["reason"] == "INFRASTRUCTURE" and "127.0.0.1:1" in run["last_error"]["message"]
+    assert "last error: UNAVAILABLE INFRASTRUCTURE" in farm.farmctl("runs", "show", str(run["id"])).stdout.decode()
+
+    status = json.loads(farm.farmctl("status", "--json").stdout)
+    failures = status["recent_failures"]
+    assert len(failures) == 4 and {f["run_id"] for f in failures} == {run["id"]}, "2 jobs, 2 attempts each"
+    assert sum(f["final"] for f in failures) == 2 and all(f["error"]["code"] == "UNAVAILABLE" for f in failures)
+    assert "latest job failures" in farm.farmctl("status").stdout.decode()
+
+    ok = farm.farmctl("run", "--env", "arith", "--agent", "reference", "--rollouts", "2", "--wait", "--json")
+    assert json.loads(ok.stdout)["last_error"] is None, "a run none of whose jobs failed has none"
