@@ -254,7 +254,7 @@ async def test_a_later_verdict_moves_the_task_banks_counts_of_the_task_it_counte
     moved = s.bank.posterior(key)
     assert moved is not None and (moved.alpha, moved.beta) == (3.0, 3.0)
     # One more is withdrawn (its node lied): its fail is taken back, not counted again as one.
-    async with store._write() as db:
+    async with store.db.write() as db:
         await db.execute("UPDATE trajectories SET verified_by='node:liar', node='liar' WHERE id=?", (jobs[0].id,))
     await store.nodes.quarantine("liar", "it lied")
     await s._observe_finished()
