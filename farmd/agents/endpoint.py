@@ -392,6 +392,9 @@ class OpenAIClient:
             # Read after the reply: the label this replica has now, on a read that began after the reply came.
             after = await self.replicas.label_after(replica, mark)
             reply = replace(reply, weight_version=stamp(self.config.serves or "", before, after))
+            if not reply.weight_version:
+                log.debug("a reply of %s stamped 0: its weight label was %r before and %r after", replica.url, before,
+                          after, extra={"event": "unstamped", "before": before, "after": after})
         return reply
 
     async def _read(self, payload: dict[str, Any], body: bytes, response: httpx.Response, data: bytes) -> ChatReply:

@@ -36,6 +36,7 @@ log = logging.getLogger("farmd.agents.replicas")
 _SEQ = itertools.count(1)
 """One order for every reply and every label read of this process: a read serves the replies marked before it."""
 MAX_LABEL_BYTES = 4096
+LABEL_TIMEOUT_S = 10.0
 DEAD = frozenset({500, 502, 503, 504})
 """What a server says when it cannot serve (vLLM's ``/health`` answers 503 once its engine died); any other answer,
 a 404 or 501 of a server without the route included, is a server that answers."""
@@ -274,10 +275,16 @@ class ReplicaSet:
         return label
 
     async def _read_label(self, replica: Replica) -> str | None:
-        try:
-            async with asyncio.timeout(self.health.timeout_s):
-                response = await self._client().get(replica.root + "/weight_info")
-        except (httpx.HTTPError, TimeoutError, OSError):
+        # A busy server answers a label read late, and a read that fails stamps the replies it serves 0: it is
+        # given longer than a health check, and a second try.
+        for _ in range(2):
+            try:
+                async with asyncio.timeout(max(LABEL_TIMEOUT_S, self.health.timeout_s)):
+                    response = await self._client().get(replica.root + "/weight_info")
+                break
+            except (httpx.HTTPError, TimeoutError, OSError):
+                continue
+        else:
             return None
         if response.status_code != 200 or len(response.content) > MAX_LABEL_BYTES:
             return None

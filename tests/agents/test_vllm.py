@@ -172,6 +172,18 @@ def test_records_carry_exactly_what_vllm_returned_and_a_group_is_one_request_wit
     for members in groups.values():
         assert sorted(t.turns[0].choice_index for t in members) == [0, 1, 2, 3]
         assert {t.sampling.seed for t in members} == {1000 + min(t.id for t in members)}
+    # The trainer's rows are these tokens, and its model gives them the logprobs the server sampled them with:
+    # the importance ratio starts at 1.
+    from farm_client.tensors import collate
+    from farm_trainer.hf import HFPolicy
+    from farm_trainer.hf_loop import hf_logprobs
+
+    policy = HFPolicy.load(vllm.model)
+    tensors = collate(rows, pad_id=policy.pad_id)
+    with torch.no_grad():
+        mine = hf_logprobs(policy.model, tensors.input_ids)
+    mask = tensors.loss_mask > 0
+    assert mask.sum() > 0 and torch.allclose(mine[mask], tensors.logprobs[mask], atol=1e-4)
 
 
 def _greedy(policy: Any, prompt_ids: list[int], steps: int) -> list[int]:
