@@ -44,9 +44,9 @@ def main() -> None:
                         help="trials of each fleet figure, one node and two (medians)")
     parser.add_argument("--atropos-groups", type=int, default=200, help="groups pushed a round to each Atropos server")
     parser.add_argument("--atropos-rounds", type=int, default=3, help="rounds of the Atropos figures (medians)")
-    parser.add_argument("--vllm-rollouts", type=int, default=512, help="prompts a round, through farm and straight")
+    parser.add_argument("--vllm-rollouts", type=int, default=256, help="prompts a round, through farm and straight")
     parser.add_argument("--vllm-concurrency", type=int, default=16, help="requests at once, both ways")
-    parser.add_argument("--vllm-rounds", type=int, default=3, help="rounds of each (medians)")
+    parser.add_argument("--vllm-rounds", type=int, default=7, help="rounds of each, alternating (medians)")
     parser.add_argument("--vllm-loop-minutes", type=float, default=4.0,
                         help="budget of the vLLM loop and of the tiny loop beside it (0: no loops)")
     args = parser.parse_args()

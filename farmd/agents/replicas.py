@@ -12,9 +12,10 @@ So a server that hangs without closing its connections is found in a few seconds
 
 Which weights a replica sampled with is read from it, never assumed (``label_after``): vLLM's ``GET /weight_info``
 says the label its engine stamps on every step (``/update_weight_version`` sets it; farmd's weight sync sets
-``LINE:VERSION`` once a version's weights are loaded, and ``LINE:VERSION:loading`` before it starts loading them).
-A request is of one version when the label read before it was sent and the label read after its reply came are the
-same: farm's labels never come back to an earlier one, so nothing changed in between. The read after is shared by
+``LINE:VERSION:LOAD`` once a version's weights are loaded, and ``LINE:VERSION:LOAD:loading`` before it starts loading
+them; a trainer that loads them itself sets ``LINE:VERSION``). A request is of one version when the label read before
+it was sent and the label read after its reply came are the same: each load sets a label no load before it set, so
+nothing changed in between. The read after is shared by
 every request whose reply came before it started, so a replica at a hundred requests a second is asked a few dozen
 times, not a hundred.
 """
@@ -103,6 +104,12 @@ class Replica:
         """Bumped each time it is taken out: a request sent before can tell it was cut."""
         self._current: _Read | None = None
         self._next: asyncio.Task[str | None] | None = None
+        self.open = asyncio.Event()
+        """Cleared while weights are loaded into it: new requests wait, those in flight finish first."""
+        self.open.set()
+        self.idle = asyncio.Event()
+        """Set whenever nothing is outstanding on it."""
+        self.idle.set()
 
     def __repr__(self) -> str:
         return f"<Replica {self.url} {'up' if self.up else 'down'} {self.outstanding} outstanding>"
@@ -159,8 +166,17 @@ class ReplicaSet:
         assert task is not None
         cut = replica._cut
         replica.outstanding += 1
+        replica.idle.clear()
         replica._tasks.add(task)
         try:
+            if not replica.open.is_set():
+                # Weights are being loaded into it: wait (counted, so a replica taken out meanwhile cuts it too).
+                replica.outstanding -= 1
+                if replica.outstanding == 0:
+                    replica.idle.set()
+                await replica.open.wait()
+                replica.outstanding += 1
+                replica.idle.clear()
             yield replica
         except asyncio.CancelledError:
             if replica._cut != cut and task.uncancel() == 0:
@@ -169,7 +185,23 @@ class ReplicaSet:
             raise
         finally:
             replica.outstanding -= 1
+            if replica.outstanding == 0:
+                replica.idle.set()
             replica._tasks.discard(task)
+
+    @contextlib.asynccontextmanager
+    async def drained(self, replica: Replica, bound_s: float) -> AsyncIterator[None]:
+        """While weights are loaded into ``replica``: no new request is sent to it, and those in flight are let
+        finish first (up to ``bound_s``; one still running then straddles the load, and is stamped 0). A request
+        that began before the load and ends after it would be stamped 0 anyway: waiting for it keeps it."""
+        replica.open.clear()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(bound_s):
+                    await replica.idle.wait()
+            yield
+        finally:
+            replica.open.set()
 
     def failed(self, replica: Replica, why: str) -> None:
         """A request could not reach ``replica``: it counts as a failed check."""
@@ -314,13 +346,19 @@ class ReplicaSet:
 
 def stamp(line: str, before: str | None, after: str | None) -> int:
     """The version of ``line`` a request was sampled with, from the labels read before and after it: 0 unless both
-    are ``LINE:VERSION`` of this line and the same (a server that cannot say, another line, a load between)."""
+    are the same label ``LINE:VERSION[:LOAD]`` of this line (a server that cannot say, another line, a load
+    between). ``LOAD`` (digits) tells two loads of one version apart: a trainer resumed from a checkpoint publishes
+    an earlier version again, and a request across both loads must not read the same label on each side."""
     if before is None or before != after:
         return 0
-    name, _, version = before.rpartition(":")
-    return int(version) if name == line and version.isdigit() and 0 < int(version) < 2 ** 62 else 0
+    parts = before.split(":")
+    if len(parts) not in (2, 3) or parts[0] != line or (len(parts) == 3 and not parts[2].isdigit()):
+        return 0
+    version = parts[1]
+    return int(version) if version.isdigit() and 0 < int(version) < 2 ** 62 else 0
 
 
-def label(line: str, version: int, *, loading: bool = False) -> str:
-    """The label farmd's weight sync sets: ``LINE:VERSION`` once loaded, ``LINE:VERSION:loading`` before."""
-    return f"{line}:{version}:loading" if loading else f"{line}:{version}"
+def label(line: str, version: int, load: int, *, loading: bool = False) -> str:
+    """The label farmd's weight sync sets: ``LINE:VERSION:LOAD`` once loaded (``LOAD`` a number no earlier load
+    had), ``LINE:VERSION:LOAD:loading`` before."""
+    return f"{line}:{version}:{load}:loading" if loading else f"{line}:{version}:{load}"

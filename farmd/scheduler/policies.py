@@ -178,9 +178,9 @@ class Policies:
         self._synced.setdefault(endpoint, 0)
 
     def synced(self, endpoint: str, version: int) -> None:
-        """Every replica of ``endpoint`` has loaded ``version``: its jobs run it from now on."""
-        if version >= self._synced.get(endpoint, 0):
-            self._synced[endpoint] = version
+        """Every replica of ``endpoint`` has loaded ``version``: its jobs run it from now on (an earlier version
+        too, loaded again for a trainer resumed from its checkpoint)."""
+        self._synced[endpoint] = version
 
     def line_for(self, spec: str) -> str | None:
         return line_of(spec, self._endpoint_lines)

@@ -223,7 +223,8 @@ def test_a_reload_changes_the_stamp_and_the_greedy_output(
                     p.add_(torch.randn(p.shape, generator=generator) * 0.2)
             version = int(client.publish_policy(policy.weights(), name="policy")["version"])
             deadline = time.monotonic() + 30
-            while _labels(vllm) != [f"policy:{version}"] * 2:
+            while not all(label.startswith(f"policy:{version}:") and not label.endswith("loading")
+                          for label in _labels(vllm)):
                 assert time.monotonic() < deadline, f"version {version} did not reach both servers: {_labels(vllm)}"
                 time.sleep(0.1)
             for server in vllm.servers:
