@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -206,3 +207,26 @@ async def fake_endpoint(responder: Callable[[dict[str, Any]], Reply] | None = No
         server.close()
         await endpoint.stop()
         await server.wait_closed()
+
+
+@contextmanager
+def threaded_endpoint(responder: Callable[[dict[str, Any]], Reply] | None = None) -> Iterator[FakeEndpoint]:
+    """``fake_endpoint`` on a loop of its own thread: for a farmd in another process to call while the test waits."""
+    ready = threading.Event()
+    found: list[FakeEndpoint] = []
+    stop = threading.Event()
+
+    async def serve() -> None:
+        async with fake_endpoint(responder) as ep:
+            found.append(ep)
+            ready.set()
+            await asyncio.to_thread(stop.wait)
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    ready.wait(10)
+    try:
+        yield found[0]
+    finally:
+        stop.set()
+        thread.join(10)
