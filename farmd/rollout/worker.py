@@ -8,8 +8,8 @@ period, and gives back the leases of those that did not.
 A job whose agent waits on a model endpoint (``openai:MODEL@NAME``, NAME one of this node's endpoints) holds no
 rollout slot: it waits on a server, it does not compute, and a server that hangs would otherwise hold every slot
 and stop every other agent's work. Each endpoint has its own cap instead (``max_in_flight``), leased apart from
-the rest, and none of its jobs is leased while no replica of it is up: they wait in the queue for a server, not
-in a slot.
+the rest: a server that hangs holds at most that many of this node's jobs, until its health checks take it out
+and they fail as infrastructure (retried by the scheduler, never scored).
 """
 
 from __future__ import annotations
@@ -116,13 +116,9 @@ class Worker:
         self._wake.set()
 
     def _free(self) -> tuple[int, dict[str, int]]:
-        """(free rollout slots, each endpoint's free room): an endpoint none of whose servers is up has none."""
+        """(free rollout slots, each endpoint's free room)."""
         model = sum(len(ids) for ids in self._model_jobs.values())
-        rooms = {}
-        for e in self.endpoints:
-            servers = self.replicas.get(e.name)
-            rooms[e.name] = e.max_in_flight - len(self._model_jobs[e.name]) \
-                if servers is None or servers.any_up else 0
+        rooms = {e.name: e.max_in_flight - len(self._model_jobs[e.name]) for e in self.endpoints}
         return self.slots - (len(self._running) - model), rooms
 
     def policy_versions(self) -> list[int]:
