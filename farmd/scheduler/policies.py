@@ -6,9 +6,12 @@ cancelled caller) removes the file before the caller hears of it.
 
 Policies are published to a named line. A job's ``policy_version`` is the version that produces its
 trajectory, chosen when it is leased from its agent spec (``version_for``): ``torch:NAME`` runs the version
-last published to line NAME; ``openai:MODEL@ENDPOINT`` that of the line the operator says that endpoint
-serves (``[endpoints.NAME] serves``), when it says so; anything else (scripted agents, an endpoint serving
-a model the farm never saw) 0, no farm policy. Publishing content the farm already holds (a trainer
+last published to line NAME; ``openai:MODEL@ENDPOINT`` the version of the line the operator says that endpoint
+serves (``[endpoints.NAME] serves``) when MODEL is that line's model there (``policy_model``): the version farmd's
+weight sync has loaded into every replica (``synced``), or for an endpoint farm does not sync the line's newest.
+Anything else (scripted agents, any other model, on that server or another) 0, no farm policy. For a model
+server the version leased is what the farm expects: the trajectory records the version the server said it
+sampled with (``farmd.agents.replicas``). Publishing content the farm already holds (a trainer
 resumed from a checkpoint) makes that version its line's current one again. A trainer's staleness
 counts the versions between a trajectory's and the current one along its own line's lineage (``behind``).
 Publications only grow, so they are held here, not read per lease.
@@ -100,27 +103,40 @@ class _Line:
         return here + 1 if at is None else abs(here - at)
 
 
-def line_of(spec: str, endpoint_lines: Mapping[str, str] | None = None) -> str | None:
+def line_of(spec: str, endpoint_lines: Mapping[str, tuple[str, str]] | None = None) -> str | None:
     """The policy line an agent spec runs, or None when it runs no farm policy.
 
-    ``endpoint_lines``: endpoint name -> the line that endpoint serves (from the operator's config).
+    ``endpoint_lines``: endpoint name -> (the line that endpoint serves, the model name of its policy there), from
+    the operator's config: only that model is the line's; another model on the same server runs no farm policy.
     """
     kind, _, rest = spec.partition(":")
     rest = rest.partition("?")[0]
     if kind == "torch":
         return rest if LINE_NAME.fullmatch(rest) else None
     if kind == "openai" and endpoint_lines:
-        return endpoint_lines.get(rest.rpartition("@")[2])
+        model, _, name = rest.rpartition("@")
+        line, policy_model = endpoint_lines.get(name, (None, None))
+        return line if model == policy_model else None
     return None
+
+
+def endpoint_of(spec: str) -> str | None:
+    """The endpoint an ``openai:MODEL@ENDPOINT`` spec names (None for other specs)."""
+    kind, _, rest = spec.partition(":")
+    return rest.partition("?")[0].rpartition("@")[2] or None if kind == "openai" else None
 
 
 class Policies:
     def __init__(self, store: Store, on_published: Callable[[int], None],
-                 endpoint_lines: Mapping[str, str] | None = None) -> None:
+                 endpoint_lines: Mapping[str, tuple[str, str]] | None = None) -> None:
         self._store = store
         self._on_published = on_published
         """Told each stored policy's version (the scheduler's: new leases run it)."""
         self._endpoint_lines = dict(endpoint_lines or {})
+        self._synced: dict[str, int] = {}
+        """Endpoints whose servers farmd loads each version into -> the version every replica has loaded."""
+        self.watchers: list[Callable[[Policy], None]] = []
+        """Told each policy published (after it is stored): the weight sync."""
         self._lines: dict[str | None, _Line] = {None: _Line()}
         """Each line's publications (None: every line's together): ``load``, then each publish."""
         self._by_version: dict[int, Policy] = {}
@@ -147,9 +163,24 @@ class Policies:
         return found.current if found is not None else 0
 
     def version_for(self, spec: str) -> int:
-        """The version a job of agent ``spec`` runs if leased now (0: no farm policy)."""
+        """The version a job of agent ``spec`` runs if leased now (0: no farm policy); for an endpoint farmd syncs,
+        the version its replicas have all loaded."""
         line = line_of(spec, self._endpoint_lines)
-        return 0 if line is None else self.latest(line)
+        if line is None:
+            return 0
+        endpoint = endpoint_of(spec)
+        if endpoint is not None and endpoint in self._synced:
+            return self._synced[endpoint]
+        return self.latest(line)
+
+    def syncs(self, endpoint: str) -> None:
+        """``endpoint``'s replicas get each version from farmd's weight sync: its jobs lease the version synced."""
+        self._synced.setdefault(endpoint, 0)
+
+    def synced(self, endpoint: str, version: int) -> None:
+        """Every replica of ``endpoint`` has loaded ``version``: its jobs run it from now on (an earlier version
+        too, loaded again for a trainer resumed from its checkpoint)."""
+        self._synced[endpoint] = version
 
     def line_for(self, spec: str) -> str | None:
         return line_of(spec, self._endpoint_lines)
@@ -235,6 +266,8 @@ class Policies:
                 await upload.discard()  # safe after add_policy kept it, too
         self._published(name, policy.version)
         self._on_published(policy.version)
+        for watcher in self.watchers:
+            watcher(policy)
         return policy
 
     async def find(self, sha256: str, name: str | None = None) -> Policy:

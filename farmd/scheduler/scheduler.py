@@ -50,7 +50,7 @@ a contributed version; none for an environment it does not check). Handed in by 
 
 class Scheduler:
     def __init__(self, store: Store, bank: TaskBank, config: SchedulerConfig | None = None,
-                 metrics: Metrics | None = None, endpoint_lines: Mapping[str, str] | None = None) -> None:
+                 metrics: Metrics | None = None, endpoint_lines: Mapping[str, tuple[str, str]] | None = None) -> None:
         self.store = store
         self.metrics = metrics
         self.bank = bank
@@ -77,7 +77,7 @@ class Scheduler:
     @classmethod
     async def open(cls, store: Store, max_difficulty: dict[str, int], config: SchedulerConfig | None = None,
                    metrics: Metrics | None = None, *, bank_config: BankConfig | None = None,
-                   endpoint_lines: Mapping[str, str] | None = None, seeds: SeedSequence | None = None) -> Scheduler:
+                   endpoint_lines: Mapping[str, tuple[str, str]] | None = None, seeds: SeedSequence | None = None) -> Scheduler:
         """``seeds``: the farm's keyed sequence of fresh seeds (``farmd.taskbank.seeds``); without, 0, 1, 2, ..."""
         saved = await store.get_state(_BANK_STATE)
         bank = (TaskBank.from_json(saved["bank"], max_difficulty, bank_config, seeds) if saved
@@ -183,8 +183,11 @@ class Scheduler:
 
     # -- leases (the interface local and remote workers share) ------------------------------------
 
-    async def lease(self, owner: str, n: int) -> list[Job]:
-        return await self.store.lease(owner, n, self.config.lease_s, self.policies.version_for)
+    async def lease(self, owner: str, n: int, *, endpoint: str | None = None, exclude: Sequence[str] = ()
+                    ) -> list[Job]:
+        """Up to ``n`` jobs for ``owner``: of ``endpoint``'s agents only, or of none of ``exclude``'s."""
+        return await self.store.lease(owner, n, self.config.lease_s, self.policies.version_for, endpoint=endpoint,
+                                      exclude=exclude)
 
     def work_queued(self) -> None:
         """Jobs may have become leasable (requeued elsewhere than here): wake parked leases."""

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import json
 import logging
+import re
 import sqlite3
 import sys
 import time
@@ -243,6 +244,26 @@ def _upgrade_body(old: dict[str, Any]) -> dict[str, Any]:
 
 
 _INSERT_TRAJECTORY = f"INSERT INTO trajectories({_TRAJ_COLUMNS}) VALUES ({','.join('?' * (len(_COLUMN_INDEX) + 1))})"
+
+
+_ENDPOINT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def _endpoint_filter(endpoint: str | None, exclude: Sequence[str]) -> tuple[str, list[str]]:
+    """SQL (``AND ...``, and its arguments) that keeps the jobs of ``endpoint``'s agents only, or none of
+    ``exclude``'s. GLOB, not LIKE: an endpoint's name may hold ``_``, which LIKE reads as any character; a name
+    holds none of GLOB's (``*?[``), and ``[?]`` is the query string's literal ``?``."""
+    def of(name: str) -> tuple[str, list[str]]:
+        if not _ENDPOINT_NAME.fullmatch(name):
+            raise ValueError(f"not an endpoint name: {name!r}")
+        return "(agent GLOB ? OR agent GLOB ?)", [f"openai:*@{name}", f"openai:*@{name}[?]*"]
+    if endpoint is not None:
+        sql, args = of(endpoint)
+        return f"AND {sql} ", args
+    parts = [of(name) for name in exclude]
+    if not parts:
+        return "", []
+    return "".join(f"AND NOT {sql} " for sql, _ in parts), [a for _, args in parts for a in args]
 
 
 def _traj_row(t: Trajectory, body: bytes) -> tuple[Any, ...]:
@@ -553,21 +574,23 @@ class Store:
             await self._finish_groups(db, groups)
         return True
 
-    async def lease(self, owner: str, n: int, lease_s: float, policy_version: int | Callable[[str], int]
-                    ) -> list[Job]:
+    async def lease(self, owner: str, n: int, lease_s: float, policy_version: int | Callable[[str], int], *,
+                    endpoint: str | None = None, exclude: Sequence[str] = ()) -> list[Job]:
         """Lease up to ``n`` queued jobs (oldest first) whose backoff has passed to ``owner`` until now +
         ``lease_s``, each tagged with the policy version it runs: ``policy_version(its agent spec)``, or
-        ``policy_version`` itself for every job (0: none)."""
+        ``policy_version`` itself for every job (0: none). ``endpoint``: only jobs of agents ``openai:MODEL@`` that
+        endpoint; ``exclude``: no jobs of these endpoints (a worker's endpoints each have their own cap)."""
         version_for = policy_version if callable(policy_version) else (lambda _agent, v=policy_version: v)
         now = time.time()
         node = owner.partition(":")[0]  # a canary's jobs go to the node it tests, and to no other
+        which, args = _endpoint_filter(endpoint, exclude)
         async with self._write() as db:
             async with db.execute(
                 f"UPDATE jobs SET state='leased', lease_owner=?, lease_expires=?, policy_version=0, "
                 f"attempts=attempts+1, updated_at=? WHERE id IN "
                 f"(SELECT id FROM jobs WHERE state='queued' AND not_before <= ? AND (for_node IS NULL OR for_node = ?) "
-                f"ORDER BY id LIMIT ?) RETURNING {_JOB_COLUMNS}",
-                (owner, now + lease_s, now, now, node, n),
+                f"{which}ORDER BY id LIMIT ?) RETURNING {_JOB_COLUMNS}",
+                (owner, now + lease_s, now, now, node, *args, n),
             ) as cur:
                 jobs = [_job(r) for r in await cur.fetchall()]
             versions = {agent: version_for(agent) for agent in {j.agent for j in jobs}}
@@ -703,6 +726,8 @@ class Store:
         bound: dict[int, Trajectory] = {}
         canaries: dict[int, Trajectory] = {}
         async with self._write() as db:
+            top = await db.execute_fetchall("SELECT COALESCE(MAX(version), 0) FROM policies")
+            newest = int(next(iter(top))[0])
             for owner, ids in by_owner.items():  # one worker's batch: usually one statement
                 for start in range(0, len(ids), _MAX_VARS):
                     chunk = ids[start:start + _MAX_VARS]
@@ -713,7 +738,7 @@ class Store:
                         f"AND j.lease_owner=? AND j.id IN ({marks})", (owner, *chunk))
                     for job in rows:
                         tid = int(job[0])
-                        traj, why = lease_identity(latest[tid][1], job)
+                        traj, why = lease_identity(latest[tid][1], job, newest)
                         if why and refuse_mismatch:
                             refused[tid] = why
                             continue
