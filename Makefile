@@ -50,8 +50,12 @@ protos:
 		--plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc --mypy_grpc_out=clients $(PROTOS)
 	touch clients/farm/__init__.py $(GEN)/__init__.py
 
+# On every core, a file's tests on one worker (they share its module fixtures); then the clocked tests, which assert
+# on time or speed, alone. JOBS=1 runs it all in one process.
+JOBS ?= auto
 test: setup browser vllm-setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not clocked" $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
+	$(BIN)/python -m pytest -q -m clocked
 
 # The console's tests drive Debian's Chromium through its chromedriver (selenium comes with the dev extra).
 # As root (CI), installed here when missing; otherwise the line to run is printed.

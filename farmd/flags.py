@@ -55,3 +55,7 @@ reasons saying why, so every stream and listing goes on past it (``farmd.domain`
 
 ALL = (SANDBOX_VIOLATION, SUSPECTED_HACK, TIMEOUT, NO_ANSWER, UNPARSEABLE, INVALID_TEXT, VERIFIER_FAULT,
        RULE_BROKEN, TRUNCATED, QUARANTINED, WITHDRAWN, RED_TEAM_EXPLOIT, RED_TEAM_ESCAPE, EXTERNAL_SCORE, UNREADABLE)
+
+OF_THE_ATTEMPT = (INVALID_TEXT, TRUNCATED, RED_TEAM_EXPLOIT, RED_TEAM_ESCAPE)
+"""Facts about the attempt or its record, not about a verdict on it: every later verdict (a rescore, a check of a
+node's verdict, a withdrawal) keeps them, so a red-team attempt stays one whoever judged it last."""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiosqlite
 
+from farmd.flags import OF_THE_ATTEMPT
 from farmd.records import Score
 
 if TYPE_CHECKING:
@@ -62,6 +63,13 @@ async def give(db: aiosqlite.Connection, now: float, *, rows: Sequence[VerdictRo
     if select is not None:
         sql, params = select
         await db.execute(f"INSERT INTO temp.pending_verdicts({_PENDING_COLUMNS}) {sql}", params)
+    # The attempt's own flags go on with each verdict given to it (``farmd.flags.OF_THE_ATTEMPT``).
+    kept = ", ".join(f"'{f}'" for f in OF_THE_ATTEMPT)
+    await db.execute(
+        "UPDATE temp.pending_verdicts SET flags = (SELECT json_group_array(value) FROM (SELECT value FROM "
+        "json_each(pending_verdicts.flags) UNION ALL SELECT j.value FROM trajectories t, json_each(CASE WHEN "
+        "json_valid(t.flags) THEN t.flags ELSE '[]' END) j WHERE t.id = pending_verdicts.trajectory_id AND j.value "
+        f"IN ({kept}) AND j.value NOT IN (SELECT value FROM json_each(pending_verdicts.flags))))")
     top = await _mark(db)
     before = db.total_changes
     await db.execute(

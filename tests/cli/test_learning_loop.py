@@ -23,7 +23,7 @@ from farmd.cli.loop_report import read_jsonl
 from farmd.cli.main_job import AGENT, ENV, LoopFiles, run_loop
 from farmd.envs import get
 
-pytestmark = [pytest.mark.slow, pytest.mark.sandbox]
+pytestmark = [pytest.mark.slow, pytest.mark.sandbox, pytest.mark.clocked]
 
 
 SAMPLES = 8

@@ -66,6 +66,17 @@ async def test_a_rescore_is_every_readers_verdict_and_the_first_stays_in_the_his
     assert await store.verdicts.mark() == mark and (await store.trajectory(a.id)).reward == 0.0  # type: ignore[union-attr]
 
 
+async def test_a_later_verdict_keeps_what_the_attempt_was_and_replaces_what_was_judged(store: Store) -> None:
+    """A red-team attempt re-verified on the coordinator is still a red-team attempt; its old verdict's flags go."""
+    (a,) = await stored(store, attempt(env="py-func", reward=0.0, flags=("red_team_escape", "truncated", "timeout")))
+    assert await store.add_scores([(a.id, "2", 0.0, False, "ok", ["checked again"], ["sandbox_violation"])]) == 1
+    again = await store.trajectory(a.id)
+    assert again is not None and sorted(again.flags) == ["red_team_escape", "sandbox_violation", "truncated"]
+    assert await store.add_scores([(a.id, "3", 0.0, False, "ok", [], ["truncated"])]) == 1
+    third = await store.trajectory(a.id)
+    assert third is not None and sorted(third.flags) == ["red_team_escape", "truncated"], "each flag once"
+
+
 async def test_an_error_is_kept_never_current(store: Store) -> None:
     (a,) = await stored(store, attempt(env="py-func", reward=1.0))
     assert await store.add_scores([(a.id, "3", 0.0, False, "error", ["the verifier crashed"], [])]) == 1
