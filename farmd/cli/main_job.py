@@ -48,8 +48,10 @@ faster per completion and more steadily than 256 (greedy held-out 0.18 -> 0.45 w
 against 0.18 -> 0.35 in 117k)."""
 
 
-def loop_toml(sampling: str = "band", workers: int = 512, buffer: int = 512) -> str:
-    """farmd's settings for the loop; everything else is farmd's embedded default."""
+def loop_toml(sampling: str = "band", workers: int = 512, buffer: int = 512, keep_policies: int | None = None) -> str:
+    """farmd's settings for the loop; everything else is farmd's embedded default. ``keep_policies``: the policy
+    versions whose content is kept (None: farmd's default, the newest few)."""
+    keep = "" if keep_policies is None else f"policy_keep_newest = {keep_policies}\n"
     return f"""# Written by make run: the learning loop's farm. Everything not set here is farmd's default.
 [farm]
 # Rollout slots. A torch rollout holds no box: its agent samples every waiting rollout in one batch,
@@ -66,7 +68,7 @@ demand_consumers = ["{CONSUMER}"]
 demand_buffer = {buffer}
 group_size = 8
 maintenance_every_s = 0.2
-
+{keep}
 [taskbank]
 sampling = "{sampling}"
 # Of every sample: 30% fresh tasks at the current level; once the level has moved up, 40% fresh tasks
@@ -177,7 +179,8 @@ def _pct(x: float | None) -> str:
 
 
 def run_loop(data_dir: Path, minutes: float, *, sampling: str = "band", console: Console | None = None,
-             trainer_args: tuple[str, ...] = (), workers: int = 512, http: str | None = None) -> Summary:
+             trainer_args: tuple[str, ...] = (), workers: int = 512, http: str | None = None,
+             keep_policies: int | None = None) -> Summary:
     """Run the loop for ``minutes`` on ``data_dir`` and return its summary (the report is written too).
     ``http``: where farmd serves its web console (HOST:PORT; None: no console)."""
     from farm_client import FarmClient
@@ -186,7 +189,7 @@ def run_loop(data_dir: Path, minutes: float, *, sampling: str = "band", console:
     make_dir(data_dir)
     make_dir(files.report_dir)
     config = data_dir / "farm.toml"
-    config.write_text(loop_toml(sampling, workers))
+    config.write_text(loop_toml(sampling, workers, keep_policies=keep_policies))
     farmd = LocalFarmd(data_dir, "--config", str(config), *(("--http", http) if http else ()))
     trainer: subprocess.Popen[bytes] | None = None
     log: IO[bytes] | None = None
