@@ -63,9 +63,11 @@ against 0.18 -> 0.35 in 117k)."""
 
 
 def loop_toml(sampling: str = "band", workers: int = 512, buffer: int = 512, *, agent: str = AGENT,
-              endpoint: str = "") -> str:
+              endpoint: str = "", keep_policies: int | None = None) -> str:
     """farmd's settings for the loop; everything else is farmd's embedded default. ``endpoint``: the
-    ``[endpoints.vllm]`` table of the vLLM loop (``vllm_endpoint``)."""
+    ``[endpoints.vllm]`` table of the vLLM loop (``vllm_endpoint``). ``keep_policies``: the policy versions whose
+    content is kept (None: farmd's default, the newest few)."""
+    keep = "" if keep_policies is None else f"policy_keep_newest = {keep_policies}\n"
     return f"""# Written by make run: the learning loop's farm. Everything not set here is farmd's default.
 [farm]
 # Rollout slots. A torch rollout holds no box: its agent samples every waiting rollout in one batch,
@@ -82,7 +84,7 @@ demand_consumers = ["{CONSUMER}"]
 demand_buffer = {buffer}
 group_size = 8
 maintenance_every_s = 0.2
-
+{keep}
 [taskbank]
 sampling = "{sampling}"
 # Of every sample: 30% fresh tasks at the current level; once the level has moved up, 40% fresh tasks
@@ -213,7 +215,7 @@ def _pct(x: float | None) -> str:
 
 def run_loop(data_dir: Path, minutes: float, *, sampling: str = "band", console: Console | None = None,
              trainer_args: tuple[str, ...] = (), workers: int = 512, http: str | None = None,
-             engine: str = "tiny") -> Summary:
+             engine: str = "tiny", keep_policies: int | None = None) -> Summary:
     """Run the loop for ``minutes`` on ``data_dir`` and return its summary (the report is written too).
     ``http``: where farmd serves its web console (HOST:PORT; None: no console). ``engine``: ``tiny`` (farm's own
     LM, sampled in farmd's worker) or ``vllm`` (a Hugging Face model a vLLM server samples)."""
@@ -238,9 +240,9 @@ def run_loop(data_dir: Path, minutes: float, *, sampling: str = "band", console:
         extra = ("--hf-model", str(model), "--agent", VLLM_AGENT, "--eval-agent", f"{VLLM_AGENT}?temperature=0",
                  "--lr", "1e-4", *extra)
         config.write_text(loop_toml(sampling, 64, VLLM_BATCH * 3 // 2, agent=VLLM_AGENT,
-                                    endpoint=vllm_endpoint(server.url)))
+                                    endpoint=vllm_endpoint(server.url), keep_policies=keep_policies))
     else:
-        config.write_text(loop_toml(sampling, workers))
+        config.write_text(loop_toml(sampling, workers, keep_policies=keep_policies))
     try:
         farmd = LocalFarmd(data_dir, "--config", str(config), *(("--http", http) if http else ()))
     except BaseException:

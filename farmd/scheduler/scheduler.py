@@ -29,6 +29,7 @@ from farmd.records import RED_TEAM_PREFIX, VERIFIED_LOCAL, Job, JobState, Score,
 from farmd.scheduler.config import SchedulerConfig
 from farmd.scheduler.delivery import Delivery
 from farmd.scheduler.policies import Policies
+from farmd.scheduler.retention import Retention
 from farmd.store import Store
 from farmd.store.nodes import Completion
 from farmd.taskbank import BankConfig, SeedSequence, TaskBank, TaskKey
@@ -67,6 +68,9 @@ class Scheduler:
         self.policies = Policies(store, self.set_policy_version, endpoint_lines)
         self.delivery = Delivery(store, self.policies.behind, stall_s=self.config.consumer_stall_s,
                                  consumers=self.config.demand_consumers, line_for=self.policies.line_for)
+        self.retention = Retention(store, self.policies, keep_newest=self.config.policy_keep_newest,
+                                   every_s=self.config.policy_sweep_s)
+        """Unused policy content removed in the background; the disk the store takes, and its growth."""
         self._submit_lock = asyncio.Lock()
         self._work = asyncio.Event()
         """Set (and replaced) whenever jobs may have become leasable: what a node's parked lease waits on."""
@@ -97,8 +101,10 @@ class Scheduler:
 
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._maintain(), name="scheduler-maintenance")
+        await self.retention.start()
 
     async def stop(self) -> None:
+        await self.retention.stop()
         await cancel_and_wait(self._task)
         await self._observe_finished()
         await self._save_bank()
@@ -391,8 +397,8 @@ class Scheduler:
                                                  "bank": self.bank.to_json()})
 
     async def status(self) -> dict[str, Any]:
-        """``pulse`` and the pass rates by environment and level (these read every stored trajectory)."""
-        return {**await self.pulse(), "pass_rates": await self.store.pass_rates()}
+        """``pulse``, the pass rates by environment and level (these read every stored trajectory), and the disk."""
+        return {**await self.pulse(), "pass_rates": await self.store.pass_rates(), "disk": await self.retention.disk()}
 
     async def pulse(self) -> dict[str, Any]:
         """The farm now, from what is cheap to read: queue, throughput, task bank, consumers, versions."""

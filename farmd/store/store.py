@@ -53,6 +53,7 @@ from farmd.store.intake import IntakeRecords, withdraw
 from farmd.store.names import NameRecords
 from farmd.store.nodes import Completion, NodeRecords, lease_identity
 from farmd.store.policy_files import PolicyFiles, PolicyUpload
+from farmd.store.retention import RetentionRecords
 from farmd.store.schema import MIGRATIONS
 from farmd.store.verdicts import FIRST, VerdictRecords, give
 from farmd.text import valid_text, valid_tree
@@ -402,6 +403,8 @@ class Store:
         """Quarantined nodes, canary groups, and the checks of nodes' results."""
         self.verdicts = VerdictRecords(self)
         """Which verdicts changed since a mark, and what a trajectory's was at one."""
+        self.retention = RetentionRecords(self)
+        """Which policy versions still hold content, pins, removal, and the disk the store and policies take."""
 
     @classmethod
     async def open(cls, path: Path) -> Store:
@@ -1172,8 +1175,9 @@ class Store:
         if content is not None:
             if content.sha256 != sha256:
                 raise ValueError(f"the content hashes to {content.sha256}, not {sha256}")
-            known = await self._one(f"SELECT {_POLICY_COLUMNS}, file FROM policies WHERE sha256=?", (sha256,))
-            if known is not None and known[6] is None:  # kept in a blob by an older farmd: no second copy
+            known = await self._one(f"SELECT {_POLICY_COLUMNS}, file, removed_at FROM policies WHERE sha256=?",
+                                    (sha256,))
+            if known is not None and known[6] is None and known[7] is None:  # in an older farmd's blob: no copy
                 return await self._republish(Policy(*known[:6]), name)
             file = await content.keep()  # before the row: a row never names a file that is not there
         now = time.time()
@@ -1190,6 +1194,9 @@ class Store:
                 policy = Policy(version, sha256, size, uri, now, name)
             else:
                 policy = Policy(*row)
+                if file is not None:  # its content was removed (``store.retention``): published again, it is back
+                    await db.execute("UPDATE policies SET file=?, removed_at=NULL, removed_why=NULL "
+                                     "WHERE version=? AND removed_at IS NOT NULL", (file, policy.version))
             await db.execute("INSERT INTO publications(name, version, at) VALUES (?,?,?)", (name, policy.version, now))
         return policy
 
@@ -1215,11 +1222,15 @@ class Store:
 
     async def policy_content(self, sha256: str, chunk_bytes: int) -> AsyncGenerator[bytes, None]:
         """A policy's content, ``chunk_bytes`` at a time, never read whole: from its file, or from the
-        blob an older farmd stored it in. Nothing for a policy that is only a uri (or none at all)."""
-        row = await self._one("SELECT version, file, blob IS NOT NULL FROM policies WHERE sha256=?", (sha256,))
+        blob an older farmd stored it in. Nothing for a policy that is only a uri (or none at all);
+        ``StoreError`` for one whose content was removed."""
+        row = await self._one("SELECT version, file, blob IS NOT NULL, removed_at FROM policies WHERE sha256=?",
+                              (sha256,))
         if row is None:
             return
-        version, name, in_blob = row
+        version, name, in_blob, removed_at = row
+        if removed_at is not None:  # not "nothing": a caller must never take no bytes for the content
+            raise StoreError(f"the content of policy {version} was removed")
         if name is not None:
             try:
                 async for chunk in self._policies.read(name, chunk_bytes):
