@@ -54,7 +54,7 @@ protos:
 # on time or speed, alone. JOBS=1 runs it all in one process.
 JOBS ?= auto
 test: setup browser vllm-setup
-	$(BIN)/python -m pytest -q -m "not clocked" $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
+	$(BIN)/python -m pytest -q --durations=15 -m "not clocked" $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
 	$(BIN)/python -m pytest -q -m clocked
 
 # The console's tests drive Debian's Chromium through its chromedriver (selenium comes with the dev extra).
