@@ -26,6 +26,7 @@ import grpc
 from farm.v1 import farm_pb2, farm_pb2_grpc, trajectory_pb2
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
+from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from farm_client.convert import from_message
 from farm_client.record import Score, Trajectory
@@ -116,9 +117,22 @@ def _trajectory(t: trajectory_pb2.Trajectory) -> Trajectory:
     return from_message(t, Trajectory)
 
 
+def error_dict(status: status_pb2.Status) -> dict[str, Any]:
+    """A ``google.rpc.Status`` farm sent as plain values: ``code`` by name (``UNAVAILABLE``), ``message``, and
+    the ``reason`` of its ErrorInfo ("" when it carries none)."""
+    reason = ""
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            reason = info.reason
+    return {"code": code_pb2.Code.Name(status.code) if status.code in code_pb2.Code.values() else str(status.code),
+            "message": status.message, "reason": reason}
+
+
 def _run(run: farm_pb2.Run) -> dict[str, Any]:
     out: dict[str, Any] = {f.name: getattr(run, f.name) for f in run.DESCRIPTOR.fields
-                           if f.name not in ("group_ids", "state", "created_at", "finished_at")}
+                           if f.name not in ("group_ids", "state", "created_at", "finished_at", "last_error")}
+    out["last_error"] = error_dict(run.last_error) if run.HasField("last_error") else None
     out["state"] = farm_pb2.RunState.Name(run.state).removeprefix("RUN_STATE_").lower()
     out["group_ids"] = list(run.group_ids)
     out["created_at"] = run.created_at.ToNanoseconds() / 1e9
@@ -524,6 +538,9 @@ def status_dict(reply: farm_pb2.GetStatusResponse) -> dict[str, Any]:
                            "state": farm_pb2.ConsumerState.Name(c.state).removeprefix("CONSUMER_STATE_").lower(),
                            "acked_at": c.acked_at.ToNanoseconds() / 1e9 if c.HasField("acked_at") else None}
                           for c in reply.consumers]
+    plain["recent_failures"] = [{"job_id": f.job_id, "run_id": f.run_id, "attempt": f.attempt, "final": f.final,
+                                 "error": error_dict(f.error), "at": f.at.ToNanoseconds() / 1e9}
+                                for f in reply.recent_failures]
     plain["nodes"] = [{"name": n.name, "address": n.address,
                        "state": farm_pb2.NodeState.Name(n.state).removeprefix("NODE_STATE_").lower(),
                        "capacity": n.capacity, "in_flight": n.in_flight, "done": n.done, "failed": n.failed,

@@ -16,7 +16,7 @@ from farmd.agents import NamedEndpoint
 from farmd.agents.registry import MAX_SPEC_CHARS, check_spec
 from farmd.api import history
 from farmd.api.budget import Budgets, Share
-from farmd.api.errors import Refused, guarded, guarded_stream
+from farmd.api.errors import Refused, failure_status, guarded, guarded_stream
 from farmd.api.limits import POLICY_CHUNK_BYTES
 from farmd.api.names import NameGuard
 from farmd.api.paging import make_token, page_size, read_token
@@ -36,7 +36,7 @@ from farmd.scheduler.history import History
 from farmd.scheduler.nodes import Nodes
 from farmd.scheduler.policies import LINE_NAME
 from farmd.scheduler.retention import Disk
-from farmd.store import Store, StoreError
+from farmd.store import JobFailure, Store, StoreError
 from farmd.store.names import NameRow
 from farmd.store.retention import PolicyState
 
@@ -93,7 +93,8 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
                 consumers=[_consumer_pb(c) for c in farm["consumers"]], streams=farm["streams"],
                 last_seq=farm["last_seq"], counters=farm["counters"],
                 nodes=[_node_pb(n) for n in await self._nodes.status()] if self._nodes is not None else [],
-                disk=_disk_pb(farm["disk"]))
+                disk=_disk_pb(farm["disk"]),
+                recent_failures=[_failure_pb(f) for f in farm["recent_failures"]])
             reply.uptime.FromNanoseconds(round(node.uptime_s() * 1e9))
             return reply
         return await guarded(context, call)
@@ -405,6 +406,15 @@ def run_pb(run: dict[str, Any]) -> farm_pb2.Run:
     message.created_at.FromNanoseconds(round(run["created_at"] * 1e9))
     if run["finished_at"]:
         message.finished_at.FromNanoseconds(round(run["finished_at"] * 1e9))
+    if run["last_error"]:
+        message.last_error.CopyFrom(failure_status(run["last_error"]))
+    return message
+
+
+def _failure_pb(f: JobFailure) -> farm_pb2.JobFailure:
+    message = farm_pb2.JobFailure(job_id=f.job_id, run_id=f.run_id, attempt=f.attempt, final=f.final,
+                                  error=failure_status(f.error))
+    message.at.FromNanoseconds(round(f.at * 1e9))
     return message
 
 

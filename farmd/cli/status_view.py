@@ -128,6 +128,28 @@ def quarantine_lines(info: dict[str, Any]) -> list[Text]:
             for n in info.get("nodes", []) if n["state"] == "quarantined"]
 
 
+def error_line(error: dict[str, Any]) -> Text:
+    """A job's error as farm sent it (``farm_client.error_dict``): its code and reason, then what the worker said
+    (which may quote an endpoint or a node: shown, never read as markup)."""
+    reason = f" {error['reason']}" if error.get("reason") else ""
+    return Text.assemble((f"{error['code']}{reason}", "bold"), ": ", text(error.get("message", "")))
+
+
+def failures_lines(info: dict[str, Any]) -> list[Text]:
+    """The newest job failures, each with its run: the cause a failed run's count does not say."""
+    rows = info.get("recent_failures") or []
+    if not rows:
+        return []
+    lines = [Text("latest job failures (infrastructure: never scored)", "bold")]
+    for f in rows:
+        ago = max(0.0, time.time() - f["at"])
+        where = f"run {f['run_id']} " if f["run_id"] else ""
+        end = "failed" if f["final"] else "retried"
+        lines.append(Text.assemble(f"  {ago:.0f}s ago: {where}job {f['job_id']} attempt {f['attempt']} {end}: ",
+                                   error_line(f["error"])))
+    return lines
+
+
 def status_view(info: dict[str, Any], addr: str) -> list[RenderableType]:
     parts: list[RenderableType] = list(headline(info, addr))
     if "queue" in info:
@@ -141,4 +163,5 @@ def status_view(info: dict[str, Any], addr: str) -> list[RenderableType]:
         parts += [pass_table(info), band_table(info)]
         if info.get("consumers"):
             parts.append(consumers_table(info))
+        parts += failures_lines(info)
     return parts

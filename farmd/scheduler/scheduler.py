@@ -40,6 +40,8 @@ log = logging.getLogger("farmd.scheduler")
 _BANK_STATE = "taskbank"
 _LAG_SHOWN_S = 3600.0
 _BANK_SAVE_EVERY_S = 5.0
+RECENT_FAILURES = 5
+"""Job failures ``status`` shows, newest first: enough to see a cause repeat, few enough to read."""
 """The bank's state is a few hundred kB of JSON: saved this often while groups finish (and on stop), not at
 every upkeep round. A crash loses at most this much of its evidence, never a trajectory."""
 
@@ -397,8 +399,10 @@ class Scheduler:
                                                  "bank": self.bank.to_json()})
 
     async def status(self) -> dict[str, Any]:
-        """``pulse``, the pass rates by environment and level (these read every stored trajectory), and the disk."""
-        return {**await self.pulse(), "pass_rates": await self.store.pass_rates(), "disk": await self.retention.disk()}
+        """``pulse``, the pass rates by environment and level (these read every stored trajectory), the disk, and
+        the newest job failures."""
+        return {**await self.pulse(), "pass_rates": await self.store.pass_rates(), "disk": await self.retention.disk(),
+                "recent_failures": await self.store.failures(RECENT_FAILURES)}
 
     async def pulse(self) -> dict[str, Any]:
         """The farm now, from what is cheap to read: queue, throughput, task bank, consumers, versions."""

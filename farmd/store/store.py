@@ -363,6 +363,21 @@ def verdict_score(version: Any, reward: Any, passed: Any, status: Any, reasons: 
     return score
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobFailure:
+    """One failed attempt at a job: an infrastructure failure, never a score."""
+
+    job_id: int
+    run_id: int
+    """0: a job production queued, not a run."""
+    attempt: int
+    final: bool
+    """Its last attempt: the job failed for good."""
+    error: str
+    """What the worker said, ``Kind: message`` (``farmd.errors``' class names), bounded when it was stored."""
+    at: float
+
+
 def _trajectories(rows: list[Any]) -> list[Trajectory]:
     return [_trajectory(r) for r in rows]
 
@@ -546,6 +561,10 @@ class Store:
             passed = {int(r): int(n) for r, n in await self._all(
                 f"SELECT run_id, COUNT(*) FROM trajectories WHERE run_id IN ({marks}) AND status='ok' AND passed=1 "
                 f"GROUP BY run_id", chunk)}
+            # SQLite gives the bare column of the row MAX chose: each run's newest job error.
+            errors = {int(r): (str(e), float(at)) for r, e, at in await self._all(
+                f"SELECT g.run_id, j.last_error, MAX(j.updated_at) FROM jobs j JOIN groups g ON g.id = j.group_id "
+                f"WHERE g.run_id IN ({marks}) AND j.last_error IS NOT NULL GROUP BY g.run_id", chunk)}
             for run_id, env, agent, rollouts, group_size, cancelled, created_at in rows:
                 jobs = counts.get(run_id, {})
                 open_jobs = jobs.get("queued", 0) + jobs.get("leased", 0)
@@ -560,7 +579,8 @@ class Store:
                             "done": jobs.get("done", 0), "failed": jobs.get("failed", 0),
                             "cancelled": jobs.get("cancelled", 0), "passed": passed.get(run_id, 0),
                             "created_at": created_at,
-                            "finished_at": ended.get(run_id, 0.0) if not open_jobs else 0.0})
+                            "finished_at": ended.get(run_id, 0.0) if not open_jobs else 0.0,
+                            "last_error": errors.get(run_id, ("", 0.0))[0]})
         order = {run_id: i for i, run_id in enumerate(run_ids)}
         return sorted(out, key=lambda r: order[r["id"]])
 
@@ -1051,9 +1071,12 @@ class Store:
         row = await self._one("SELECT COUNT(*) FROM trajectories WHERE finished_at >= ?", (since,))
         return int(row[0]) if row else 0
 
-    async def failures(self, limit: int = 20) -> list[dict[str, Any]]:
-        rows = await self._all("SELECT job_id, attempt, error, final, at FROM failures ORDER BY id DESC LIMIT ?", (limit,))
-        return [{"job_id": j, "attempt": a, "error": e, "final": bool(f), "at": t} for j, a, e, f, t in rows]
+    async def failures(self, limit: int = 20) -> list[JobFailure]:
+        """The newest ``limit`` job failures, newest first, each with its job's run (0: none)."""
+        rows = await self._all("SELECT f.job_id, f.attempt, f.error, f.final, f.at, COALESCE(g.run_id, 0) FROM "
+                               "(SELECT * FROM failures ORDER BY id DESC LIMIT ?) f LEFT JOIN jobs j ON j.id = "
+                               "f.job_id LEFT JOIN groups g ON g.id = j.group_id ORDER BY f.id DESC", (limit,))
+        return [JobFailure(int(j), int(r), int(a), bool(f), str(e), float(t)) for j, a, e, f, t, r in rows]
 
     # -- scores (re-scoring adds, never overwrites) ---------------------------------------------
 

@@ -770,7 +770,8 @@ const RUN_TONE = {RUN_STATE_RUNNING: "info", RUN_STATE_SUCCEEDED: "good", RUN_ST
 
 function runsTable(runs) {
   return table("runs-table",
-    [["id", "num"], "env", "agent", "state", ["done/jobs", "num"], ["passed", "num"], ["failed", "num"], "created", "finished"],
+    [["id", "num"], "env", "agent", "state", ["done/jobs", "num"], ["passed", "num"], ["failed", "num"], "created", "finished",
+     "last error"],
     runs.map((r) => ({
       attrs: {class: "run-row", "data-id": r.id ?? ""},
       cells: [
@@ -779,8 +780,18 @@ function runsTable(runs) {
         badge(r.state, "RUN_STATE_", RUN_TONE[r.state]),
         numCell(`${fmtCount(r.done ?? 0)}/${fmtCount(r.jobs ?? 0)}`), numCell(fmtCount(r.passed ?? 0)),
         numCell(fmtCount(r.failed ?? 0)), fmtTime(r.created_at), fmtTime(r.finished_at),
+        lastErrorCell(r.last_error),
       ],
     })), {empty: "no runs yet"});
+}
+
+// A run's last_error is a google.rpc.Status: its ErrorInfo's reason names the kind, its message what the worker
+// said (which may quote an endpoint or a node: set as text, never as markup).
+function lastErrorCell(status) {
+  if (!status) return h("span", {class: "muted"}, "");
+  const info = (status.details || []).find((d) => d && typeof d.reason === "string");
+  return h("span", {class: "run-error mono", title: status.message || ""},
+    h("strong", {}, info ? info.reason : `code ${status.code ?? ""}`), " ", status.message || "");
 }
 
 function isolationSection(s) {
