@@ -55,7 +55,8 @@ class SdistWithProtos(sdist):
         root = _protos()
         target = Path(base_dir) / "protos"
         if root != target.resolve():
-            shutil.copytree(root / "farm", target / "farm", dirs_exist_ok=True)
+            for package in ("farm", "google"):  # google/rpc/status.proto: farm.proto imports it
+                shutil.copytree(root / package, target / package, dirs_exist_ok=True)
 
 
 setup(cmdclass={"build_py": BuildWithProtos, "sdist": SdistWithProtos})

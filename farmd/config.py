@@ -259,7 +259,9 @@ def _coerce_atropos(table: dict[str, Any], endpoints: tuple[NamedEndpoint, ...])
 
 
 _ENDPOINT_KEYS = ("url", "key_env", "request_timeout_s", "max_attempts", "max_tokens", "max_turns", "temperature",
-                  "top_p", "seed", "stop", "logprobs", "token_ids", "n", "tools", "extra", "serves")
+                  "top_p", "seed", "stop", "logprobs", "token_ids", "n", "tools", "extra", "serves", "policy_model",
+                  "sync", "weights_dir", "health_path", "health_every_s", "health_timeout_s", "health_failures",
+                  "max_in_flight")
 
 
 def _coerce_endpoints(table: dict[str, Any]) -> tuple[NamedEndpoint, ...]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 __all__ = [
     "AgentError", "AgentSpecError", "BadRequest", "ConfigError", "Conflict", "CursorError", "EndpointError", "FailedPrecondition", "FarmError",
-    "ForcedStop", "InfraFailure", "IsolationUnavailable", "JoinRefused", "NameHeld", "NotFound", "OutOfDomain", "PolicyError",
+    "ForcedStop", "InfraFailure", "IsolationUnavailable", "JoinRefused", "NameHeld", "NotFound", "OutOfDomain", "PolicyError", "PolicyRemoved",
     "SandboxError", "StoreError",
     "TaskBankError", "TaskError",
 ]
@@ -61,6 +61,14 @@ class OutOfDomain(BadRequest):
 
 class NotFound(FarmError):
     """A caller named something (a trajectory, a policy) that does not exist."""
+
+
+class PolicyRemoved(NotFound):
+    """A policy version whose content the farm removed once nothing could use it any more (no job queued or leased
+    for it, not among its line's newest, not pinned): its hash and metadata are kept, and the message says when and
+    why. Publishing the same content again brings it back."""
+
+    reason = "POLICY_REMOVED"
 
 
 class Conflict(FarmError):

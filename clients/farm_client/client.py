@@ -25,6 +25,8 @@ from typing import Any
 import grpc
 from farm.v1 import farm_pb2, farm_pb2_grpc, trajectory_pb2
 from google.protobuf.json_format import MessageToDict
+from google.protobuf.timestamp_pb2 import Timestamp
+from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from farm_client.convert import from_message
 from farm_client.record import Score, Trajectory
@@ -115,9 +117,22 @@ def _trajectory(t: trajectory_pb2.Trajectory) -> Trajectory:
     return from_message(t, Trajectory)
 
 
+def error_dict(status: status_pb2.Status) -> dict[str, Any]:
+    """A ``google.rpc.Status`` farm sent as plain values: ``code`` by name (``UNAVAILABLE``), ``message``, and
+    the ``reason`` of its ErrorInfo ("" when it carries none)."""
+    reason = ""
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            reason = info.reason
+    return {"code": code_pb2.Code.Name(status.code) if status.code in code_pb2.Code.values() else str(status.code),
+            "message": status.message, "reason": reason}
+
+
 def _run(run: farm_pb2.Run) -> dict[str, Any]:
     out: dict[str, Any] = {f.name: getattr(run, f.name) for f in run.DESCRIPTOR.fields
-                           if f.name not in ("group_ids", "state", "created_at", "finished_at")}
+                           if f.name not in ("group_ids", "state", "created_at", "finished_at", "last_error")}
+    out["last_error"] = error_dict(run.last_error) if run.HasField("last_error") else None
     out["state"] = farm_pb2.RunState.Name(run.state).removeprefix("RUN_STATE_").lower()
     out["group_ids"] = list(run.group_ids)
     out["created_at"] = run.created_at.ToNanoseconds() / 1e9
@@ -447,6 +462,40 @@ class FarmClient:
             data += chunk.data
         return version, bytes(data), uri
 
+    def policies(self, limit: int = 50) -> list[dict[str, Any]]:
+        """The newest ``limit`` policy versions, newest first: line, hash, size, whether the farm still holds the
+        content (``kept``), ``pinned_at``, and ``removed_at`` with ``removed_reason`` (times in seconds, or None)."""
+        out: list[dict[str, Any]] = []
+        token = ""
+        while len(out) < limit:
+            reply = self._stub.ListPolicies(farm_pb2.ListPoliciesRequest(page_size=min(limit - len(out), 1000),
+                                                                         page_token=token),
+                                            metadata=self._metadata, timeout=self._timeout)
+            out.extend(_policy(p) for p in reply.policies)
+            token = reply.next_page_token
+            if not token:
+                break
+        return out
+
+    def pin_policy(self, version: int, pinned: bool = True) -> dict[str, Any]:
+        """Keep policy ``version``'s content whatever else holds (``pinned``), or stop keeping it for that reason.
+        An operator's call; returns the version as ``policies`` lists it."""
+        reply = self._stub.PinPolicy(farm_pb2.PinPolicyRequest(version=version, pinned=pinned),
+                                     metadata=self._metadata, timeout=self._timeout)
+        return _policy(reply.policy)
+
+
+def _seconds(at: Timestamp, present: bool) -> float | None:
+    return at.ToNanoseconds() / 1e9 if present else None
+
+
+def _policy(p: farm_pb2.PolicyInfo) -> dict[str, Any]:
+    pinned, removed = p.HasField("pinned_at"), p.HasField("removed_at")
+    return {"version": p.version, "name": p.name, "sha256": p.sha256, "size": p.size, "uri": p.uri,
+            "created_at": _seconds(p.created_at, p.HasField("created_at")), "kept": p.kept, "pinned": pinned,
+            "pinned_at": _seconds(p.pinned_at, pinned), "removed": removed,
+            "removed_at": _seconds(p.removed_at, removed), "removed_reason": p.removed_reason}
+
 
 _FILTERS = frozenset({"agent", "policy_version", "min_reward", "max_reward", "flag", "node"})
 
@@ -489,6 +538,9 @@ def status_dict(reply: farm_pb2.GetStatusResponse) -> dict[str, Any]:
                            "state": farm_pb2.ConsumerState.Name(c.state).removeprefix("CONSUMER_STATE_").lower(),
                            "acked_at": c.acked_at.ToNanoseconds() / 1e9 if c.HasField("acked_at") else None}
                           for c in reply.consumers]
+    plain["recent_failures"] = [{"job_id": f.job_id, "run_id": f.run_id, "attempt": f.attempt, "final": f.final,
+                                 "error": error_dict(f.error), "at": f.at.ToNanoseconds() / 1e9}
+                                for f in reply.recent_failures]
     plain["nodes"] = [{"name": n.name, "address": n.address,
                        "state": farm_pb2.NodeState.Name(n.state).removeprefix("NODE_STATE_").lower(),
                        "capacity": n.capacity, "in_flight": n.in_flight, "done": n.done, "failed": n.failed,
@@ -499,4 +551,14 @@ def status_dict(reply: farm_pb2.GetStatusResponse) -> dict[str, Any]:
                        "disagreed": n.disagreed, "canaries": n.canaries, "quarantine_reason": n.quarantine_reason,
                        "quarantined_at": n.quarantined_at.ToNanoseconds() / 1e9 if n.HasField("quarantined_at")
                        else None} for n in reply.nodes]
+    d = reply.disk
+    plain["disk"] = {"store_bytes": d.store_bytes, "policy_bytes": d.policy_bytes, "policy_files": d.policy_files,
+                     "policies_kept": d.policies_kept, "policies_removed": d.policies_removed,
+                     "policies_pinned": d.policies_pinned, "policy_bytes_removed": d.policy_bytes_removed,
+                     "store_growth_bytes_per_hour": d.store_growth_bytes_per_hour
+                     if d.HasField("store_growth_bytes_per_hour") else None,
+                     "policy_growth_bytes_per_hour": d.policy_growth_bytes_per_hour
+                     if d.HasField("policy_growth_bytes_per_hour") else None,
+                     "growth_window_s": d.growth_window.ToNanoseconds() / 1e9,
+                     "policy_keep_newest": d.policy_keep_newest}
     return plain

@@ -31,6 +31,7 @@ from farmd.errors import (
     FailedPrecondition,
     FarmError,
     Forbidden,
+    InfraFailure,
     IsolationUnavailable,
     NotFound,
     PolicyError,
@@ -76,6 +77,7 @@ _CODES: list[tuple[type[BaseException], grpc.StatusCode, str]] = [
     (AgentSpecError, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_AGENT"),
     (TaskError, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_TASK"),
     (EndpointError, grpc.StatusCode.UNAVAILABLE, "ENDPOINT_UNAVAILABLE"),
+    (InfraFailure, grpc.StatusCode.UNAVAILABLE, "INFRASTRUCTURE"),
     (ConfigError, grpc.StatusCode.FAILED_PRECONDITION, "MISCONFIGURED"),
     (IsolationUnavailable, grpc.StatusCode.FAILED_PRECONDITION, "NO_ISOLATION"),
     (SandboxError, grpc.StatusCode.UNAVAILABLE, "SANDBOX_UNAVAILABLE"),
@@ -92,6 +94,38 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
             own = exc.reason if isinstance(exc, FarmError) else None
             return code, own or reason
     return grpc.StatusCode.INTERNAL, "INTERNAL"
+
+
+_LEASE_EXPIRED = "lease expired"
+
+
+def failure_status(error: str) -> Status:
+    """A job's stored error (``Kind: message``, as a worker reports it) as a ``google.rpc.Status``: the code and
+    reason its kind is sent with when a call fails (a rollout's endpoint or box that failed is UNAVAILABLE
+    INFRASTRUCTURE), DEADLINE_EXCEEDED for a lease that ran out, and UNAVAILABLE ROLLOUT_FAILED for a kind
+    farm does not know (a node's word: only a known class name decides a code)."""
+    kind, colon, _ = error.partition(":")
+    known = _error_class(kind.strip()) if colon else None
+    if known is not None:
+        code, reason = next(((c, r) for k, c, r in _CODES if issubclass(known, k)), (grpc.StatusCode.INTERNAL,
+                                                                                       "INTERNAL"))
+    elif _LEASE_EXPIRED in error:
+        code, reason = grpc.StatusCode.DEADLINE_EXCEEDED, "LEASE_EXPIRED"
+    else:
+        code, reason = grpc.StatusCode.UNAVAILABLE, "ROLLOUT_FAILED"
+    status = Status(code=code.value[0], message=clean_detail(error))
+    status.details.add().Pack(ErrorInfo(reason=reason, domain=DOMAIN))
+    return status
+
+
+def _error_class(name: str) -> type[BaseException] | None:
+    pending: list[type[BaseException]] = [FarmError]
+    while pending:
+        kind = pending.pop()
+        if kind.__name__ == name:
+            return kind
+        pending.extend(kind.__subclasses__())
+    return None
 
 
 def clean_detail(text: str) -> str:

@@ -16,7 +16,7 @@ from farmd.agents import NamedEndpoint
 from farmd.agents.registry import MAX_SPEC_CHARS, check_spec
 from farmd.api import history
 from farmd.api.budget import Budgets, Share
-from farmd.api.errors import Refused, guarded, guarded_stream
+from farmd.api.errors import Refused, failure_status, guarded, guarded_stream
 from farmd.api.limits import POLICY_CHUNK_BYTES
 from farmd.api.names import NameGuard
 from farmd.api.paging import make_token, page_size, read_token
@@ -35,8 +35,10 @@ from farmd.scheduler.delivery import Subscription
 from farmd.scheduler.history import History
 from farmd.scheduler.nodes import Nodes
 from farmd.scheduler.policies import LINE_NAME
-from farmd.store import Store, StoreError
+from farmd.scheduler.retention import Disk
+from farmd.store import JobFailure, Store, StoreError
 from farmd.store.names import NameRow
+from farmd.store.retention import PolicyState
 
 MAX_ROLLOUTS = 1_000_000
 MAX_GROUP = 1024
@@ -90,7 +92,9 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
                       for name, entry in [*farm["bank"]["envs"].items(), ("", farm["bank"]["totals"])]],
                 consumers=[_consumer_pb(c) for c in farm["consumers"]], streams=farm["streams"],
                 last_seq=farm["last_seq"], counters=farm["counters"],
-                nodes=[_node_pb(n) for n in await self._nodes.status()] if self._nodes is not None else [])
+                nodes=[_node_pb(n) for n in await self._nodes.status()] if self._nodes is not None else [],
+                disk=_disk_pb(farm["disk"]),
+                recent_failures=[_failure_pb(f) for f in farm["recent_failures"]])
             reply.uptime.FromNanoseconds(round(node.uptime_s() * 1e9))
             return reply
         return await guarded(context, call)
@@ -332,6 +336,27 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
         if header is not None:  # a uri only: no content to carry it
             yield header
 
+    async def ListPolicies(self, request: farm_pb2.ListPoliciesRequest,
+                           context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.ListPoliciesResponse:
+        async def call() -> farm_pb2.ListPoliciesResponse:
+            size = page_size(request.page_size)
+            before = read_token("policies", request.page_token) or 0
+            rows = await self._scheduler.policies.listing(before, size + 1)
+            more = len(rows) > size
+            rows = rows[:size]
+            return farm_pb2.ListPoliciesResponse(policies=[_policy_pb(p) for p in rows],
+                                                 next_page_token=make_token("policies", rows[-1].version) if more else "")
+        return await guarded(context, call)
+
+    async def PinPolicy(self, request: farm_pb2.PinPolicyRequest,
+                        context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.PinPolicyResponse:
+        async def call() -> farm_pb2.PinPolicyResponse:
+            if not 0 < request.version < 1 << 63:
+                raise BadRequest("a policy version is a whole number from 1")
+            state = await self._scheduler.policies.pin(request.version, request.pinned)
+            return farm_pb2.PinPolicyResponse(policy=_policy_pb(state))
+        return await guarded(context, call)
+
     async def ListNames(self, request: farm_pb2.ListNamesRequest,
                         context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.ListNamesResponse:
         async def call() -> farm_pb2.ListNamesResponse:
@@ -381,6 +406,15 @@ def run_pb(run: dict[str, Any]) -> farm_pb2.Run:
     message.created_at.FromNanoseconds(round(run["created_at"] * 1e9))
     if run["finished_at"]:
         message.finished_at.FromNanoseconds(round(run["finished_at"] * 1e9))
+    if run["last_error"]:
+        message.last_error.CopyFrom(failure_status(run["last_error"]))
+    return message
+
+
+def _failure_pb(f: JobFailure) -> farm_pb2.JobFailure:
+    message = farm_pb2.JobFailure(job_id=f.job_id, run_id=f.run_id, attempt=f.attempt, final=f.final,
+                                  error=failure_status(f.error))
+    message.at.FromNanoseconds(round(f.at * 1e9))
     return message
 
 
@@ -394,6 +428,31 @@ def _bank_fields(entry: dict[str, Any]) -> dict[str, Any]:
 def _name_pb(row: NameRow) -> farm_pb2.BoundName:
     message = farm_pb2.BoundName(kind=row.kind, name=row.name, credential=row.credential, assigned_by=row.assigned_by)
     message.claimed_at.FromNanoseconds(round(row.claimed_at * 1e9))
+    return message
+
+
+def _policy_pb(p: PolicyState) -> farm_pb2.PolicyInfo:
+    message = farm_pb2.PolicyInfo(version=p.version, name=p.name, sha256=p.sha256, size=p.size, uri=p.uri or "",
+                                  kept=p.has_content, removed_reason=p.removed_why)
+    message.created_at.FromNanoseconds(round(p.created_at * 1e9))
+    if p.pinned_at is not None:
+        message.pinned_at.FromNanoseconds(round(p.pinned_at * 1e9))
+    if p.removed_at is not None:
+        message.removed_at.FromNanoseconds(round(p.removed_at * 1e9))
+    return message
+
+
+def _disk_pb(disk: Disk) -> farm_pb2.DiskStatus:
+    u = disk.usage
+    message = farm_pb2.DiskStatus(
+        store_bytes=u.store_bytes, policy_bytes=u.policy_bytes, policy_files=u.policy_files, policies_kept=u.kept,
+        policies_removed=u.removed, policies_pinned=u.pinned, policy_bytes_removed=u.removed_bytes,
+        policy_keep_newest=disk.keep_newest)
+    if disk.store_growth_per_h is not None:
+        message.store_growth_bytes_per_hour = disk.store_growth_per_h
+    if disk.policy_growth_per_h is not None:
+        message.policy_growth_bytes_per_hour = disk.policy_growth_per_h
+    message.growth_window.FromNanoseconds(round(disk.window_s * 1e9))
     return message
 
 

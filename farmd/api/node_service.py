@@ -232,7 +232,12 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
         kind = request.WhichOneof("kind")
         nodes = self._nodes
         if kind == "lease":
-            jobs = await nodes.lease(node, request.lease.n, request.lease.wait_s)  # capped at its free capacity there
+            ask = request.lease
+            try:
+                jobs = await nodes.lease(node, ask.n, ask.wait_s, endpoint=ask.endpoint or None,
+                                         exclude=tuple(ask.exclude_endpoints))  # capped at its free capacity there
+            except ValueError as exc:  # not an endpoint's name
+                return node_pb2.WorkResponse(error=f"a lease request: {exc}"[:500])
             leased = []
             for job in jobs:
                 sha = await nodes.policy_sha256(job.policy_version) if job.policy_version else ""

@@ -52,6 +52,11 @@ def console() -> Console:
     return Console(stderr=False, highlight=False, soft_wrap=True, emoji=False)
 
 
+def progress_console() -> Console:
+    """stderr, where every progress bar and spinner goes: stdout holds only results, which a script may read."""
+    return Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+
+
 def emit_json(value: Any) -> None:
     """One JSON document on stdout, ASCII-only: valid whatever bytes a program printed or named."""
     sys.stdout.write(json.dumps(value, ensure_ascii=True) + "\n")
@@ -98,8 +103,11 @@ def grpc_target(addr: str) -> str:
     ``host:port``, ``[v6]:port`` and grpc's own target forms (``dns:///...``, ``unix:...``) pass
     unchanged; a bare IPv6 address is bracketed.
     """
-    if "://" in addr or addr.startswith(("unix:", "unix-abstract:", "vsock:", "dns:", "ipv4:", "ipv6:")):
+    if addr.startswith(("unix:", "unix-abstract:", "vsock:", "dns:", "ipv4:", "ipv6:")):
         return addr
+    if "://" in addr:  # a URL's scheme would be dialled as part of a host name, and fail as a DNS lookup
+        raise ConfigError(f"{addr!r}: give HOST[:PORT] (for example 127.0.0.1:{DEFAULT_PORT}), not a URL: farmd "
+                          "speaks gRPC on its port, and TLS is --tls-ca CA.pem, not https://")
     if addr.startswith("["):
         host, bracket, rest = addr.partition("]")
         if not bracket:

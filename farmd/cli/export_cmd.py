@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -42,6 +41,7 @@ from farmd.cli.common import (
     emit_json,
     fail,
     json_option,
+    progress_console,
     run_async,
 )
 from farmd.cli.remote_cmd import client, say_withdrawn_left_out
@@ -289,7 +289,7 @@ def progress(total: int) -> Iterator[Callable[[int], None]]:
     """A bar on stderr, for a person (stdout may be a --json summary); yields ``advance(n)``. A farm
     still running may store more than ``total`` while it is exported."""
     with Progress(TextColumn("exporting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True)) as bar:
+                  console=progress_console()) as bar:
         task = bar.add_task("export", total=total)
 
         def advance(n: int) -> None:
@@ -339,6 +339,22 @@ async def opened_store(data_dir: Path) -> AsyncIterator[Any]:
         await store.close()
 
 
+_BY_EXTENSION = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
+
+
+def format_for(out_path: Path, asked: str | None) -> str:
+    """The format a file named ``out_path`` is written in: what was asked, else what its extension says, else
+    jsonl. Asked for one its extension contradicts, it is refused: a reader (``datasets``, pyarrow) goes by the
+    name, and would refuse the file."""
+    named = _BY_EXTENSION.get(out_path.suffix.lower())
+    if asked is None:
+        return named or "jsonl"
+    if named is not None and named != asked:
+        raise click.UsageError(f"--out {out_path.name} names a {named} file but --format is {asked}: rename the "
+                               f"file or drop --format (the extension decides)")
+    return asked
+
+
 async def export_store(data_dir: Path, sink: Sink, env: str, include_withdrawn: bool) -> None:
     async with opened_store(data_dir) as store:
         # As farmd answers a listing: the mark before the first page, and what was left out.
@@ -355,7 +371,8 @@ async def export_store(data_dir: Path, sink: Sink, env: str, include_withdrawn: 
 
 
 @click.command()
-@click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="jsonl", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default=None,
+              help="Default: from --out's extension (.parquet, .pq; .jsonl, .ndjson, .json), else jsonl.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), required=True)
 @click.option("--data", "data_dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Read a stopped farm's data directory instead of asking farmd.")
@@ -366,7 +383,7 @@ async def export_store(data_dir: Path, sink: Sink, env: str, include_withdrawn: 
               help="Withdrawn trajectories too (a quarantine took them back): reward 0, passed false, flagged.")
 @json_option
 @click.pass_obj
-def export(state: CliState, fmt: str, out_path: Path, data_dir: Path | None, env_name: str, view: str,
+def export(state: CliState, fmt: str | None, out_path: Path, data_dir: Path | None, env_name: str, view: str,
            include_withdrawn: bool, as_json: bool) -> None:
     """Write every stored trajectory to a file, a page at a time, the same from farmd or from --data.
 
@@ -398,6 +415,7 @@ def export(state: CliState, fmt: str, out_path: Path, data_dir: Path | None, env
     conversation gives the task's prompt and its final answer. reward and
     passed are null for an error verdict (the verifier could not judge it).
     """
+    fmt = format_for(out_path, fmt)
     sink = Sink(out_path, fmt, view)
     with sink:
         if data_dir is not None:

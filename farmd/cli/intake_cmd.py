@@ -29,7 +29,7 @@ from farmd.cli.common import (
     error_kind,
     fail,
     json_option,
-    wants_json,
+    progress_console,
 )
 from farmd.cli.intake_view import (
     STATES,
@@ -43,7 +43,7 @@ from farmd.cli.intake_view import (
     submissions_table,
     to_json,
 )
-from farmd.cli.remote_cmd import farm_client
+from farmd.cli.remote_cmd import fail_rpc, farm_client
 from farmd.cli.shown import plain
 from farmd.intake.package import Package, PackageError, pack, read_package
 
@@ -125,12 +125,10 @@ def intake(state: CliState) -> Iterator[Intake]:
         with farm_client(state) as c:
             yield Intake(c.channel, state.token)
     except grpc.RpcError as exc:
-        code = exc.code().name
         details = exc.details() or ""
         if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
             details = f"this farmd has no intake service (a farmd older than this farmctl?): {details}"
-        where = f"{state.addr}:" if wants_json() else f"{state.addr}: {code}:"
-        fail(f"{where} {details}", EXIT_FAILED, kind=code)
+        fail_rpc(state, exc, details)
 
 
 def _required(value: str, option: str) -> str:
@@ -172,7 +170,8 @@ def _wait(farm: Intake, s: intake_pb2.Submission, quiet: bool) -> intake_pb2.Sub
 
     # Its detail is the server's (it may quote the environment): shown as text, never read as markup.
     with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), TimeElapsedColumn(),
-                  disable=quiet or not console().is_terminal, transient=True) as spinner:
+                  disable=quiet or not progress_console().is_terminal, transient=True,
+                  console=progress_console()) as spinner:
         task = spinner.add_task(_checking(s))
         while s.state == _CHECKING:
             time.sleep(POLL_S)

@@ -14,8 +14,8 @@ from farm.v1 import farm_pb2, farm_pb2_grpc
 from rich.table import Table
 from rich.text import Text
 
-from farmd.cli.common import EXIT_FAILED, CliState, console, emit_json, fail, json_option, wants_json
-from farmd.cli.remote_cmd import farm_client
+from farmd.cli.common import CliState, console, emit_json, json_option
+from farmd.cli.remote_cmd import fail_rpc, farm_client
 from farmd.cli.shown import text
 from farmd.names import KINDS
 
@@ -51,9 +51,7 @@ def _names(state: CliState) -> Iterator[_Names]:
         with farm_client(state) as c:
             yield _Names(c.channel, state.token)
     except grpc.RpcError as exc:
-        code = exc.code().name
-        where = f"{state.addr}:" if wants_json() else f"{state.addr}: {code}:"
-        fail(f"{where} {exc.details()}", EXIT_FAILED, kind=code)
+        fail_rpc(state, exc)
 
 
 def _json(n: farm_pb2.BoundName) -> dict[str, Any]:

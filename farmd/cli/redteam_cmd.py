@@ -25,7 +25,7 @@ from urllib.parse import urlencode
 import click
 from rich.table import Table
 
-from farmd.cli.common import EXIT_FAILED, CliState, console, emit_json, fail, json_option
+from farmd.cli.common import EXIT_FAILED, CliState, console, emit_json, fail, json_option, progress_console
 from farmd.cli.redteam_host import Breach, Canary, leftovers, secrets_in
 from farmd.cli.remote_cmd import client, farm_client
 from farmd.cli.shown import joined, text
@@ -136,7 +136,7 @@ def _wait(c: Any, run_ids: list[int], timeout: float, quiet: bool) -> None:
 
     deadline = time.monotonic() + timeout
     with Progress(TextColumn("red team"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  disable=quiet) as bar:
+                  disable=quiet, console=progress_console()) as bar:
         task = bar.add_task("runs", total=len(run_ids))
         pending = set(run_ids)
         while pending:

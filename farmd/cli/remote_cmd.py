@@ -7,7 +7,7 @@ import dataclasses
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 import grpc
@@ -23,10 +23,11 @@ from farmd.cli.common import (
     emit_json,
     fail,
     json_option,
+    progress_console,
     wants_json,
 )
 from farmd.cli.shown import joined, text
-from farmd.cli.status_view import status_view
+from farmd.cli.status_view import error_line, status_view
 from farmd.records import SUMMARY_FIELDS
 
 
@@ -38,16 +39,45 @@ def farm_client(state: CliState) -> Any:
                       tls_key=state.tls_key)
 
 
+def connect_hint(state: CliState, details: str) -> str:
+    """What to check when farmd at ``state.addr`` could not be reached, read from gRPC's reason ("" if nothing
+    useful can be said)."""
+    addr, tls = state.addr, state.tls_ca is not None
+    if "Connection refused" in details:
+        return (f"nothing listens at {addr}: is farmd running there? (farmd serve --listen HOST:PORT; a local "
+                "farm's address is in DATA/farmd.json)")
+    if "CERTIFICATE_VERIFY_FAILED" in details:
+        return "farmd's certificate is not signed by the CA given in --tls-ca (or FARM_TLS_CA): check which CA it is"
+    if "Tls handshake" in details or "WRONG_VERSION_NUMBER" in details or "ssl" in details.lower():
+        return (f"TLS failed at {addr}: a farmd without --tls-cert speaks in the clear (drop --tls-ca), or its "
+                "certificate does not name the host in --addr") if tls else ""
+    if "Socket closed" in details or "Connection reset" in details:
+        return ("" if tls else f"{addr} closed the connection: if farmd there serves TLS (--tls-cert), pass "
+                "--tls-ca CA.pem (or set FARM_TLS_CA)")
+    if "lookup failed" in details or "Domain name not found" in details:
+        return f"the host in {addr} does not resolve: give HOST[:PORT] of the machine farmd runs on"
+    return ""
+
+
+def fail_rpc(state: CliState, exc: grpc.RpcError, details: str | None = None) -> NoReturn:
+    """End the command for a failed call: ``ADDR: CODE: details`` on stderr (with ``--json``, the code in the
+    error's own field) and what to check when farmd could not be reached; exit 1."""
+    code = exc.code().name
+    details = (exc.details() or "") if details is None else details
+    if exc.code() == grpc.StatusCode.UNAVAILABLE and (hint := connect_hint(state, details)):
+        details = f"{details}\n{hint}"
+    # JSON carries the code as a field of its own; a person reads it in the line.
+    where = f"{state.addr}:" if wants_json() else f"{state.addr}: {code}:"
+    fail(f"{where} {details}", EXIT_FAILED, kind=code)
+
+
 @contextlib.contextmanager
 def client(state: CliState) -> Iterator[Any]:
     try:
         with farm_client(state) as c:
             yield c
     except grpc.RpcError as exc:
-        code = exc.code().name
-        # JSON carries the code as a field of its own; a person reads it in the line.
-        where = f"{state.addr}:" if wants_json() else f"{state.addr}: {code}:"
-        fail(f"{where} {exc.details()}", EXIT_FAILED, kind=code)
+        fail_rpc(state, exc)
 
 
 @click.command()
@@ -102,6 +132,8 @@ def run(state: CliState, env_name: str, agent: str, rollouts: int, group_size: i
         console().print(f"run {ended['id']} {ended['state']}: {ended['done']} done ({ended['passed']} passed), "
                         f"{ended['failed']} failed")
     if ended["failed"] or ended["state"] != "succeeded":
+        if ended.get("last_error") and not as_json:  # the cause, where a person reads errors (JSON holds it)
+            progress_console().print(Text.assemble("last error: ", error_line(ended["last_error"])))
         sys.exit(EXIT_FAILED)
 
 
@@ -109,7 +141,7 @@ def _wait(c: Any, run_id: int, quiet: bool) -> dict[str, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
-                  TimeElapsedColumn(), disable=quiet, transient=False) as bar:
+                  TimeElapsedColumn(), disable=quiet, transient=False, console=progress_console()) as bar:
         task = None
         while True:
             r: dict[str, Any] = c.get_run(run_id)
@@ -188,6 +220,8 @@ def _print_run(r: dict[str, Any], as_json: bool) -> None:
     console().print(Text.assemble(f"run {r['id']} ", (r["state"], "bold"), ": ", text(r["env"]), " by ",
                                   text(r["agent"]), f", {r['jobs']} jobs: {r['done']} done ({r['passed']} passed), "
                                   f"{r['failed']} failed, {r['cancelled']} cancelled"))
+    if r.get("last_error"):
+        console().print(Text.assemble("last error: ", error_line(r["last_error"])))
 
 
 @click.group("trajectories")

@@ -72,6 +72,33 @@ def consumers_table(info: dict[str, Any]) -> Table:
     return table
 
 
+def human_bytes(n: object) -> str:
+    """A byte count as a person reads it (1.5 MB, 2.4 GB); "-" for none."""
+    if not isinstance(n, int | float) or isinstance(n, bool):
+        return "-"
+    size, sign = float(abs(n)), "-" if n < 0 else ""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{sign}{size:.0f} {unit}" if unit == "B" else f"{sign}{size:.1f} {unit}"
+        size /= 1000
+    return "-"  # unreachable: TB ends the loop
+
+
+def disk_line(info: dict[str, Any]) -> str | None:
+    """The disk the store and the policies take, and how fast it grows (None: a farmd too old to say)."""
+    d = info.get("disk")
+    if not d:
+        return None
+    growth = [d.get("store_growth_bytes_per_hour"), d.get("policy_growth_bytes_per_hour")]
+    grows = ("growing " + human_bytes(sum(growth)) + "/hour (store " + human_bytes(growth[0]) + ", policies "
+             + human_bytes(growth[1]) + f"; over the last {d['growth_window_s']:.0f}s)") if None not in growth \
+        else "growth not measured yet"
+    return (f"disk: store {human_bytes(d['store_bytes'])}, policies {human_bytes(d['policy_bytes'])} "
+            f"({d['policies_kept']} versions kept, {d['policies_pinned']} pinned, {d['policies_removed']} removed "
+            f"({human_bytes(d['policy_bytes_removed'])}); the newest {d['policy_keep_newest']} of each line kept); "
+            f"{grows}")
+
+
 def _ago(at: object) -> str:
     return f"{max(0.0, time.time() - at):.0f}s ago" if isinstance(at, int | float) else "-"
 
@@ -101,14 +128,40 @@ def quarantine_lines(info: dict[str, Any]) -> list[Text]:
             for n in info.get("nodes", []) if n["state"] == "quarantined"]
 
 
+def error_line(error: dict[str, Any]) -> Text:
+    """A job's error as farm sent it (``farm_client.error_dict``): its code and reason, then what the worker said
+    (which may quote an endpoint or a node: shown, never read as markup)."""
+    reason = f" {error['reason']}" if error.get("reason") else ""
+    return Text.assemble((f"{error['code']}{reason}", "bold"), ": ", text(error.get("message", "")))
+
+
+def failures_lines(info: dict[str, Any]) -> list[Text]:
+    """The newest job failures, each with its run: the cause a failed run's count does not say."""
+    rows = info.get("recent_failures") or []
+    if not rows:
+        return []
+    lines = [Text("latest job failures (infrastructure: never scored)", "bold")]
+    for f in rows:
+        ago = max(0.0, time.time() - f["at"])
+        where = f"run {f['run_id']} " if f["run_id"] else ""
+        end = "failed" if f["final"] else "retried"
+        lines.append(Text.assemble(f"  {ago:.0f}s ago: {where}job {f['job_id']} attempt {f['attempt']} {end}: ",
+                                   error_line(f["error"])))
+    return lines
+
+
 def status_view(info: dict[str, Any], addr: str) -> list[RenderableType]:
     parts: list[RenderableType] = list(headline(info, addr))
     if "queue" in info:
         parts += [queue_line(info)]
+        disk = disk_line(info)
+        if disk is not None:
+            parts.append(disk)
         if info.get("nodes"):
             parts.append(nodes_table(info))
             parts += quarantine_lines(info)
         parts += [pass_table(info), band_table(info)]
         if info.get("consumers"):
             parts.append(consumers_table(info))
+        parts += failures_lines(info)
     return parts

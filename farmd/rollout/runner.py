@@ -85,7 +85,9 @@ async def run_rollout(job: Job, env: Environment, agent: Agent, ctx: VerifyConte
     usage = result.usage
     made_record = Trajectory(
         id=job.id, group_id=job.group_id, env=job.env, env_version=task.env_version, seed=job.seed,
-        difficulty=job.difficulty, agent=job.agent, policy_version=job.policy_version, reward=verdict.reward,
+        difficulty=job.difficulty, agent=job.agent, reward=verdict.reward,
+        # A model server's own word on its weights, when the agent read it back; else the version leased.
+        policy_version=job.policy_version if result.policy_version is None else result.policy_version,
         passed=verdict.passed, status=verdict.status, reasons=verdict.reasons, flags=verdict.flags,
         verifier_version=verdict.verifier_version, steps=_steps(result, submission=episode is None),
         final=result.attempt.final, node=node, verdict_details=verdict.details, task=posed(task),

@@ -30,7 +30,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,9 @@ MAX_FACTS = 32
 MAX_FACT_CHARS = 256
 MAX_CHECKS = 64
 MAX_LEASE_WAIT_S = 5.0
+MAX_MODEL_JOBS = 4096
+"""Model endpoints' jobs one node holds at once (its endpoints' own caps are lower): they take no slot."""
+MAX_EXCLUDED = 256
 KEPT_GONE = 256
 """Nodes no longer connected still listed (lost ones first to go): a fleet that churns names must not
 grow the registry without bound."""
@@ -85,6 +88,8 @@ class Node:
     last_seen: float = field(default_factory=time.time)
     last_heartbeat: float | None = None
     in_flight: set[int] = field(default_factory=set)
+    model_jobs: set[int] = field(default_factory=set)
+    """Of ``in_flight``, jobs leased for a model endpoint: they hold none of its capacity."""
     done: int = 0
     failed: int = 0
     policies: tuple[str, ...] = ()
@@ -232,20 +237,31 @@ class Nodes:
 
     # -- the lease calls, for one node ----------------------------------------------------------------
 
-    async def lease(self, node: Node, n: int, wait_s: float = 0.0) -> list[Job]:
+    async def lease(self, node: Node, n: int, wait_s: float = 0.0, *, endpoint: str | None = None,
+                    exclude: Sequence[str] = ()) -> list[Job]:
         """Up to ``n`` jobs, never past the node's capacity. With none queued, wait up to ``wait_s`` for some:
-        an idle node then asks about once a second, not ten times."""
+        an idle node then asks about once a second, not ten times. ``endpoint``: of that model endpoint's agents
+        only, which hold no slot of the node's (they wait on a server): at most ``MAX_MODEL_JOBS`` of them at once;
+        ``exclude``: none of those endpoints' jobs. ValueError for a name that is not an endpoint's."""
         self._seen(node)
-        n = min(n, node.hello.capacity - len(node.in_flight))
+        if len(exclude) > MAX_EXCLUDED:
+            raise ValueError(f"at most {MAX_EXCLUDED} endpoints excluded, not {len(exclude)}")
+        node.model_jobs &= node.in_flight
+        if endpoint is None:
+            n = min(n, node.hello.capacity - len(node.in_flight - node.model_jobs))
+        else:
+            n = min(n, MAX_MODEL_JOBS - len(node.model_jobs))
         if n <= 0 or not self.current(node):
             return []
-        jobs = await self._scheduler.lease(node.hello.owner, n)
+        jobs = await self._scheduler.lease(node.hello.owner, n, endpoint=endpoint, exclude=exclude)
         if not jobs and wait_s > 0:
             await self._scheduler.wait_for_work(min(wait_s, MAX_LEASE_WAIT_S))
             if not self.current(node):
                 return []
-            jobs = await self._scheduler.lease(node.hello.owner, n)
+            jobs = await self._scheduler.lease(node.hello.owner, n, endpoint=endpoint, exclude=exclude)
         node.in_flight.update(j.id for j in jobs)
+        if endpoint is not None:
+            node.model_jobs.update(j.id for j in jobs)
         if jobs:
             await self._maybe_canary(node, jobs)
         return jobs

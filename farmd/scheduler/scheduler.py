@@ -29,6 +29,7 @@ from farmd.records import RED_TEAM_PREFIX, VERIFIED_LOCAL, Job, JobState, Score,
 from farmd.scheduler.config import SchedulerConfig
 from farmd.scheduler.delivery import Delivery
 from farmd.scheduler.policies import Policies
+from farmd.scheduler.retention import Retention
 from farmd.store import Store
 from farmd.store.nodes import Completion
 from farmd.taskbank import BankConfig, SeedSequence, TaskBank, TaskKey
@@ -39,6 +40,8 @@ log = logging.getLogger("farmd.scheduler")
 _BANK_STATE = "taskbank"
 _LAG_SHOWN_S = 3600.0
 _BANK_SAVE_EVERY_S = 5.0
+RECENT_FAILURES = 5
+"""Job failures ``status`` shows, newest first: enough to see a cause repeat, few enough to read."""
 """The bank's state is a few hundred kB of JSON: saved this often while groups finish (and on stop), not at
 every upkeep round. A crash loses at most this much of its evidence, never a trajectory."""
 
@@ -50,7 +53,7 @@ a contributed version; none for an environment it does not check). Handed in by 
 
 class Scheduler:
     def __init__(self, store: Store, bank: TaskBank, config: SchedulerConfig | None = None,
-                 metrics: Metrics | None = None, endpoint_lines: Mapping[str, str] | None = None) -> None:
+                 metrics: Metrics | None = None, endpoint_lines: Mapping[str, tuple[str, str]] | None = None) -> None:
         self.store = store
         self.metrics = metrics
         self.bank = bank
@@ -67,6 +70,9 @@ class Scheduler:
         self.policies = Policies(store, self.set_policy_version, endpoint_lines)
         self.delivery = Delivery(store, self.policies.behind, stall_s=self.config.consumer_stall_s,
                                  consumers=self.config.demand_consumers, line_for=self.policies.line_for)
+        self.retention = Retention(store, self.policies, keep_newest=self.config.policy_keep_newest,
+                                   every_s=self.config.policy_sweep_s)
+        """Unused policy content removed in the background; the disk the store takes, and its growth."""
         self._submit_lock = asyncio.Lock()
         self._work = asyncio.Event()
         """Set (and replaced) whenever jobs may have become leasable: what a node's parked lease waits on."""
@@ -77,7 +83,7 @@ class Scheduler:
     @classmethod
     async def open(cls, store: Store, max_difficulty: dict[str, int], config: SchedulerConfig | None = None,
                    metrics: Metrics | None = None, *, bank_config: BankConfig | None = None,
-                   endpoint_lines: Mapping[str, str] | None = None, seeds: SeedSequence | None = None) -> Scheduler:
+                   endpoint_lines: Mapping[str, tuple[str, str]] | None = None, seeds: SeedSequence | None = None) -> Scheduler:
         """``seeds``: the farm's keyed sequence of fresh seeds (``farmd.taskbank.seeds``); without, 0, 1, 2, ..."""
         saved = await store.get_state(_BANK_STATE)
         bank = (TaskBank.from_json(saved["bank"], max_difficulty, bank_config, seeds) if saved
@@ -97,8 +103,10 @@ class Scheduler:
 
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._maintain(), name="scheduler-maintenance")
+        await self.retention.start()
 
     async def stop(self) -> None:
+        await self.retention.stop()
         await cancel_and_wait(self._task)
         await self._observe_finished()
         await self._save_bank()
@@ -183,8 +191,11 @@ class Scheduler:
 
     # -- leases (the interface local and remote workers share) ------------------------------------
 
-    async def lease(self, owner: str, n: int) -> list[Job]:
-        return await self.store.lease(owner, n, self.config.lease_s, self.policies.version_for)
+    async def lease(self, owner: str, n: int, *, endpoint: str | None = None, exclude: Sequence[str] = ()
+                    ) -> list[Job]:
+        """Up to ``n`` jobs for ``owner``: of ``endpoint``'s agents only, or of none of ``exclude``'s."""
+        return await self.store.lease(owner, n, self.config.lease_s, self.policies.version_for, endpoint=endpoint,
+                                      exclude=exclude)
 
     def work_queued(self) -> None:
         """Jobs may have become leasable (requeued elsewhere than here): wake parked leases."""
@@ -388,8 +399,10 @@ class Scheduler:
                                                  "bank": self.bank.to_json()})
 
     async def status(self) -> dict[str, Any]:
-        """``pulse`` and the pass rates by environment and level (these read every stored trajectory)."""
-        return {**await self.pulse(), "pass_rates": await self.store.pass_rates()}
+        """``pulse``, the pass rates by environment and level (these read every stored trajectory), the disk, and
+        the newest job failures."""
+        return {**await self.pulse(), "pass_rates": await self.store.pass_rates(), "disk": await self.retention.disk(),
+                "recent_failures": await self.store.failures(RECENT_FAILURES)}
 
     async def pulse(self) -> dict[str, Any]:
         """The farm now, from what is cheap to read: queue, throughput, task bank, consumers, versions."""

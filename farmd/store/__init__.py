@@ -3,6 +3,6 @@
 from farmd.errors import StoreError
 from farmd.store.activity import ActivityBucket, CurvePoint
 from farmd.store.filters import TrajectoryFilter
-from farmd.store.store import Store
+from farmd.store.store import JobFailure, Store
 
-__all__ = ["ActivityBucket", "CurvePoint", "Store", "StoreError", "TrajectoryFilter"]
+__all__ = ["ActivityBucket", "CurvePoint", "JobFailure", "Store", "StoreError", "TrajectoryFilter"]

@@ -46,15 +46,20 @@ def _shown(value: object) -> str:
     return bounded(repr(value), _SHOWN)
 
 
-def lease_identity(record: Trajectory, row: Sequence[Any]) -> tuple[Trajectory, str]:
+def lease_identity(record: Trajectory, row: Sequence[Any], newest: int = 0) -> tuple[Trajectory, str]:
     """``record`` under the identity its job's row gives (``(id, group_id, run_id, env, seed, difficulty, agent,
     policy_version, ...)``), and how the record disagreed with it ("" when it did not). A record from a node
-    knows no run: 0 there is no disagreement. The record is the store's to keep from here (``complete`` sets
-    its place too): its fields are set in place, not copied, since a copy of every record is most of what this
-    costs a worker's flush."""
+    knows no run: 0 there is no disagreement. A model server's job (``openai:``) keeps the version its record
+    says, when it is a version the farm has (0 to ``newest``): the version leased is what the farm expected, the
+    record's is what the server said it sampled with (a sync may land between the lease and the request). The
+    record is the store's to keep from here (``complete`` sets its place too): its fields are set in place, not
+    copied, since a copy of every record is most of what this costs a worker's flush."""
     _, group_id, run_id, env, seed, difficulty, agent, policy_version = row[:8]
+    version = int(policy_version)
+    if str(agent).startswith("openai:") and 0 <= record.policy_version <= newest:
+        version = record.policy_version
     leased = {"group_id": int(group_id), "env": str(env), "seed": int(seed), "difficulty": int(difficulty),
-              "agent": str(agent), "policy_version": int(policy_version)}
+              "agent": str(agent), "policy_version": version}
     wrong = [f"{name} {_shown(getattr(record, name))} (its lease's is {_shown(value)})"
              for name, value in leased.items() if getattr(record, name) != value]
     if record.run_id and record.run_id != int(run_id or 0):

@@ -23,6 +23,7 @@ from farmd.store.names import NameRecords
 from farmd.store.nodes import NodeRecords
 from farmd.store.policies import PolicyRecords
 from farmd.store.policy_files import PolicyFiles
+from farmd.store.retention import RetentionRecords
 from farmd.store.state import StateRecords
 from farmd.store.trajectories import TrajectoryRecords
 from farmd.store.verdicts import VerdictRecords
@@ -91,6 +92,8 @@ class Store:
         self.unconsumed = consumers.unconsumed
 
         self._policies = PolicyRecords(db, PolicyFiles(db.path.parent))
+        self.retention = RetentionRecords(db, self._policies.files)
+        """Which policy versions still hold content, pins, removal, and the disk the store and policies take."""
         self.policy_upload = self._policies.policy_upload
         self.add_policy = self._policies.add_policy
         self.policy_by_hash = self._policies.policy_by_hash

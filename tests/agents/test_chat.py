@@ -225,6 +225,7 @@ def _hostile(n: int) -> dict[str, str]:
     return out
 
 
+@pytest.mark.clocked
 def test_reading_a_reply_costs_its_length_whatever_it_holds() -> None:
     """Every reader of a model's reply that runs in farmd's process, on replies of 256k characters built to make a
     backtracking pattern slow: each is read in well under a second (the fence regex took seconds at 64k, the

@@ -240,6 +240,7 @@ async def test_nobody_listening_is_an_endpoint_error() -> None:
             await a.attempt(task, None, 0)
 
 
+@pytest.mark.clocked
 async def test_cancelling_an_attempt_returns_promptly_and_closes_the_connection() -> None:
     task = Task(env="x", env_version="1", seed=0, difficulty=1, prompt="Say hi.")
     async with fake_endpoint(lambda request: Reply.hang()) as ep, agent(ep.url, request_timeout_s=60) as a:

@@ -40,6 +40,7 @@ def wait_for(predicate, timeout_s: float = 20) -> None:  # type: ignore[no-untyp
         time.sleep(0.02)
 
 
+@pytest.mark.clocked
 def test_a_large_policy_streams_through_a_file(running_farm) -> None:  # type: ignore[no-untyped-def]
     farm = running_farm("--workers", "0")
     data = random.Random(7).randbytes(200 * MB)

@@ -242,10 +242,29 @@ def test_an_empty_export_is_a_valid_file_and_a_failed_one_leaves_none(tmp_path: 
     missing = farmctl("export", "--format", "parquet", "--out", str(nowhere), "--data", str(tmp_path / "empty"),
                       check=False)
     assert missing.returncode == 1 and b"holds no farm.db" in missing.stderr
-    down = farmctl("--addr", "127.0.0.1:1", "export", "--format", "jsonl", "--out", str(nowhere), "--json",
-                   check=False)
+    down = farmctl("--addr", "127.0.0.1:1", "export", "--format", "jsonl", "--out",
+                   str(nowhere.with_suffix(".jsonl")), "--json", check=False)
     assert down.returncode == 1 and json.loads(down.stdout)["error"]["code"] == "UNAVAILABLE"
     assert not any(p.name.startswith((".nowhere", "nowhere")) for p in tmp_path.iterdir())
+
+
+def test_the_file_name_decides_the_format_and_a_contradiction_is_refused(tmp_path: Path) -> None:
+    import datasets
+
+    data = tmp_path / "farm"
+    seed_store(data)
+    named = tmp_path / "x.parquet"
+    assert export("--out", str(named), "--data", str(data))["format"] == "parquet"
+    assert pq.read_table(named).num_rows > 0
+    assert datasets.load_dataset("parquet", data_files=str(named), split="train").num_rows > 0
+    plain = tmp_path / "x.data"
+    assert export("--out", str(plain), "--data", str(data))["format"] == "jsonl", "no extension: jsonl, as before"
+    assert json.loads(plain.read_text().splitlines()[0])["id"]
+    for fmt, name in (("jsonl", "y.parquet"), ("parquet", "y.jsonl")):
+        refused = farmctl("export", "--format", fmt, "--out", str(tmp_path / name), "--data", str(data),
+                          check=False)
+        assert refused.returncode == 2 and b"--format is " + fmt.encode() in refused.stderr, refused.stderr
+        assert not (tmp_path / name).exists()
 
 
 def test_show_escapes_everything_an_attempt_wrote(running_farm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

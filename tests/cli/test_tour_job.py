@@ -30,7 +30,9 @@ def test_the_tour_runs_every_environment_and_leaves_its_data(tmp_path: Path) -> 
     assert {r["agent"] for r in records} == {"reference", "random", "skilled:3"}
     assert all(r["passed"] for r in records if r["agent"] == "reference")
     # A random guess is a wrong answer of the right kind, so now and then it is the right one (a number in -9..99
-    # for arith): a lucky guess or two, never a control that passes.
-    guesses = [r["passed"] for r in records if r["agent"] == "random"]
-    assert sum(guesses) <= len(guesses) // 10, f"{sum(guesses)} of {len(guesses)} random guesses passed"
+    # for arith), and then for the whole group, which poses one task to the same deterministic guesser: a lucky
+    # task, never a control that passes.
+    guessed = {(r["env"], r["seed"], r["difficulty"]) for r in records if r["agent"] == "random"}
+    lucky = {(r["env"], r["seed"], r["difficulty"]) for r in records if r["agent"] == "random" and r["passed"]}
+    assert len(lucky) <= max(1, len(guessed) // 8), f"random guesses passed {len(lucky)} of {len(guessed)} tasks"
     assert len(records) == len({r["id"] for r in records}) == 4 * 4 * len(names())  # 3 agents, then 1

@@ -35,8 +35,8 @@ class Installed:
 sys.meta_path.insert(0, Installed(*sys.argv[1:]))
 """
 
-# What farm-client declares (grpcio, protobuf) and what they pull in, and the wheel's own packages.
-CLIENT_ONLY = ("only", "farm_client", "farm", "grpc", "google.protobuf", "typing_extensions")
+# What farm-client declares (grpcio, protobuf, googleapis-common-protos) and what they pull in, and the wheel's own packages.
+CLIENT_ONLY = ("only", "farm_client", "farm", "grpc", "google.protobuf", "google.rpc", "typing_extensions")
 
 WITHOUT_TORCH = """
 import json, sys
@@ -99,7 +99,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
-def test_the_wheel_holds_the_client_and_its_protos_and_declares_only_grpc_and_protobuf(wheel: Path) -> None:
+def test_the_wheel_holds_the_client_and_its_protos_and_declares_only_grpc_and_protobufs(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
@@ -109,7 +109,9 @@ def test_the_wheel_holds_the_client_and_its_protos_and_declares_only_grpc_and_pr
             "farm/v1/farm_pb2_grpc.py", "farm/__init__.py", "farm/v1/__init__.py"} <= names
     assert not any(n.startswith("farmd") for n in names)
     requires = re.findall(r"^Requires-Dist: (.+)$", metadata, re.MULTILINE)
-    assert sorted(r.split(";")[0].strip() for r in requires) == ["grpcio>=1.85.1", "protobuf<8,>=7.35.1", "torch"]
+    assert sorted(r.split(";")[0].strip() for r in requires) == [
+        "googleapis-common-protos>=1.76.0", "grpcio>=1.85.1", "protobuf<8,>=7.35.1", "torch"]
+    assert not any(n.startswith("google/") for n in names), "google.rpc comes from googleapis-common-protos"
     assert 'extra == "torch"' in next(r for r in requires if r.startswith("torch"))
     # The generated code refuses a runtime older than its generator: the floors must be those versions.
     protobuf = re.search(r"Protobuf Python Version: (\S+)", pb2)
@@ -118,7 +120,7 @@ def test_the_wheel_holds_the_client_and_its_protos_and_declares_only_grpc_and_pr
     assert f"protobuf<8,>={protobuf.group(1)}" in requires and f"grpcio>={grpc_version.group(1)}" in requires
 
 
-def test_the_client_imports_from_the_wheel_with_only_grpcio_and_protobuf(wheel: Path, tmp_path: Path) -> None:
+def test_the_client_imports_from_the_wheel_with_only_grpcio_and_protobufs(wheel: Path, tmp_path: Path) -> None:
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(site)

@@ -68,6 +68,7 @@ async def test_known_bad_attempts_fail(name: str) -> None:
             assert verdict.status == "ok" and not verdict.passed and verdict.reward == 0.0, (level, verdict)
 
 
+@pytest.mark.clocked
 @pytest.mark.sandbox
 async def test_speed_is_rewarded_and_slowness_is_not() -> None:
     """A correct but much slower kernel earns less than the reference; both earn more than a wrong one."""

@@ -23,7 +23,7 @@ from farmd.verifier.boxjudge import JudgeReport, run_judge
 from farmd.verifier.kernels import CHECKS, SPEED_AT_PARITY, WARMUP, judge_kernel
 from farmd.verifier.verdict import SUSPECTED_HACK
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.clocked]
 
 ENV = Kernel()
 KEY = VerifierKey(b"kernel-speed-test-key-32-bytes!!")

@@ -448,6 +448,7 @@ def test_farmctl_shows_a_shell_task() -> None:
 _OLD_INI_LINE = re.compile(r"^\s*([^#;=\s][^=]*?)\s*=\s*(.*?)\s*$")
 
 
+@pytest.mark.clocked
 def test_ini_files_are_read_as_before_in_linear_time() -> None:
     from farmd.envs.shell.checks import _as_ini
 

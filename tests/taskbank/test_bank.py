@@ -321,6 +321,7 @@ def test_restore_refuses_other_schemas_and_adapts_to_new_environments() -> None:
     assert lowered.status()["envs"]["a"]["tasks"] == 0
 
 
+@pytest.mark.clocked
 def test_sampling_a_full_pool_is_fast() -> None:
     bank = TaskBank({"e": 5})
     rng = random.Random(4)

@@ -190,6 +190,7 @@ def test_a_report_of_garbage_is_read_without_a_raise() -> None:
     assert flood.anomalies[-1] == "the judge wrote more than 6 records" and len(flood.anomalies) == 7
 
 
+@pytest.mark.clocked
 def test_a_record_line_is_bounded_before_it_is_parsed() -> None:
     from farmd.verifier.boxjudge import parse_report
 
