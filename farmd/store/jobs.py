@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from farmd.records import Job, JobState, Trajectory
@@ -28,6 +29,41 @@ _JOB_COLUMNS = "id, group_id, env, seed, difficulty, agent, state, attempts, lea
                "policy_version, source"
 CONTRIBUTED_ENV_PREFIX = "contrib:"
 """Only a contributed environment can be quarantined: only its trajectories are looked at for withdrawal."""
+
+
+_ENDPOINT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def _endpoint_filter(endpoint: str | None, exclude: Sequence[str]) -> tuple[str, list[str]]:
+    """SQL (``AND ...``, and its arguments) that keeps the jobs of ``endpoint``'s agents only, or none of
+    ``exclude``'s. GLOB, not LIKE: an endpoint's name may hold ``_``, which LIKE reads as any character; a name
+    holds none of GLOB's (``*?[``), and ``[?]`` is the query string's literal ``?``."""
+    def of(name: str) -> tuple[str, list[str]]:
+        if not _ENDPOINT_NAME.fullmatch(name):
+            raise ValueError(f"not an endpoint name: {name!r}")
+        return "(agent GLOB ? OR agent GLOB ?)", [f"openai:*@{name}", f"openai:*@{name}[?]*"]
+    if endpoint is not None:
+        sql, args = of(endpoint)
+        return f"AND {sql} ", args
+    parts = [of(name) for name in exclude]
+    if not parts:
+        return "", []
+    return "".join(f"AND NOT {sql} " for sql, _ in parts), [a for _, args in parts for a in args]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobFailure:
+    """One failed attempt at a job: an infrastructure failure, never a score."""
+
+    job_id: int
+    run_id: int
+    """0: a job production queued, not a run."""
+    attempt: int
+    final: bool
+    """Its last attempt: the job failed for good."""
+    error: str
+    """What the worker said, ``Kind: message`` (``farmd.errors``' class names), bounded when it was stored."""
+    at: float
 
 
 def _job(row: Any) -> Job:
@@ -92,6 +128,10 @@ class JobRecords:
             passed = {int(r): int(n) for r, n in await self._db.all(
                 f"SELECT run_id, COUNT(*) FROM trajectories WHERE run_id IN ({marks}) AND status='ok' AND passed=1 "
                 f"GROUP BY run_id", chunk)}
+            # SQLite gives the bare column of the row MAX chose: each run's newest job error.
+            errors = {int(r): (str(e), float(at)) for r, e, at in await self._db.all(
+                f"SELECT g.run_id, j.last_error, MAX(j.updated_at) FROM jobs j JOIN groups g ON g.id = j.group_id "
+                f"WHERE g.run_id IN ({marks}) AND j.last_error IS NOT NULL GROUP BY g.run_id", chunk)}
             for run_id, env, agent, rollouts, group_size, cancelled, created_at in rows:
                 jobs = counts.get(run_id, {})
                 open_jobs = jobs.get("queued", 0) + jobs.get("leased", 0)
@@ -106,7 +146,8 @@ class JobRecords:
                             "done": jobs.get("done", 0), "failed": jobs.get("failed", 0),
                             "cancelled": jobs.get("cancelled", 0), "passed": passed.get(run_id, 0),
                             "created_at": created_at,
-                            "finished_at": ended.get(run_id, 0.0) if not open_jobs else 0.0})
+                            "finished_at": ended.get(run_id, 0.0) if not open_jobs else 0.0,
+                            "last_error": errors.get(run_id, ("", 0.0))[0]})
         order = {run_id: i for i, run_id in enumerate(run_ids)}
         return sorted(out, key=lambda r: order[r["id"]])
 
@@ -123,21 +164,23 @@ class JobRecords:
             await finish_groups(db, groups)
         return True
 
-    async def lease(self, owner: str, n: int, lease_s: float, policy_version: int | Callable[[str], int]
-                    ) -> list[Job]:
+    async def lease(self, owner: str, n: int, lease_s: float, policy_version: int | Callable[[str], int], *,
+                    endpoint: str | None = None, exclude: Sequence[str] = ()) -> list[Job]:
         """Lease up to ``n`` queued jobs (oldest first) whose backoff has passed to ``owner`` until now +
         ``lease_s``, each tagged with the policy version it runs: ``policy_version(its agent spec)``, or
-        ``policy_version`` itself for every job (0: none)."""
+        ``policy_version`` itself for every job (0: none). ``endpoint``: only jobs of agents ``openai:MODEL@`` that
+        endpoint; ``exclude``: no jobs of these endpoints (a worker's endpoints each have their own cap)."""
         version_for = policy_version if callable(policy_version) else (lambda _agent, v=policy_version: v)
         now = time.time()
         node = owner.partition(":")[0]  # a canary's jobs go to the node it tests, and to no other
+        which, args = _endpoint_filter(endpoint, exclude)
         async with self._db.write() as db:
             async with db.execute(
                 f"UPDATE jobs SET state='leased', lease_owner=?, lease_expires=?, policy_version=0, "
                 f"attempts=attempts+1, updated_at=? WHERE id IN "
                 f"(SELECT id FROM jobs WHERE state='queued' AND not_before <= ? AND (for_node IS NULL OR for_node = ?) "
-                f"ORDER BY id LIMIT ?) RETURNING {_JOB_COLUMNS}",
-                (owner, now + lease_s, now, now, node, n),
+                f"{which}ORDER BY id LIMIT ?) RETURNING {_JOB_COLUMNS}",
+                (owner, now + lease_s, now, now, node, *args, n),
             ) as cur:
                 jobs = [_job(r) for r in await cur.fetchall()]
             versions = {agent: version_for(agent) for agent in {j.agent for j in jobs}}
@@ -256,6 +299,8 @@ class JobRecords:
         bound: dict[int, Trajectory] = {}
         canaries: dict[int, Trajectory] = {}
         async with self._db.write() as db:
+            top = await db.execute_fetchall("SELECT COALESCE(MAX(version), 0) FROM policies")
+            newest = int(next(iter(top))[0])
             for owner, ids in by_owner.items():  # one worker's batch: usually one statement
                 for start in range(0, len(ids), MAX_VARS):
                     chunk = ids[start:start + MAX_VARS]
@@ -266,7 +311,7 @@ class JobRecords:
                         f"AND j.lease_owner=? AND j.id IN ({marks})", (owner, *chunk))
                     for job in rows:
                         tid = int(job[0])
-                        traj, why = lease_identity(latest[tid][1], job)
+                        traj, why = lease_identity(latest[tid][1], job, newest)
                         if why and refuse_mismatch:
                             refused[tid] = why
                             continue
@@ -358,6 +403,9 @@ class JobRecords:
                 totals[i] += int(value or 0)
         return totals[0], totals[1], totals[2], totals[3]
 
-    async def failures(self, limit: int = 20) -> list[dict[str, Any]]:
-        rows = await self._db.all("SELECT job_id, attempt, error, final, at FROM failures ORDER BY id DESC LIMIT ?", (limit,))
-        return [{"job_id": j, "attempt": a, "error": e, "final": bool(f), "at": t} for j, a, e, f, t in rows]
+    async def failures(self, limit: int = 20) -> list[JobFailure]:
+        """The newest ``limit`` job failures, newest first, each with its job's run (0: none)."""
+        rows = await self._db.all("SELECT f.job_id, f.attempt, f.error, f.final, f.at, COALESCE(g.run_id, 0) FROM "
+                                  "(SELECT * FROM failures ORDER BY id DESC LIMIT ?) f LEFT JOIN jobs j ON j.id = "
+                                  "f.job_id LEFT JOIN groups g ON g.id = j.group_id ORDER BY f.id DESC", (limit,))
+        return [JobFailure(int(j), int(r), int(a), bool(f), str(e), float(t)) for j, a, e, f, t, r in rows]

@@ -44,8 +44,9 @@ class PolicyRecords:
         if content is not None:
             if content.sha256 != sha256:
                 raise ValueError(f"the content hashes to {content.sha256}, not {sha256}")
-            known = await self._db.one(f"SELECT {POLICY_COLUMNS}, file FROM policies WHERE sha256=?", (sha256,))
-            if known is not None and known[6] is None:  # kept in a blob by an older farmd: no second copy
+            known = await self._db.one(f"SELECT {POLICY_COLUMNS}, file, removed_at FROM policies WHERE sha256=?",
+                                       (sha256,))
+            if known is not None and known[6] is None and known[7] is None:  # in an older farmd's blob: no copy
                 return await self._republish(Policy(*known[:6]), name)
             file = await content.keep()  # before the row: a row never names a file that is not there
         now = time.time()
@@ -62,6 +63,9 @@ class PolicyRecords:
                 policy = Policy(version, sha256, size, uri, now, name)
             else:
                 policy = Policy(*row)
+                if file is not None:  # its content was removed (``store.retention``): published again, it is back
+                    await db.execute("UPDATE policies SET file=?, removed_at=NULL, removed_why=NULL "
+                                     "WHERE version=? AND removed_at IS NOT NULL", (file, policy.version))
             await db.execute("INSERT INTO publications(name, version, at) VALUES (?,?,?)", (name, policy.version, now))
         return policy
 
@@ -87,11 +91,15 @@ class PolicyRecords:
 
     async def policy_content(self, sha256: str, chunk_bytes: int) -> AsyncGenerator[bytes, None]:
         """A policy's content, ``chunk_bytes`` at a time, never read whole: from its file, or from the
-        blob an older farmd stored it in. Nothing for a policy that is only a uri (or none at all)."""
-        row = await self._db.one("SELECT version, file, blob IS NOT NULL FROM policies WHERE sha256=?", (sha256,))
+        blob an older farmd stored it in. Nothing for a policy that is only a uri (or none at all);
+        ``StoreError`` for one whose content was removed."""
+        row = await self._db.one("SELECT version, file, blob IS NOT NULL, removed_at FROM policies WHERE sha256=?",
+                                 (sha256,))
         if row is None:
             return
-        version, name, in_blob = row
+        version, name, in_blob, removed_at = row
+        if removed_at is not None:  # not "nothing": a caller must never take no bytes for the content
+            raise StoreError(f"the content of policy {version} was removed")
         if name is not None:
             try:
                 async for chunk in self.files.read(name, chunk_bytes):

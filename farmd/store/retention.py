@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 from farmd.store.policy_files import FOLDER
 
 if TYPE_CHECKING:
-    from farmd.store.store import Store
+    from farmd.store.database import Database
+    from farmd.store.policy_files import PolicyFiles
 
 _STATE_COLUMNS = "version, sha256, size, uri, created_at, name, pinned_at, removed_at, removed_why, " \
                  "file IS NOT NULL OR blob IS NOT NULL"
@@ -87,17 +88,18 @@ def _state(row: Any) -> PolicyState:
 
 
 class RetentionRecords:
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, db: Database, files: PolicyFiles) -> None:
+        self._db = db
+        self._files = files
 
     async def state(self, version: int) -> PolicyState | None:
-        row = await self._store._one(f"SELECT {_STATE_COLUMNS} FROM policies WHERE version=?", (version,))
+        row = await self._db.one(f"SELECT {_STATE_COLUMNS} FROM policies WHERE version=?", (version,))
         return _state(row) if row else None
 
     async def listing(self, before: int, limit: int) -> list[PolicyState]:
         """Versions below ``before`` (0: from the newest), newest first, at most ``limit``."""
         where, args = ("WHERE version < ?", (before,)) if before > 0 else ("", ())
-        rows = await self._store._all(f"SELECT {_STATE_COLUMNS} FROM policies {where} ORDER BY version DESC LIMIT ?",
+        rows = await self._db.all(f"SELECT {_STATE_COLUMNS} FROM policies {where} ORDER BY version DESC LIMIT ?",
                                       (*args, limit))
         return [_state(r) for r in rows]
 
@@ -105,7 +107,7 @@ class RetentionRecords:
         """Pin ``version`` (its content is kept whatever else holds) or unpin it. Returns its state after; None when
         there is no such version. A removed version is not pinned (the state says it was removed): its content is
         gone, and a pin would promise what the farm no longer holds."""
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             rows = await db.execute_fetchall(f"SELECT {_STATE_COLUMNS} FROM policies WHERE version=?", (version,))
             if not rows:
                 return None
@@ -128,10 +130,10 @@ class RetentionRecords:
         sweep but those after a publish) takes no write transaction, so a sweep never queues behind a flush."""
         kept = json.dumps(sorted(set(keep)))
         unused = f"{_WITH_CONTENT} AND pinned_at IS NULL AND version NOT IN (SELECT value FROM json_each(?))"
-        if await self._store._one(f"SELECT 1 FROM policies WHERE {unused} LIMIT 1", (kept,)) is None:
+        if await self._db.one(f"SELECT 1 FROM policies WHERE {unused} LIMIT 1", (kept,)) is None:
             return []
         now = time.time()
-        async with self._store._write() as db, db.execute(
+        async with self._db.write() as db, db.execute(
                 f"UPDATE policies SET removed_at=?, removed_why=?, blob=NULL, file=NULL WHERE {unused} "
                 f"AND version NOT IN (SELECT DISTINCT policy_version FROM jobs WHERE state IN ('queued', 'leased')) "
                 f"RETURNING version, sha256, size", (now, why, kept)) as cur:
@@ -142,26 +144,25 @@ class RetentionRecords:
         """Delete the files of versions ``remove_unused`` marked (in a thread). Returns the bytes given back."""
         if not removed:
             return 0
-        files = self._store._policies
+        files = self._files
         return await asyncio.to_thread(files.remove, [f"{FOLDER}/{r.sha256}" for r in removed])
 
     async def leftovers(self) -> list[Removed]:
         """Removed versions whose files are still there (a farmd that stopped between marking and deleting)."""
-        files = self._store._policies
+        files = self._files
         held = await asyncio.to_thread(files.held)
         if not held:
             return []
-        rows = await self._store._all(
+        rows = await self._db.all(
             "SELECT version, sha256, size FROM policies WHERE removed_at IS NOT NULL AND sha256 IN "
             "(SELECT value FROM json_each(?))", (json.dumps(sorted(held)),))
         return [Removed(int(v), str(sha), int(size)) for v, sha, size in rows]
 
     async def usage(self) -> DiskUsage:
         """The disk the store and the policies take now (sizes read in a thread) and the versions' counts."""
-        store = self._store
-        sizes = await asyncio.to_thread(_store_bytes, store.path)
-        files, policy_bytes = await asyncio.to_thread(store._policies.usage)
-        row = await store._one(
+        sizes = await asyncio.to_thread(_store_bytes, self._db.path)
+        files, policy_bytes = await asyncio.to_thread(self._files.usage)
+        row = await self._db.one(
             f"SELECT COALESCE(SUM(CASE WHEN {_WITH_CONTENT} THEN 1 ELSE 0 END), 0), "
             "COALESCE(SUM(CASE WHEN removed_at IS NOT NULL THEN 1 ELSE 0 END), 0), "
             "COALESCE(SUM(CASE WHEN pinned_at IS NOT NULL THEN 1 ELSE 0 END), 0), "

@@ -78,7 +78,7 @@ async def test_expired_leases_come_back_and_fail_for_good(store: Store) -> None:
     assert await store.requeue_expired(await out_of_attempts(store, max_attempts=2)) == (0, 1)
     assert (await store.job_counts()) == {"failed": 1}
     failures = await store.failures()
-    assert failures and failures[0]["final"] and "lease expired" in failures[0]["error"]
+    assert failures and failures[0].final and "lease expired" in failures[0].error
     assert await store.trajectories() == []  # an infrastructure failure is never a trajectory, nor a score
 
 
