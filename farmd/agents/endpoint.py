@@ -47,8 +47,8 @@ import httpx
 from farmd import domain
 from farmd.agents.chat import TOOLS, ChatAgent, ChatLimits, Completion, Message
 from farmd.agents.sampling import Coalescer
-from farmd.errors import EndpointError
-from farmd.offload import OFFLOAD, OffloadFailed
+from farmd.errors import EndpointError, OffloadFailed
+from farmd.offload import OFFLOAD
 from farmd.records import SamplingParams, ToolCall
 
 log = logging.getLogger("farmd.agents.endpoint")

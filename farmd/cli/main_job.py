@@ -29,9 +29,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 from rich.text import Text
 
-from farmd.cli.local_farmd import FarmdFailed, LocalFarmd
+from farmd.cli.local_farmd import LocalFarmd
 from farmd.cli.loop_report import FarmSample, Summary, append_sample, plot, read_jsonl, summarize
 from farmd.cli.shown import plain, text
+from farmd.errors import FarmdFailed, LoopFailed
 from farmd.private import FILE_MODE, make_dir
 
 POLICY = "tiny"
@@ -251,10 +252,6 @@ def run_loop(data_dir: Path, minutes: float, *, sampling: str = "band", console:
     (files.report_dir / "summary.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
     (files.report_dir / "summary.txt").write_text("\n".join(summary.lines()) + "\n")
     return summary
-
-
-class LoopFailed(Exception):
-    """farmd or the trainer failed; the message ends with the trainer's log."""
 
 
 def main() -> None:
