@@ -40,11 +40,11 @@ from farmd.api.tls import add_port, peer_common_name
 from farmd.config import Config, sandbox_for
 from farmd.envs import VerifyContext
 from farmd.envs.catalog import Catalog
-from farmd.errors import ConfigError, ForcedStop, IsolationUnavailable
+from farmd.errors import ConfigError, ForcedStop, IsolationUnavailable, PackageError
 from farmd.fleet.joined import JoinedNode
 from farmd.intake.attacker import Attacker, AttackerConfig
 from farmd.intake.funnel import Funnel
-from farmd.intake.package import Package, PackageError, read_package
+from farmd.intake.package import Package, read_package
 from farmd.intake.redteam import make_red_team_agent
 from farmd.intake.served import ContributedEnvironment
 from farmd.metrics import GrpcMetrics, Metrics, MetricsServer
@@ -125,9 +125,6 @@ class Daemon:
             await self.joined.start(self._stopping)
             await self._start_metrics()
             return
-        max_calls = self.config.max_concurrent_calls
-        if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1:
-            raise ConfigError(f"max_concurrent_calls must be a whole number of at least 1, not {max_calls!r}")
         loop = asyncio.get_running_loop()
         checks = await loop.run_in_executor(None, check_host, self.config.sandbox)
         gaps = missing(checks)

@@ -140,6 +140,7 @@ class Completion:
     choice_index: int = 0
     """Which choice of its request this reply was (several when a group's first requests were one)."""
     n: int = 1
+    """Choices its request asked for."""
     seed: int | None = None
     """The seed the request carried, if any."""
     policy_version: int | None = None

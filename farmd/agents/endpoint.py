@@ -44,7 +44,7 @@ import random
 import re
 import time
 from collections.abc import Hashable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -52,10 +52,10 @@ import httpx
 
 from farmd import domain
 from farmd.agents.chat import TOOLS, ChatAgent, ChatLimits, Completion, Message
-from farmd.agents.replicas import HealthConfig, NoReplica, ReplicaDown, ReplicaSet, stamp
+from farmd.agents.replicas import HealthConfig, ReplicaSet, stamp
 from farmd.agents.sampling import Coalescer
-from farmd.errors import EndpointError
-from farmd.offload import OFFLOAD, OffloadFailed
+from farmd.errors import EndpointError, NoReplica, OffloadFailed, ReplicaDown
+from farmd.offload import OFFLOAD
 from farmd.records import SamplingParams, ToolCall
 
 log = logging.getLogger("farmd.agents.endpoint")
@@ -105,34 +105,49 @@ def base_url(url: str) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class EndpointConfig:
-    """How to reach one model on one OpenAI-compatible server, and what to ask it for."""
+class RequestSettings:
+    """What an endpoint's requests ask for and how they are retried: defined once for the operator's
+    ``[endpoints.NAME]`` (``NamedEndpoint``) and the settings one agent's requests use (``EndpointConfig``)."""
 
-    base_url: str
-    """The API's base, e.g. ``http://127.0.0.1:8000/v1``; requests go to ``{base_url}/chat/completions``."""
-    model: str
     api_key: str | None = field(default=None, repr=False)
-    """Sent as ``Authorization: Bearer``; never logged or put in the agent's name."""
+    """Sent as ``Authorization: Bearer`` (read from the environment variable ``key_env`` when the config was
+    loaded); never logged, shown or put in the agent's name."""
     temperature: float = 1.0
+    """What requests ask for unless a spec says otherwise (0 to 2)."""
     top_p: float | None = None
     """None: not sent (the server's default, 1)."""
     seed: int | None = None
+    """Sent with every request: a server that honours it samples the same reply to the same request."""
     stop: tuple[str, ...] = ()
     logprobs: bool = True
-    """Ask for the sampled tokens' logprobs (``logprobs: true``)."""
+    """Ask for the sampled tokens' logprobs (``logprobs: true``; a server that refuses them is remembered and
+    asked no more)."""
     token_ids: bool = True
-    """Ask for prompt and completion token ids (vLLM's ``return_token_ids: true``)."""
+    """Ask for prompt and completion token ids (vLLM's ``return_token_ids: true``; a server that refuses it
+    likewise)."""
     n: int = 1
     """The most attempts of one group whose identical first requests are asked as one request for ``n``
     choices (set it to the group size); 1: every attempt asks alone."""
     tools: bool = False
     """Offer action episodes the ``run`` and ``answer`` tools instead of the fenced-block text protocol."""
     extra: dict[str, Any] = field(default_factory=dict, hash=False)  # a dict: left out so the config still hashes
-    """Fields merged into every request (vLLM's ``top_k``, ``chat_template_kwargs``, ...)."""
+    """Fields merged into every request (vLLM's ``top_k``, ``chat_template_kwargs``, ...); not those farm sets."""
     request_timeout_s: float = 300.0
     """One request, connecting included; a long generation on a busy server is slow, so this is generous."""
     max_attempts: int = 4
     """Requests in all for one reply, the first included."""
+
+
+REQUEST_SETTINGS = tuple(f.name for f in fields(RequestSettings))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndpointConfig(RequestSettings):
+    """How to reach one model on one OpenAI-compatible server, and what to ask it for."""
+
+    base_url: str
+    """The API's base, e.g. ``http://127.0.0.1:8000/v1``; requests go to ``{base_url}/chat/completions``."""
+    model: str
     backoff_s: float = 1.0
     """Wait before the first retry; doubled for each next one, times a jitter factor in [0.5, 1]."""
     max_backoff_s: float = 30.0

@@ -36,13 +36,20 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
 from farmd.agents.base import Agent
 from farmd.agents.chat import ChatLimits
-from farmd.agents.endpoint import ClientPool, EndpointConfig, OpenAIAgent, check_sampling
+from farmd.agents.endpoint import (
+    REQUEST_SETTINGS,
+    ClientPool,
+    EndpointConfig,
+    OpenAIAgent,
+    RequestSettings,
+    check_sampling,
+)
 from farmd.agents.replicas import HealthConfig
 from farmd.agents.scripted import RandomAgent, ReferenceAgent, SkilledAgent
 from farmd.agents.torch_policy import (
@@ -117,43 +124,20 @@ def parse_red_team_spec(spec: str) -> RedTeamSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
-class NamedEndpoint:
-    """An OpenAI-compatible server the operator named in farm.toml (``[endpoints.NAME]``)."""
+class NamedEndpoint(RequestSettings):
+    """An OpenAI-compatible server the operator named in farm.toml (``[endpoints.NAME]``): what its requests
+    ask for and how they are retried are ``RequestSettings``, shared with ``EndpointConfig``."""
 
     name: str
     """What a spec calls it: ``openai:MODEL@NAME``."""
     url: str | tuple[str, ...]
     """The API's base, e.g. ``http://127.0.0.1:8000/v1``; or a list of them, servers of one model (replicas):
     each request goes to the one with the fewest outstanding. Read back as ``urls``; ``url`` is then the first."""
-    api_key: str | None = field(default=None, repr=False)
-    """Read from the environment variable ``key_env`` when the config was loaded; never shown."""
     key_env: str | None = None
-    request_timeout_s: float = 300.0
-    """One request, connecting included."""
-    max_attempts: int = 4
-    """Requests in all for one reply, the first included."""
     max_tokens: int = 16384
     """The most tokens per reply a spec may ask for."""
     max_turns: int = 50
     """The most replies in an action episode a spec may ask for (the task's own limit still applies)."""
-    temperature: float = 1.0
-    """What requests ask for unless a spec says otherwise (0 to 2)."""
-    top_p: float | None = None
-    """None: not sent."""
-    seed: int | None = None
-    """Sent with every request: a server that honours it samples the same reply to the same request."""
-    stop: tuple[str, ...] = ()
-    logprobs: bool = True
-    """Ask for sampling logprobs (a server that refuses them is remembered and asked no more)."""
-    token_ids: bool = True
-    """Ask for token ids (vLLM's ``return_token_ids``; a server that refuses it likewise)."""
-    n: int = 1
-    """The most attempts of one group whose identical first requests become one request for ``n`` choices:
-    set it to the group size. 1: every attempt asks alone."""
-    tools: bool = False
-    """Offer action episodes ``run``/``answer`` tools instead of the fenced-block text protocol."""
-    extra: dict[str, Any] = field(default_factory=dict, hash=False)  # a dict: left out so the config still hashes
-    """Fields merged into every request (vLLM's ``top_k``, ``chat_template_kwargs``, ...); not those farm sets."""
     serves: str | None = None
     """The farm policy line whose weights this endpoint's ``policy_model`` has: farmd loads each version the line
     publishes into every replica (``sync``) and stamps each trajectory of that model with the version the server
@@ -239,14 +223,12 @@ class NamedEndpoint:
 
     def config(self, model: str, temperature: float | None = None) -> EndpointConfig:
         """A request's settings: this endpoint's, for ``model``, at ``temperature`` (default the endpoint's)."""
+        shared = {name: getattr(self, name) for name in REQUEST_SETTINGS}
+        shared.update(temperature=self.temperature if temperature is None else temperature, extra=dict(self.extra),
+                      request_timeout_s=float(self.request_timeout_s))
         first, *others = self.urls
-        return EndpointConfig(
-            base_url=first, replicas=tuple(others), health=self.health, serves=self.serves,
-            policy_model=self.served_policy, model=model, api_key=self.api_key,
-            temperature=self.temperature if temperature is None else temperature, top_p=self.top_p,
-            seed=self.seed, stop=self.stop, logprobs=self.logprobs, token_ids=self.token_ids, n=self.n,
-            tools=self.tools, extra=dict(self.extra), request_timeout_s=float(self.request_timeout_s),
-            max_attempts=self.max_attempts)
+        return EndpointConfig(base_url=first, replicas=tuple(others), health=self.health, serves=self.serves,
+                              policy_model=self.served_policy, model=model, **shared)
 
 
 def _number(value: object) -> bool:

@@ -32,6 +32,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from farmd.errors import NoReplica, ReplicaDown
+
 log = logging.getLogger("farmd.agents.replicas")
 
 _SEQ = itertools.count(1)
@@ -43,12 +45,6 @@ DEAD = frozenset({500, 502, 503, 504})
 a 404 or 501 of a server without the route included, is a server that answers."""
 
 
-class ReplicaDown(Exception):
-    """The replica a request was sent to was taken out while it waited: ask another."""
-
-
-class NoReplica(Exception):
-    """No replica of the endpoint is up."""
 
 
 def server_root(url: str) -> str:

@@ -46,6 +46,7 @@ from typing import Any
 
 from farmd.agents.registry import NamedEndpoint
 from farmd.agents.replicas import Replica, ReplicaSet, label
+from farmd.errors import SyncFailed, WeightsRefused
 
 log = logging.getLogger("farmd.agents.weights")
 
@@ -62,12 +63,6 @@ _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I1
                 "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
 
 
-class WeightsRefused(ValueError):
-    """A published version's content is not weights a server may load."""
-
-
-class SyncFailed(Exception):
-    """A replica did not take a version."""
 
 
 def check_safetensors(path: Path) -> int:

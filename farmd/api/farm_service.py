@@ -16,7 +16,7 @@ from farmd.agents import NamedEndpoint
 from farmd.agents.registry import MAX_SPEC_CHARS, check_spec
 from farmd.api import history
 from farmd.api.budget import Budgets, Share
-from farmd.api.errors import Refused, failure_status, guarded, guarded_stream
+from farmd.api.errors import failure_status, guarded, guarded_stream
 from farmd.api.limits import POLICY_CHUNK_BYTES
 from farmd.api.names import NameGuard
 from farmd.api.paging import make_token, page_size, read_token
@@ -24,7 +24,7 @@ from farmd.api.trajectories import batch_messages, fitting, fitting_changes, tra
 from farmd.atropos.records import is_atropos_env
 from farmd.envs import VerifyContext, get
 from farmd.envs.catalog import EnvLookup
-from farmd.errors import BadRequest, FailedPrecondition, NotFound
+from farmd.errors import BadRequest, FailedPrecondition, NotFound, Refused
 from farmd.flags import QUARANTINED, WITHDRAWN
 from farmd.names import CONSUMER, POLICY_LINE
 from farmd.node import NodeInfo
@@ -116,8 +116,8 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
             policies = self._scheduler.policies
             # A URL, an unknown endpoint, a malformed torch spec: refused here, not by every job.
             check_spec(request.agent, endpoints=self._endpoints)
-            line = policies.line_for(request.agent)
-            if request.agent.startswith("torch:") and line is not None and not policies.latest(line):
+            line = policies.unpublished(request.agent)
+            if line is not None:
                 raise FailedPrecondition(f"no policy named {line!r} has been published: publish one first "
                                          f"(farm_client: publish_policy(blob, name={line!r}))")
             run_id = await self._scheduler.create_run(request.env, request.agent, request.rollouts,
@@ -304,7 +304,7 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
                     await self._names.use(POLICY_LINE, line, context)
             size += len(chunk.data)
             if size > self._max_policy_bytes:
-                raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"a policy is at most "
+                raise Refused("RESOURCE_EXHAUSTED", f"a policy is at most "
                               f"{self._max_policy_bytes} bytes (max_policy_bytes)", "POLICY_TOO_LARGE")
             share.take(len(chunk.data))
             yield PolicyChunk(sha256=chunk.sha256, uri=chunk.uri, data=chunk.data, name=chunk.name)
@@ -332,7 +332,7 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
                     else:
                         yield farm_pb2.GetPolicyResponse(data=data)
         except StoreError as exc:
-            raise Refused(grpc.StatusCode.DATA_LOSS, str(exc), "POLICY_CONTENT_LOST") from exc
+            raise Refused("DATA_LOSS", str(exc), "POLICY_CONTENT_LOST") from exc
         if header is not None:  # a uri only: no content to carry it
             yield header
 

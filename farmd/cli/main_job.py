@@ -36,10 +36,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 from rich.text import Text
 
-from farmd.cli.local_farmd import FarmdFailed, LocalFarmd
+from farmd.cli.local_farmd import LocalFarmd
 from farmd.cli.loop_report import FarmSample, Summary, append_sample, plot, read_jsonl, summarize
 from farmd.cli.shown import plain, text
-from farmd.cli.vllm_server import VllmFailed, VllmServer, ensure_model
+from farmd.cli.vllm_server import VllmServer, ensure_model
+from farmd.errors import FarmdFailed, LoopFailed, VllmFailed
 from farmd.private import FILE_MODE, make_dir
 
 POLICY = "tiny"
@@ -337,10 +338,6 @@ def _stamps(client: Any) -> dict[int, int]:
         for t in page:
             counts[t.policy_version] = counts.get(t.policy_version, 0) + 1
     return counts
-
-
-class LoopFailed(Exception):
-    """farmd or the trainer failed; the message ends with the trainer's log."""
 
 
 def main() -> None:

@@ -25,14 +25,12 @@ from typing import IO
 
 import httpx
 
+from farmd.errors import VllmFailed
 from farmd.private import FILE_MODE
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
-
-class VllmFailed(Exception):
-    """The server exited or did not come up; the message ends with its log."""
 
 
 def vllm_python() -> Path | None:

@@ -16,7 +16,8 @@ from collections.abc import Iterator, Sequence
 from farm.v1 import node_pb2, trajectory_pb2
 from farm_client.convert import to_message
 
-from farmd.fleet.link import Link, LinkDown, RequestFailed
+from farmd.errors import LinkDown, RequestFailed
+from farmd.fleet.link import Link
 from farmd.fleet.outbox import Buffered, Outbox
 from farmd.fleet.policy_cache import PolicyCache
 from farmd.records import Job, JobState, Trajectory

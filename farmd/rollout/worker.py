@@ -28,7 +28,7 @@ from farmd.agents.registry import RedTeamFactory
 from farmd.agents.replicas import ReplicaSet
 from farmd.envs import VerifyContext, get
 from farmd.envs.catalog import EnvLookup
-from farmd.errors import EndpointError, InfraFailure
+from farmd.errors import EndpointError, is_retried
 from farmd.metrics import Metrics
 from farmd.records import Job, JobState, Trajectory
 from farmd.rollout.runner import run_rollout
@@ -66,13 +66,13 @@ class Worker:
                  red_team: RedTeamFactory | None = None, replicas: dict[str, ReplicaSet] | None = None) -> None:
         self.leases = leases
         self.envs = envs
-        self._prepare = prepare
-        self._red_team = red_team
-        """Builds ``redteam:`` agents (``farmctl redteam``'s adversaries); None: this node refuses them."""
-        """Makes a job's environment known before it is looked up (a joined node fetches an approved
-        contributed version from its coordinator); its failure is the job's infrastructure failure."""
         """Where jobs' environments are found, by name: the node's catalog (default: the built-ins); the
         ``reference`` and ``skilled:`` agents look there too."""
+        self._prepare = prepare
+        """Makes a job's environment known before it is looked up (a joined node fetches an approved
+        contributed version from its coordinator); its failure is the job's infrastructure failure."""
+        self._red_team = red_team
+        """Builds ``redteam:`` agents (``farmctl redteam``'s adversaries); None: this node refuses them."""
         self.endpoints = endpoints
         """This node's configured model endpoints, which jobs' ``openai:MODEL@NAME`` specs resolve against."""
         self.policies = policies
@@ -86,13 +86,13 @@ class Worker:
         """The lease owner: ``<node>:...``, so everything a node's incarnations held is found by its name."""
         self._lease_s = lease_s
         self._agents: OrderedDict[str, Agent] = OrderedDict()
+        """Agents by spec, the most recently used last; at most ``_AGENTS_KEPT`` (specs come from callers)."""
         self.replicas = replicas if replicas is not None else {
             e.name: ReplicaSet(e.name, e.urls, e.health) for e in endpoints}
         """Each endpoint's servers (the daemon's, shared with its weight sync, or this worker's own)."""
         self._own_replicas = replicas is None
         self._clients = ClientPool(self.replicas)
         """The endpoints' connections, shared by the agents (so dropping an agent closes nothing); closed on stop."""
-        """Agents by spec, the most recently used last; at most ``_AGENTS_KEPT`` (specs come from callers)."""
         self._running: dict[int, asyncio.Task[None]] = {}
         self._model_jobs: dict[str, set[int]] = {e.name: set() for e in endpoints}
         """Each endpoint's jobs running here: they hold no slot, and count against their endpoint's cap."""
@@ -234,8 +234,8 @@ class Worker:
                 if isinstance(exc, EndpointError) or isinstance(exc.__cause__, EndpointError):
                     self.metrics.endpoint_failed(job.agent)
             log.warning("job %d: %s", job.id, exc, extra={"job": job.id, "env": job.env, "event": "infra_failure"})
-            # A bug says nothing about whether trying again helps: retried up to the job's attempts, as before.
-            transient = exc.transient if isinstance(exc, InfraFailure) else True
+            # As the error's kind says (``farmd.errors``); a bug is retried up to the job's attempts.
+            transient = is_retried(exc)
             with contextlib.suppress(Exception):
                 await self.leases.fail(self.owner, job.id, f"{type(exc).__name__}: {exc}", transient=transient)
         finally:

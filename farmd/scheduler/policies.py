@@ -47,10 +47,10 @@ log = logging.getLogger("farmd.scheduler.policies")
 
 MAX_URI_CHARS = 4096
 MAX_POLICY_READ_BYTES = 1 << 30
+"""The most a worker reads whole into memory to load (``content``); larger policies are a uri's business."""
 MAX_VOCAB_READ_BYTES = 64 << 20
 """The largest policy whose vocabulary the coordinator reads to check what a node says it sampled (a tiny LM's
 blob is a few MB; a larger one is not a policy a ``torch:`` worker loads here)."""
-"""The most a worker reads whole into memory to load (``content``); larger policies are a uri's business."""
 _HEX = frozenset("0123456789abcdef")
 LINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """A policy line's name: what ``torch:NAME`` says."""
@@ -185,6 +185,13 @@ class Policies:
         """The version last published to ``line``; 0 when none was."""
         found = self._lines.get(line)
         return found.current if found is not None else 0
+
+    def unpublished(self, spec: str) -> str | None:
+        """The policy line whose jobs of agent ``spec`` cannot run yet: a ``torch:`` line nobody has published
+        to (a worker would have nothing to load). None: they can run now (an endpoint answers with whatever it
+        serves until a policy is published). CreateRun refuses such a run; demand queues none for it."""
+        line = self.line_for(spec) if spec.startswith("torch:") else None
+        return line if line is not None and not self.latest(line) else None
 
     def version_for(self, spec: str) -> int:
         """The version a job of agent ``spec`` runs if leased now (0: no farm policy); for an endpoint farmd syncs,

@@ -40,10 +40,10 @@ log = logging.getLogger("farmd.scheduler")
 _BANK_STATE = "taskbank"
 _LAG_SHOWN_S = 3600.0
 _BANK_SAVE_EVERY_S = 5.0
-RECENT_FAILURES = 5
-"""Job failures ``status`` shows, newest first: enough to see a cause repeat, few enough to read."""
 """The bank's state is a few hundred kB of JSON: saved this often while groups finish (and on stop), not at
 every upkeep round. A crash loses at most this much of its evidence, never a trajectory."""
+RECENT_FAILURES = 5
+"""Job failures ``status`` shows, newest first: enough to see a cause repeat, few enough to read."""
 
 CanaryPlan = Callable[[str, Sequence[tuple[int, int]], int], list[tuple[int, int, str]]]
 """Given an environment, the (seed, level) of the groups just queued on it and how many jobs they hold: the
@@ -175,8 +175,7 @@ class Scheduler:
         cfg = self.config
         if not cfg.demand_agent or not cfg.demand_envs:
             return
-        line = self.policies.line_for(cfg.demand_agent)
-        if line is not None and not self.policies.latest(line):
+        if self.policies.unpublished(cfg.demand_agent) is not None:
             return  # the policy demand runs has not been published yet: its jobs could not run
         unconsumed = await self.delivery.backlog()
         if unconsumed is None:  # no trainer is consuming: nobody to produce ahead of

@@ -14,7 +14,8 @@ import pytest
 
 from farmd.agents.endpoint import EndpointConfig, OpenAIClient
 from farmd.agents.replicas import HealthConfig, ReplicaSet, stamp
-from farmd.agents.weights import WeightsRefused, check_safetensors
+from farmd.agents.weights import check_safetensors
+from farmd.errors import WeightsRefused
 from tests.agents.fake_endpoint import Reply, fake_endpoint
 
 FAST = HealthConfig(every_s=0.2, timeout_s=0.3, failures=2)

@@ -31,7 +31,8 @@ import torch
 from farm_client import FarmClient
 from farm_client.record import Trajectory
 
-from farmd.cli.vllm_server import VllmFailed, VllmServer, ensure_model, vllm_python
+from farmd.cli.vllm_server import VllmServer, ensure_model, vllm_python
+from farmd.errors import VllmFailed
 
 pytestmark = pytest.mark.slow
 

@@ -281,3 +281,40 @@ async def test_a_later_verdict_moves_the_task_banks_counts_of_the_task_it_counte
     again = await open_(group_size=4)
     await again._observe_finished()
     assert again.bank.posterior(key) == kept
+
+
+async def test_one_rule_says_which_agents_wait_for_their_lines_first_policy(tmp_path: Path) -> None:
+    # CreateRun's refusal and demand's wait are this one method: a torch line nobody published to has nothing
+    # to load; an endpoint that serves a line answers with what it serves until then.
+    store = await Store.open(tmp_path / "farm.db")
+    s = await Scheduler.open(store, LEVELS, SchedulerConfig(group_size=1), endpoint_lines={"vllm": "tiny"})
+    try:
+        assert s.policies.unpublished("torch:tiny") == "tiny"
+        assert s.policies.unpublished("torch:tiny?temperature=0") == "tiny"
+        for runs_now in ("openai:m@vllm", "openai:m@other", "reference", "skilled:3", "torch:/a/path"):
+            assert s.policies.unpublished(runs_now) is None, runs_now
+        await s.policies.publish(_chunks(b"tiny-1", "tiny"))
+        assert s.policies.unpublished("torch:tiny") is None
+        assert s.policies.unpublished("torch:other") == "other"
+    finally:
+        await s.stop()
+        await store.close()
+
+
+async def test_demand_waits_for_the_first_policy_of_its_torch_line(farm) -> None:  # type: ignore[no-untyped-def]
+    store, open_ = farm
+    s = await open_(group_size=4, demand_buffer=8, demand_agent="torch:tiny", demand_envs=("rg:chain_sum",),
+                    maintenance_every_s=0.05)
+    await s.start()
+    stream = s.delivery.batches("trainer", whole_groups=False, batch_size=8, max_staleness=0, body=False)
+    reading = asyncio.create_task(anext(stream))
+    try:
+        await asyncio.sleep(0.4)
+        assert (await store.job_counts()).get("queued", 0) == 0, "nothing to load: no demand yet"
+        await s.policies.publish(_chunks(b"tiny-1", "tiny"))
+        await asyncio.sleep(0.4)
+        assert (await store.job_counts()).get("queued", 0) >= 4
+    finally:
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+        await stream.aclose()
