@@ -108,8 +108,8 @@ async def test_infrastructure_failures_retry_then_fail_apart_from_scores(farm) -
     assert await s.lease("w", 1) == []
     assert await store.trajectories(limit=10) == [], "a failure is never a trajectory, so never a reward of 0"
     failures = await store.failures()
-    assert len(failures) == 3 and all("endpoint down" in f["error"] for f in failures)
-    assert (await s.status())["queue"]["failed"] == 1
+    assert len(failures) == 3 and all("endpoint down" in f.error for f in failures)
+    assert (await s.status()).pulse.queue.failed == 1
 
 
 async def test_a_transient_failure_waits_out_a_growing_jittered_backoff(farm) -> None:  # type: ignore[no-untyped-def]
@@ -137,7 +137,7 @@ async def test_a_permanent_failure_fails_at_once_apart_from_scores(farm) -> None
     assert await s.fail("w", job.id, error, transient=False) is JobState.FAILED
     assert await s.lease("w", 1) == [], "first attempt, but trying again cannot help"
     [failure] = await store.failures()
-    assert failure["final"] and "400 bad request" in failure["error"]
+    assert failure.final and "400 bad request" in failure.error
     assert await store.trajectories(limit=10) == [], "never a score"
     assert (s.counters["failed"], s.counters["retried"]) == (1, 0)
     assert await s.fail("w", job.id, error, transient=False) is None, "no longer its lease"
@@ -168,7 +168,7 @@ async def test_a_restarted_node_requeues_what_its_last_incarnation_held(farm) ->
     jobs = await s.lease("node-a:101:1", 10)
     assert len(jobs) == 2 and max(j.attempts for j in jobs) == 2
     await s.recover("node-a", "node-a:102:1")  # it died again holding the job: out of attempts
-    assert (await s.status())["queue"]["failed"] == 1
+    assert (await s.status()).pulse.queue.failed == 1
 
 
 async def test_demand_follows_open_streams_and_stays_bounded(farm) -> None:  # type: ignore[no-untyped-def]
