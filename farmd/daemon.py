@@ -58,7 +58,7 @@ from farmd.sandbox import Sandbox, check_host
 from farmd.sandbox.host import missing
 from farmd.scheduler import Scheduler
 from farmd.scheduler.history import History
-from farmd.scheduler.nodes import Nodes
+from farmd.scheduler.nodes import Nodes, NodeStatus
 from farmd.store import Store
 from farmd.taskbank import SeedSequence
 from farmd.verifier import VerifierKey
@@ -286,17 +286,16 @@ class Daemon:
         self.scheduler.bank.remove_env(env)
         log.info("no longer serving %s", env, extra={"event": "env_unserved", "env": env})
 
-    def _local_node(self) -> dict[str, Any]:
+    def _local_node(self) -> NodeStatus:
         """This node's own worker, as ``farmctl status`` lists nodes."""
         worker = self.worker
         assert worker is not None
         now = time.time()
-        return {"name": worker.node, "address": "local", "state": "connected", "capacity": worker.slots,
-                "in_flight": worker.in_flight, "done": worker.counters["ran"],
-                "failed": worker.counters["infra_failures"], "last_heartbeat": now, "last_seen": now,
-                "joined_at": now, "policy_versions": worker.policy_versions(), "isolation_ok": True,
-                "version": __version__, "facts": {}, "refused": 0, "checked": 0, "disagreed": 0, "canaries": 0,
-                "quarantine_reason": "", "quarantined_at": None}
+        return NodeStatus(name=worker.node, address="local", state="connected", capacity=worker.slots,
+                          in_flight=worker.in_flight, done=worker.counters["ran"],
+                          failed=worker.counters["infra_failures"], last_heartbeat=now, last_seen=now,
+                          policy_versions=tuple(worker.policy_versions()), isolation_ok=True, version=__version__,
+                          facts={})
 
     async def _start_metrics(self) -> str | None:
         """Serve Prometheus metrics when asked to; returns where."""

@@ -31,14 +31,15 @@ from farmd.node import NodeInfo
 from farmd.records import NODE_NAME
 from farmd.rollout import rescore
 from farmd.scheduler import PolicyChunk, Scheduler
-from farmd.scheduler.delivery import Subscription
+from farmd.scheduler.delivery import ConsumerStatus, Subscription
 from farmd.scheduler.history import History
-from farmd.scheduler.nodes import Nodes
+from farmd.scheduler.nodes import Nodes, NodeStatus
 from farmd.scheduler.policies import LINE_NAME
 from farmd.scheduler.retention import Disk
 from farmd.store import JobFailure, Store, StoreError
 from farmd.store.names import NameRow
 from farmd.store.retention import PolicyState
+from farmd.taskbank import Standing
 
 MAX_ROLLOUTS = 1_000_000
 MAX_GROUP = 1024
@@ -81,20 +82,20 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
         async def call() -> farm_pb2.GetStatusResponse:
             node = self._node
             farm = await self._scheduler.status()
+            pulse = farm.pulse
             reply = farm_pb2.GetStatusResponse(
                 version=node.version, node=node.name, isolation_ok=node.isolation_ok,
                 isolation=[farm_pb2.IsolationCheck(name=c.name, ok=c.ok, detail=c.detail, fix=c.fix)
                            for c in node.isolation],
                 workers=node.workers, max_boxes=node.max_boxes, policy_version=self._scheduler.policy_version,
-                queue=farm_pb2.QueueCounts(**farm["queue"]), throughput_per_s=farm["throughput_per_s"],
-                pass_rates=[farm_pb2.PassRate(**row) for row in farm["pass_rates"]],
-                bank=[farm_pb2.BankStatus(env=name, **_bank_fields(entry))
-                      for name, entry in [*farm["bank"]["envs"].items(), ("", farm["bank"]["totals"])]],
-                consumers=[_consumer_pb(c) for c in farm["consumers"]], streams=farm["streams"],
-                last_seq=farm["last_seq"], counters=farm["counters"],
+                queue=history.queue_pb(pulse.queue), throughput_per_s=pulse.throughput_per_s,
+                pass_rates=[farm_pb2.PassRate(**row) for row in farm.pass_rates],
+                bank=[_bank_pb(name, entry) for name, entry in [*pulse.bank.envs.items(), ("", pulse.bank.totals)]],
+                consumers=[_consumer_pb(c) for c in pulse.consumers], streams=pulse.streams,
+                last_seq=pulse.last_seq, counters=pulse.counters,
                 nodes=[_node_pb(n) for n in await self._nodes.status()] if self._nodes is not None else [],
-                disk=_disk_pb(farm["disk"]),
-                recent_failures=[_failure_pb(f) for f in farm["recent_failures"]])
+                disk=_disk_pb(farm.disk),
+                recent_failures=[_failure_pb(f) for f in farm.recent_failures])
             reply.uptime.FromNanoseconds(round(node.uptime_s() * 1e9))
             return reply
         return await guarded(context, call)
@@ -418,11 +419,12 @@ def _failure_pb(f: JobFailure) -> farm_pb2.JobFailure:
     return message
 
 
-_BANK_FIELDS = frozenset(farm_pb2.BankStatus.DESCRIPTOR.fields_by_name) - {"env"}
-
-
-def _bank_fields(entry: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in entry.items() if k in _BANK_FIELDS and v is not None}
+def _bank_pb(env: str, s: Standing) -> farm_pb2.BankStatus:
+    return farm_pb2.BankStatus(
+        env=env, level=s.level or 0, max_difficulty=s.max_difficulty or 0, level_pass_rate=s.level_pass_rate,
+        level_groups=s.level_groups or 0, tasks=s.tasks, in_band=s.in_band, easy=s.easy, hard=s.hard, retired=s.retired,
+        groups=s.groups, sampled=s.sampled, band_occupancy=s.band_occupancy, fresh_share=s.fresh_share,
+        informative_fraction=s.informative_fraction)
 
 
 def _name_pb(row: NameRow) -> farm_pb2.BoundName:
@@ -456,14 +458,14 @@ def _disk_pb(disk: Disk) -> farm_pb2.DiskStatus:
     return message
 
 
-def _consumer_pb(c: dict[str, Any]) -> farm_pb2.ConsumerStatus:
+def _consumer_pb(c: ConsumerStatus) -> farm_pb2.ConsumerStatus:
     message = farm_pb2.ConsumerStatus(
-        name=c["name"], whole_groups=c["whole_groups"], cursor=c["cursor"], lag=max(0, c["lag"]), streams=c["streams"],
-        state=farm_pb2.ConsumerState.Value(f"CONSUMER_STATE_{c['state'].upper()}"))
-    if c.get("acked_at"):
-        message.acked_at.FromNanoseconds(round(c["acked_at"] * 1e9))
-    if c.get("staleness") is not None:
-        message.staleness = c["staleness"]
+        name=c.name, whole_groups=c.whole_groups, cursor=c.cursor, lag=max(0, c.lag), streams=c.streams,
+        state=farm_pb2.ConsumerState.Value(f"CONSUMER_STATE_{c.state.upper()}"))
+    if c.acked_at:
+        message.acked_at.FromNanoseconds(round(c.acked_at * 1e9))
+    if c.staleness is not None:
+        message.staleness = c.staleness
     return message
 
 
@@ -505,17 +507,16 @@ _NODE_STATES = {"connected": farm_pb2.NODE_STATE_CONNECTED, "disconnected": farm
                 "lost": farm_pb2.NODE_STATE_LOST, "quarantined": farm_pb2.NODE_STATE_QUARANTINED}
 
 
-def _node_pb(row: dict[str, Any]) -> farm_pb2.NodeStatus:
+def _node_pb(row: NodeStatus) -> farm_pb2.NodeStatus:
     node = farm_pb2.NodeStatus(
-        name=row["name"], address=row["address"], state=_NODE_STATES.get(row["state"], farm_pb2.NODE_STATE_UNSPECIFIED),
-        capacity=row["capacity"], in_flight=row["in_flight"], done=row["done"], failed=row["failed"],
-        policy_versions=row["policy_versions"], isolation_ok=row["isolation_ok"], version=row["version"],
-        facts=row["facts"], refused=row.get("refused", 0), checked=row.get("checked", 0),
-        disagreed=row.get("disagreed", 0), canaries=row.get("canaries", 0),
-        quarantine_reason=row.get("quarantine_reason", ""))
-    if row.get("quarantined_at") is not None:
-        node.quarantined_at.FromNanoseconds(round(row["quarantined_at"] * 1e9))
-    if row["last_heartbeat"] is not None:
-        node.last_heartbeat.FromNanoseconds(round(row["last_heartbeat"] * 1e9))
-    node.last_seen.FromNanoseconds(round(row["last_seen"] * 1e9))
+        name=row.name, address=row.address, state=_NODE_STATES.get(row.state, farm_pb2.NODE_STATE_UNSPECIFIED),
+        capacity=row.capacity, in_flight=row.in_flight, done=row.done, failed=row.failed,
+        policy_versions=row.policy_versions, isolation_ok=row.isolation_ok, version=row.version, facts=row.facts,
+        refused=row.refused, checked=row.checked, disagreed=row.disagreed, canaries=row.canaries,
+        quarantine_reason=row.quarantine_reason)
+    if row.quarantined_at is not None:
+        node.quarantined_at.FromNanoseconds(round(row.quarantined_at * 1e9))
+    if row.last_heartbeat is not None:
+        node.last_heartbeat.FromNanoseconds(round(row.last_heartbeat * 1e9))
+    node.last_seen.FromNanoseconds(round(row.last_seen * 1e9))
     return node

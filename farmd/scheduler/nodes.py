@@ -30,7 +30,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +76,37 @@ class Hello:
     isolation: tuple[dict[str, Any], ...]
     """``{"name", "ok", "detail", "fix"}`` per check, as ``farmctl doctor`` reports them."""
     facts: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    """One node as operators see it (``Nodes.status``): the coordinator's own worker, a joined node, or one
+    kept out by a quarantine from before this coordinator ran."""
+
+    name: str
+    address: str
+    """Where it joined from (``local``: the coordinator's own worker; "": not connected since it started)."""
+    state: str
+    """``connected``, ``disconnected``, ``lost`` or ``quarantined``."""
+    capacity: int
+    in_flight: int
+    done: int
+    failed: int
+    last_heartbeat: float | None
+    last_seen: float
+    policy_versions: tuple[int, ...]
+    """The published policy versions it holds."""
+    isolation_ok: bool
+    version: str
+    facts: Mapping[str, str]
+    refused: int = 0
+    """Results it reported under an identity its lease does not have."""
+    checked: int = 0
+    """Its results the coordinator checked and could judge."""
+    disagreed: int = 0
+    canaries: int = 0
+    quarantine_reason: str = ""
+    quarantined_at: float | None = None
 
 
 @dataclass
@@ -135,7 +166,7 @@ class Nodes:
     coordinator's own judgement on its own boxes (None: it has none, and nodes' verdicts go unchecked, loudly)."""
 
     def __init__(self, scheduler: Scheduler, *, lost_after_s: float, local: str | None = None,
-                 local_status: Callable[[], dict[str, Any]] | None = None, checker: Checker | None = None) -> None:
+                 local_status: Callable[[], NodeStatus] | None = None, checker: Checker | None = None) -> None:
         self._scheduler = scheduler
         self._local_status = local_status
         """The coordinator's own worker, as a row of ``status`` (None: it runs none)."""
@@ -493,7 +524,7 @@ class Nodes:
     def versions_of(self, hashes: tuple[str, ...]) -> list[int]:
         return sorted(v for v in (self._policy_versions.get(h) for h in hashes) if v)
 
-    async def status(self) -> list[dict[str, Any]]:
+    async def status(self) -> list[NodeStatus]:
         """One row per node: the coordinator's own worker first (address ``local``), then joined ones."""
         out = [self._local_status()] if self._local_status is not None else []
         for node in sorted(self._nodes.values(), key=lambda n: n.name):
@@ -502,20 +533,18 @@ class Nodes:
                     policy = await self._scheduler.store.policy_by_hash(sha)
                     self._policy_versions[sha] = policy.version if policy is not None else 0
             reason, at = self._quarantined.get(node.name, ("", None))
-            out.append({"name": node.name, "address": node.hello.address,
-                        "state": QUARANTINED if node.name in self._quarantined else node.state,
-                        "capacity": node.hello.capacity, "in_flight": len(node.in_flight), "done": node.done,
-                        "failed": node.failed, "last_heartbeat": node.last_heartbeat, "last_seen": node.last_seen,
-                        "joined_at": node.joined_at, "policy_versions": self.versions_of(node.policies),
-                        "isolation_ok": node.isolation_ok, "version": node.hello.version,
-                        "facts": dict(node.hello.facts), "refused": node.refused, "checked": node.checked,
-                        "disagreed": node.disagreed, "canaries": node.canaries, "quarantine_reason": reason,
-                        "quarantined_at": at})
+            out.append(NodeStatus(
+                name=node.name, address=node.hello.address,
+                state=QUARANTINED if node.name in self._quarantined else node.state, capacity=node.hello.capacity,
+                in_flight=len(node.in_flight), done=node.done, failed=node.failed, last_heartbeat=node.last_heartbeat,
+                last_seen=node.last_seen, policy_versions=tuple(self.versions_of(node.policies)),
+                isolation_ok=node.isolation_ok, version=node.hello.version, facts=dict(node.hello.facts),
+                refused=node.refused, checked=node.checked, disagreed=node.disagreed, canaries=node.canaries,
+                quarantine_reason=reason, quarantined_at=at))
         for name, (reason, at) in sorted(self._quarantined.items()):  # kept out since before this coordinator ran
             if name not in self._nodes:
-                out.append({"name": name, "address": "", "state": QUARANTINED, "capacity": 0, "in_flight": 0,
-                            "done": 0, "failed": 0, "last_heartbeat": None, "last_seen": at, "joined_at": at,
-                            "policy_versions": [], "isolation_ok": False, "version": "", "facts": {}, "refused": 0,
-                            "checked": 0, "disagreed": 0, "canaries": 0, "quarantine_reason": reason,
-                            "quarantined_at": at})
+                out.append(NodeStatus(name=name, address="", state=QUARANTINED, capacity=0, in_flight=0, done=0,
+                                      failed=0, last_heartbeat=None, last_seen=at, policy_versions=(),
+                                      isolation_ok=False, version="", facts={}, quarantine_reason=reason,
+                                      quarantined_at=at))
         return out

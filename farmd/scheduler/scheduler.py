@@ -27,12 +27,12 @@ from farmd.flags import WITHDRAWN
 from farmd.metrics import Metrics
 from farmd.records import RED_TEAM_PREFIX, VERIFIED_LOCAL, Job, JobState, Score, Trajectory
 from farmd.scheduler.config import SchedulerConfig
-from farmd.scheduler.delivery import Delivery
+from farmd.scheduler.delivery import ConsumerStatus, Delivery
 from farmd.scheduler.policies import Policies
-from farmd.scheduler.retention import Retention
-from farmd.store import Store
+from farmd.scheduler.retention import Disk, Retention
+from farmd.store import JobFailure, Store
 from farmd.store.nodes import Completion
-from farmd.taskbank import BankConfig, SeedSequence, TaskBank, TaskKey
+from farmd.taskbank import BankConfig, BankStatus, SeedSequence, TaskBank, TaskKey
 from farmd.tasks import cancel_and_wait
 
 log = logging.getLogger("farmd.scheduler")
@@ -49,6 +49,55 @@ CanaryPlan = Callable[[str, Sequence[tuple[int, int]], int], list[tuple[int, int
 """Given an environment, the (seed, level) of the groups just queued on it and how many jobs they hold: the
 canary jobs to queue beside them, as (seed, level, agent), one attempt each (intake's production canaries of
 a contributed version; none for an environment it does not check). Handed in by the daemon."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """Jobs by state (``JobState``), every job ever queued."""
+
+    queued: int = 0
+    leased: int = 0
+    done: int = 0
+    failed: int = 0
+    """Infrastructure failures that exhausted their retries: never scored."""
+    cancelled: int = 0
+    """Dropped from the queue by a cancelled run."""
+
+    @classmethod
+    def of(cls, counts: Mapping[str, int]) -> QueueCounts:
+        """From the store's counts by state name (a state without jobs may be missing)."""
+        return cls(**{state.value: counts.get(state.value, 0) for state in JobState})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FarmPulse:
+    """The farm now, from what is cheap to read (``Scheduler.pulse``)."""
+
+    queue: QueueCounts
+    throughput_per_s: float
+    """Jobs finished over the last minute, per second."""
+    bank: BankStatus
+    consumers: tuple[ConsumerStatus, ...]
+    streams: int
+    """Trajectory streams open now."""
+    policy_version: int
+    last_seq: int
+    """The newest stored trajectory's sequence number."""
+    counters: Mapping[str, int]
+    """The scheduler's counts since it started (completed, failed, retried, ...)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FarmStatus:
+    """The pulse, and what costs a read of every stored trajectory (``Scheduler.status``)."""
+
+    pulse: FarmPulse
+    pass_rates: list[dict[str, Any]]
+    """By environment and level (``Store.pass_rates``)."""
+    disk: Disk
+    """The disk the store and the policies take, and how fast it grows."""
+    recent_failures: list[JobFailure]
+    """The newest job failures, newest first."""
 
 
 class Scheduler:
@@ -331,10 +380,10 @@ class Scheduler:
         # A series per consumer streaming now, acked within the last hour, or followed by name: names come
         # from clients, so a series for every name ever acked would grow without bound.
         recent = time.time() - _LAG_SHOWN_S
-        m.set_consumer_lag({(c["name"], "groups" if c["whole_groups"] else "trajectories"): c["lag"]
+        m.set_consumer_lag({(c.name, "groups" if c.whole_groups else "trajectories"): c.lag
                             for c in await self.delivery.status()
-                            if c["state"] != "closed" or (c["acked_at"] or 0) > recent
-                            or c["name"] in self.config.demand_consumers})
+                            if c.state != "closed" or (c.acked_at or 0) > recent
+                            or c.name in self.config.demand_consumers})
         m.policy_version.set(self.policy_version)
         m.streams.set(self.delivery.open_streams())
 
@@ -397,23 +446,18 @@ class Scheduler:
         await self.store.put_state(_BANK_STATE, {"cursor": self._bank_cursor, "verdicts": self._verdict_mark,
                                                  "bank": self.bank.to_json()})
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> FarmStatus:
         """``pulse``, the pass rates by environment and level (these read every stored trajectory), the disk, and
         the newest job failures."""
-        return {**await self.pulse(), "pass_rates": await self.store.pass_rates(), "disk": await self.retention.disk(),
-                "recent_failures": await self.store.failures(RECENT_FAILURES)}
+        return FarmStatus(pulse=await self.pulse(), pass_rates=await self.store.pass_rates(),
+                          disk=await self.retention.disk(), recent_failures=await self.store.failures(RECENT_FAILURES))
 
-    async def pulse(self) -> dict[str, Any]:
+    async def pulse(self) -> FarmPulse:
         """The farm now, from what is cheap to read: queue, throughput, task bank, consumers, versions."""
         counts = await self.store.job_counts()
         now = time.time()
-        return {
-            "queue": {state.value: counts.get(state.value, 0) for state in JobState},
-            "throughput_per_s": await self.store.finished_since(now - 60) / 60.0,
-            "bank": self.bank.status(),
-            "consumers": await self.delivery.status(),
-            "streams": self.delivery.open_streams(),
-            "policy_version": self.policy_version,
-            "last_seq": await self.store.last_seq(),
-            "counters": dict(self.counters),
-        }
+        return FarmPulse(
+            queue=QueueCounts.of(counts), throughput_per_s=await self.store.finished_since(now - 60) / 60.0,
+            bank=self.bank.status(), consumers=tuple(await self.delivery.status()),
+            streams=self.delivery.open_streams(), policy_version=self.policy_version,
+            last_seq=await self.store.last_seq(), counters=dict(self.counters))

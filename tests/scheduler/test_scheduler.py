@@ -109,7 +109,7 @@ async def test_infrastructure_failures_retry_then_fail_apart_from_scores(farm) -
     assert await store.trajectories(limit=10) == [], "a failure is never a trajectory, so never a reward of 0"
     failures = await store.failures()
     assert len(failures) == 3 and all("endpoint down" in f.error for f in failures)
-    assert (await s.status())["queue"]["failed"] == 1
+    assert (await s.status()).pulse.queue.failed == 1
 
 
 async def test_a_transient_failure_waits_out_a_growing_jittered_backoff(farm) -> None:  # type: ignore[no-untyped-def]
@@ -168,7 +168,7 @@ async def test_a_restarted_node_requeues_what_its_last_incarnation_held(farm) ->
     jobs = await s.lease("node-a:101:1", 10)
     assert len(jobs) == 2 and max(j.attempts for j in jobs) == 2
     await s.recover("node-a", "node-a:102:1")  # it died again holding the job: out of attempts
-    assert (await s.status())["queue"]["failed"] == 1
+    assert (await s.status()).pulse.queue.failed == 1
 
 
 async def test_demand_follows_open_streams_and_stays_bounded(farm) -> None:  # type: ignore[no-untyped-def]
