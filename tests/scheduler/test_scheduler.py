@@ -200,7 +200,7 @@ async def test_the_task_bank_survives_a_restart(farm) -> None:  # type: ignore[n
     before = s.bank.status()
     again = await open_()
     assert again.bank.status() == before
-    assert before["envs"]["rg:chain_sum"]["groups"] == 2, before
+    assert before.envs["rg:chain_sum"].groups == 2, before
 
 
 async def test_a_stream_never_misses_a_wake_up(farm) -> None:  # type: ignore[no-untyped-def]
