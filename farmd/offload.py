@@ -20,14 +20,11 @@ from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
+from farmd.errors import OffloadFailed
+
 log = logging.getLogger("farmd.offload")
 
 T = TypeVar("T")
-
-
-class OffloadFailed(RuntimeError):
-    """The worker process died (or could not start) while doing the work: nothing the caller's input did
-    (the input is not trusted to be why, but it is not blamed either: the caller decides)."""
 
 
 class Offload:

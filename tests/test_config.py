@@ -185,3 +185,15 @@ def test_tls_comes_as_a_certificate_and_its_key(tmp_path: Path) -> None:
             load(write(tmp_path, text))
     with pytest.raises(ConfigError, match=r"a certificate and its key together"):
         load(tls_key=Path("s.key"))
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "true", '"many"', "2.5"])
+def test_max_concurrent_calls_is_refused_by_the_config_when_it_is_not_a_count(tmp_path: Path, value: str) -> None:
+    # Refused when the config is made (farmctl, farmd's checks, a node), not first when farmd opens its port.
+    path = tmp_path / "farm.toml"
+    path.write_text(f"[farm]\nmax_concurrent_calls = {value}\n")
+    with pytest.raises(ConfigError, match=r"max_concurrent_calls must be a whole number of at least 1, not"):
+        load(path)
+    with pytest.raises(ConfigError, match="max_concurrent_calls"):
+        load(None, max_concurrent_calls=0)
+    assert load(None, max_concurrent_calls=1).max_concurrent_calls == 1

@@ -8,7 +8,8 @@ import signal
 
 import pytest
 
-from farmd.offload import Offload, OffloadFailed
+from farmd.errors import OffloadFailed
+from farmd.offload import Offload
 
 
 def _pid_and(value: int) -> tuple[int, int]:

@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 from farm.v1 import farm_pb2, farm_pb2_grpc, trajectory_pb2
 from google.protobuf.json_format import MessageToDict
+from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from farm_client.convert import from_message
@@ -461,6 +462,40 @@ class FarmClient:
             data += chunk.data
         return version, bytes(data), uri
 
+    def policies(self, limit: int = 50) -> list[dict[str, Any]]:
+        """The newest ``limit`` policy versions, newest first: line, hash, size, whether the farm still holds the
+        content (``kept``), ``pinned_at``, and ``removed_at`` with ``removed_reason`` (times in seconds, or None)."""
+        out: list[dict[str, Any]] = []
+        token = ""
+        while len(out) < limit:
+            reply = self._stub.ListPolicies(farm_pb2.ListPoliciesRequest(page_size=min(limit - len(out), 1000),
+                                                                         page_token=token),
+                                            metadata=self._metadata, timeout=self._timeout)
+            out.extend(_policy(p) for p in reply.policies)
+            token = reply.next_page_token
+            if not token:
+                break
+        return out
+
+    def pin_policy(self, version: int, pinned: bool = True) -> dict[str, Any]:
+        """Keep policy ``version``'s content whatever else holds (``pinned``), or stop keeping it for that reason.
+        An operator's call; returns the version as ``policies`` lists it."""
+        reply = self._stub.PinPolicy(farm_pb2.PinPolicyRequest(version=version, pinned=pinned),
+                                     metadata=self._metadata, timeout=self._timeout)
+        return _policy(reply.policy)
+
+
+def _seconds(at: Timestamp, present: bool) -> float | None:
+    return at.ToNanoseconds() / 1e9 if present else None
+
+
+def _policy(p: farm_pb2.PolicyInfo) -> dict[str, Any]:
+    pinned, removed = p.HasField("pinned_at"), p.HasField("removed_at")
+    return {"version": p.version, "name": p.name, "sha256": p.sha256, "size": p.size, "uri": p.uri,
+            "created_at": _seconds(p.created_at, p.HasField("created_at")), "kept": p.kept, "pinned": pinned,
+            "pinned_at": _seconds(p.pinned_at, pinned), "removed": removed,
+            "removed_at": _seconds(p.removed_at, removed), "removed_reason": p.removed_reason}
+
 
 _FILTERS = frozenset({"agent", "policy_version", "min_reward", "max_reward", "flag", "node"})
 
@@ -516,4 +551,14 @@ def status_dict(reply: farm_pb2.GetStatusResponse) -> dict[str, Any]:
                        "disagreed": n.disagreed, "canaries": n.canaries, "quarantine_reason": n.quarantine_reason,
                        "quarantined_at": n.quarantined_at.ToNanoseconds() / 1e9 if n.HasField("quarantined_at")
                        else None} for n in reply.nodes]
+    d = reply.disk
+    plain["disk"] = {"store_bytes": d.store_bytes, "policy_bytes": d.policy_bytes, "policy_files": d.policy_files,
+                     "policies_kept": d.policies_kept, "policies_removed": d.policies_removed,
+                     "policies_pinned": d.policies_pinned, "policy_bytes_removed": d.policy_bytes_removed,
+                     "store_growth_bytes_per_hour": d.store_growth_bytes_per_hour
+                     if d.HasField("store_growth_bytes_per_hour") else None,
+                     "policy_growth_bytes_per_hour": d.policy_growth_bytes_per_hour
+                     if d.HasField("policy_growth_bytes_per_hour") else None,
+                     "growth_window_s": d.growth_window.ToNanoseconds() / 1e9,
+                     "policy_keep_newest": d.policy_keep_newest}
     return plain

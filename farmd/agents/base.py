@@ -60,6 +60,9 @@ class AgentResult:
     server returned them, its finish reason and usage."""
     sampling: SamplingParams | None = None
     """What the model was asked to sample with (None for scripted agents)."""
+    policy_version: int | None = None
+    """The policy version the model's server said it sampled with, read back from it (0: it could not say, or
+    another model answered); None: the agent does not know, and the job's version stands."""
     flags: list[str] = field(default_factory=list)
     """Flags (``farmd.flags``) the agent raises about its own attempt, added to the verdict's: a red-team
     agent says what it tried, so its trajectories can be found, kept as negative examples, and left out."""

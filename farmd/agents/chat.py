@@ -140,9 +140,11 @@ class Completion:
     choice_index: int = 0
     """Which choice of its request this reply was (several when a group's first requests were one)."""
     n: int = 1
+    """Choices its request asked for."""
     seed: int | None = None
     """The seed the request carried, if any."""
-    """Choices its request asked for."""
+    policy_version: int | None = None
+    """The policy version its server said sampled it (0: it could not say); None when the agent does not know."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -377,6 +379,8 @@ class _Conversation:
         self.usage: dict[str, Any] = {"requests": 0, "retries": 0}
         self.turns: list[Turn] = []
         self.sampling = agent.sampling(policy_version, rollout_id)
+        self.versions: list[int | None] = []
+        """Each reply's ``Completion.policy_version``."""
         self.seed = self.sampling.seed if self.sampling is not None else None
         problem = self.over_budget()
         if problem:
@@ -418,6 +422,7 @@ class _Conversation:
         self.messages.append(message)
         self.usage["requests"] += 1
         self.usage["retries"] += reply.attempts - 1
+        self.versions.append(reply.policy_version)
         for key in USAGE_KEYS:
             if isinstance(reply.usage.get(key), int):
                 self.usage[key] = self.usage.get(key, 0) + reply.usage[key]
@@ -438,6 +443,14 @@ class _Conversation:
             if reply.seed is not None:  # a coalesced request carried its first attempt's seed
                 self.seed = self.sampling.seed = reply.seed
         return replace(reply, text=text, tool_calls=calls)
+
+    def sampled_version(self) -> int | None:
+        """The version every reply was sampled with, as their servers said; 0 when they differ or one could not
+        say; None when the agent does not know (then the job's own stands)."""
+        known = set(self.versions)
+        if known <= {None}:
+            return None
+        return known.pop() if len(known) == 1 else 0
 
     def _kept(self, text: str, clipped: list[bool], bound: int | None = None) -> str:
         text, repaired = valid_text(text)
@@ -515,7 +528,7 @@ class ChatAgent(Agent):
         final = extract_code(text, task.entry_point) if task.entry_point else text
         return AgentResult(attempt=Attempt(final=final), steps=[Step(final, None, None, time.monotonic() - started)],
                            usage=conv.usage, transcript=conv.transcript(), turns=conv.turns,
-                           sampling=conv.sampling)
+                           sampling=conv.sampling, policy_version=conv.sampled_version())
 
     async def _actions(self, task: Task, episode: Episode, policy_version: int, rollout_id: int) -> AgentResult:
         turns = turn_limit(task, episode, self.limits)
@@ -554,4 +567,4 @@ class ChatAgent(Agent):
                     problem = f"no final answer (after {len(steps)} commands)"
         return AgentResult(attempt=Attempt(final=answer or "", actions=[s.action for s in steps]), steps=steps,
                            usage=conv.usage, error=problem, transcript=conv.transcript(), turns=conv.turns,
-                           sampling=conv.sampling)
+                           sampling=conv.sampling, policy_version=conv.sampled_version())

@@ -26,6 +26,12 @@ reply raises ``EndpointError``: the job fails as infrastructure, never as a rewa
 One ``OpenAIClient`` per endpoint holds one ``httpx.AsyncClient`` (its connections are reused),
 made at the first request and closed by ``aclose``; a ``ClientPool`` shares them between the
 agents of a worker, which closes the pool when it stops.
+
+Replicas: an endpoint may be several servers of one model (``farmd.agents.replicas``). Each request goes to the
+one with the fewest outstanding; one that stops answering its health checks is taken out and its requests in
+flight are asked again of another at once (no backoff: the job goes on). A request to the endpoint's policy model
+(``serves`` a policy line, ``policy_model``) is stamped with the version the replica said it had before the request
+was sent and still had after its reply came (``replicas.stamp``): ``ChatReply.weight_version``, 0 when it cannot say.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import random
 import re
 import time
 from collections.abc import Hashable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -46,9 +52,10 @@ import httpx
 
 from farmd import domain
 from farmd.agents.chat import TOOLS, ChatAgent, ChatLimits, Completion, Message
+from farmd.agents.replicas import HealthConfig, ReplicaSet, stamp
 from farmd.agents.sampling import Coalescer
-from farmd.errors import EndpointError
-from farmd.offload import OFFLOAD, OffloadFailed
+from farmd.errors import EndpointError, NoReplica, OffloadFailed, ReplicaDown
+from farmd.offload import OFFLOAD
 from farmd.records import SamplingParams, ToolCall
 
 log = logging.getLogger("farmd.agents.endpoint")
@@ -98,43 +105,66 @@ def base_url(url: str) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class EndpointConfig:
-    """How to reach one model on one OpenAI-compatible server, and what to ask it for."""
+class RequestSettings:
+    """What an endpoint's requests ask for and how they are retried: defined once for the operator's
+    ``[endpoints.NAME]`` (``NamedEndpoint``) and the settings one agent's requests use (``EndpointConfig``)."""
 
-    base_url: str
-    """The API's base, e.g. ``http://127.0.0.1:8000/v1``; requests go to ``{base_url}/chat/completions``."""
-    model: str
     api_key: str | None = field(default=None, repr=False)
-    """Sent as ``Authorization: Bearer``; never logged or put in the agent's name."""
+    """Sent as ``Authorization: Bearer`` (read from the environment variable ``key_env`` when the config was
+    loaded); never logged, shown or put in the agent's name."""
     temperature: float = 1.0
+    """What requests ask for unless a spec says otherwise (0 to 2)."""
     top_p: float | None = None
     """None: not sent (the server's default, 1)."""
     seed: int | None = None
+    """Sent with every request: a server that honours it samples the same reply to the same request."""
     stop: tuple[str, ...] = ()
     logprobs: bool = True
-    """Ask for the sampled tokens' logprobs (``logprobs: true``)."""
+    """Ask for the sampled tokens' logprobs (``logprobs: true``; a server that refuses them is remembered and
+    asked no more)."""
     token_ids: bool = True
-    """Ask for prompt and completion token ids (vLLM's ``return_token_ids: true``)."""
+    """Ask for prompt and completion token ids (vLLM's ``return_token_ids: true``; a server that refuses it
+    likewise)."""
     n: int = 1
     """The most attempts of one group whose identical first requests are asked as one request for ``n``
     choices (set it to the group size); 1: every attempt asks alone."""
     tools: bool = False
     """Offer action episodes the ``run`` and ``answer`` tools instead of the fenced-block text protocol."""
     extra: dict[str, Any] = field(default_factory=dict, hash=False)  # a dict: left out so the config still hashes
-    """Fields merged into every request (vLLM's ``top_k``, ``chat_template_kwargs``, ...)."""
+    """Fields merged into every request (vLLM's ``top_k``, ``chat_template_kwargs``, ...); not those farm sets."""
     request_timeout_s: float = 300.0
     """One request, connecting included; a long generation on a busy server is slow, so this is generous."""
     max_attempts: int = 4
     """Requests in all for one reply, the first included."""
+
+
+REQUEST_SETTINGS = tuple(f.name for f in fields(RequestSettings))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndpointConfig(RequestSettings):
+    """How to reach one model on one OpenAI-compatible server, and what to ask it for."""
+
+    base_url: str
+    """The API's base, e.g. ``http://127.0.0.1:8000/v1``; requests go to ``{base_url}/chat/completions``."""
+    model: str
     backoff_s: float = 1.0
     """Wait before the first retry; doubled for each next one, times a jitter factor in [0.5, 1]."""
     max_backoff_s: float = 30.0
     max_response_bytes: int = MAX_RESPONSE_BYTES
     coalesce_window_s: float = 0.02
     """How long a group's first request waits for the group's other attempts (``n`` > 1)."""
+    replicas: tuple[str, ...] = ()
+    """Further servers of the same model, each an API base like ``base_url`` (data-parallel replicas)."""
+    health: HealthConfig = field(default_factory=HealthConfig)
+    serves: str | None = None
+    """The farm policy line whose weights the server's ``policy_model`` has (farmd's weight sync loads them)."""
+    policy_model: str | None = None
+    """The served model name that is the line's policy: requests for it are stamped with the version read back."""
 
     def __post_init__(self) -> None:
         base_url(self.base_url)  # ValueError now rather than at the first request
+        object.__setattr__(self, "replicas", tuple(base_url(u) for u in self.replicas))
         if self.api_key is not None and (not self.api_key.isprintable() or any(c.isspace() for c in self.api_key)):
             raise ValueError("the API key holds spaces or control characters")  # it goes into a header line
         if not self.model:
@@ -205,15 +235,23 @@ class ChatReply:
     """Choices the answered request asked for."""
     seed: int | None = None
     """The seed the answered request carried (a coalesced request carries its first attempt's)."""
+    model: str | None = None
+    """The model the server says answered."""
+    weight_version: int | None = None
+    """For a request to the policy model of an endpoint that serves a line: the version the replica had before
+    and after it (0: it could not say, or it changed); None for any other request."""
 
 
 class _Retry(Exception):
     """One request failed in a way a later one may not; ``wait_s`` is the server's hint, if any."""
 
-    def __init__(self, why: str, status: int | None = None, wait_s: float | None = None) -> None:
+    def __init__(self, why: str, status: int | None = None, wait_s: float | None = None, *,
+                 at_once: bool = False) -> None:
         super().__init__(why)
         self.status = status
         self.wait_s = wait_s
+        self.at_once = at_once
+        """Ask again without waiting (another replica takes it)."""
 
 
 class _Refused(Exception):
@@ -231,9 +269,11 @@ class OpenAIClient:
     and the coalescing window), so every agent of one endpoint can share it; requests carry the rest.
     """
 
-    def __init__(self, config: EndpointConfig) -> None:
+    def __init__(self, config: EndpointConfig, replicas: ReplicaSet | None = None) -> None:
         self.config = config
         self.url = base_url(config.base_url)
+        self._own_replicas = replicas is None
+        self.replicas = replicas or ReplicaSet(self.url, (self.url, *config.replicas), config.health)
         self.unsupported: set[str] = set()
         """Request fields this server refused (``OPTIONAL_FIELDS``): no longer sent."""
         self._http: httpx.AsyncClient | None = None
@@ -245,6 +285,8 @@ class OpenAIClient:
         """Cancel coalesced requests in flight and close the connections; later requests raise EndpointError."""
         self._closed = True
         await self._coalescer.aclose()
+        if self._own_replicas:
+            await self.replicas.aclose()
         if self._http is not None:
             http, self._http = self._http, None
             await http.aclose()
@@ -311,13 +353,18 @@ class OpenAIClient:
                 if failures >= cfg.max_attempts:
                     raise EndpointError(f"{self.url} (model {sent['model']}): no reply after {failures} attempts; "
                                         f"last: {exc}", status=exc.status, attempts=requests, transient=True) from None
-                await asyncio.sleep(self._backoff(failures, exc.wait_s))
+                await asyncio.sleep(0 if exc.at_once else self._backoff(failures, exc.wait_s))
                 continue
             if dropped and not set(dropped) <= self.unsupported:
                 self.unsupported.update(dropped)
                 log.warning("endpoint %s does not take %s: no longer asked for (its turns record no logprobs "
                             "or token ids it did not return)", self.url, ", ".join(dropped))
             return replace(reply, attempts=requests, n=int(sent.get("n", 1)), seed=sent.get("seed"))
+
+    def stamps(self, model: object) -> bool:
+        """Whether a request for ``model`` is one of the served policy's (and so stamped with its version)."""
+        cfg = self.config
+        return cfg.serves is not None and cfg.policy_model is not None and model == cfg.policy_model
 
     def _backoff(self, retry: int, hint_s: float | None) -> float:
         cfg = self.config
@@ -330,17 +377,42 @@ class OpenAIClient:
         timeout = self.config.request_timeout_s
         # Not httpx's encoder: it refuses the lone surrogates a model's reply may hold, which json escapes.
         body = json.dumps(payload).encode()
+        stamped = self.stamps(payload.get("model"))
+        before: str | None = None
         try:
-            async with asyncio.timeout(timeout):
-                response, data = await self._post(body)
+            async with self.replicas.use() as replica:
+                if stamped:
+                    before = replica.label if replica.label is not None else await self.replicas.label_now(replica)
+                try:
+                    async with asyncio.timeout(timeout):
+                        response, data = await self._post(replica.url, body)
+                except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                    self.replicas.failed(replica, f"cannot connect to it: {exc or type(exc).__name__}")
+                    raise
+                mark = self.replicas.mark()
+        except ReplicaDown as exc:
+            raise _Retry(str(exc), at_once=True) from None
+        except NoReplica as exc:
+            raise _Retry(str(exc)) from None
         except (TimeoutError, httpx.TimeoutException) as exc:
             if isinstance(exc, httpx.ConnectTimeout):
-                raise _Retry(f"cannot connect to {self.url}: no connection within {timeout:g}s") from None
-            raise _Retry(f"no response within {timeout:g}s") from None
+                raise _Retry(f"cannot connect to {replica.url}: no connection within {timeout:g}s") from None
+            raise _Retry(f"no response within {timeout:g}s from {replica.url}") from None
         except httpx.ConnectError as exc:
-            raise _Retry(f"cannot connect to {self.url}: {exc or type(exc).__name__}") from None
+            raise _Retry(f"cannot connect to {replica.url}: {exc or type(exc).__name__}") from None
         except httpx.HTTPError as exc:  # a reset, a malformed or cut response, an undecodable body
             raise _Retry(f"{type(exc).__name__}: {exc}") from None
+        reply = await self._read(payload, body, response, data)
+        if stamped:
+            # Read after the reply: the label this replica has now, on a read that began after the reply came.
+            after = await self.replicas.label_after(replica, mark)
+            reply = replace(reply, weight_version=stamp(self.config.serves or "", before, after))
+            if not reply.weight_version:
+                log.debug("a reply of %s stamped 0: its weight label was %r before and %r after", replica.url, before,
+                          after, extra={"event": "unstamped", "before": before, "after": after})
+        return reply
+
+    async def _read(self, payload: dict[str, Any], body: bytes, response: httpx.Response, data: bytes) -> ChatReply:
         status = response.status_code
         if status == 429 or status >= 500:
             raise _Retry(_describe(response, data), status, _retry_after(response))
@@ -361,9 +433,9 @@ class OpenAIClient:
         except OffloadFailed as exc:
             raise _Retry(f"the response ({len(data)} bytes) could not be read: {exc}", status) from None
 
-    async def _post(self, body: bytes) -> tuple[httpx.Response, bytes]:
+    async def _post(self, url: str, body: bytes) -> tuple[httpx.Response, bytes]:
         bound = self.config.max_response_bytes
-        async with self._client().stream("POST", f"{self.url}/chat/completions", content=body) as response:
+        async with self._client().stream("POST", f"{url}/chat/completions", content=body) as response:
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > bound:
                 raise _Retry(f"a response body of {declared} bytes (the bound is {bound})", response.status_code)
@@ -406,8 +478,10 @@ def read_reply(data: bytes, max_tokens: int | None = None, max_prompt_tokens: in
     for key, count in usage.items():  # counts a record sums over turns: each well inside int64
         if not 0 <= count < domain.TOKEN_ID_BOUND:
             raise ValueError(f"the reply's usage.{key[:40]} is {count}: a count of tokens is from 0 to 2**31")
+    model = reply.get("model")
     return ChatReply(choices=choices, usage=usage,
-                     prompt_token_ids=_bounded(_ids(reply.get("prompt_token_ids")), max_prompt_tokens, "prompt"))
+                     prompt_token_ids=_bounded(_ids(reply.get("prompt_token_ids")), max_prompt_tokens, "prompt"),
+                     model=model[:256] if isinstance(model, str) else None)
 
 
 def reply_text_bound(max_tokens: int | None) -> int:
@@ -524,13 +598,17 @@ class ClientPool:
     """One ``OpenAIClient`` per named endpoint, shared by every agent that names it: one set of connections,
     one memory of what the server refuses, one coalescer. Whoever makes the pool closes it."""
 
-    def __init__(self) -> None:
+    def __init__(self, replicas: dict[str, ReplicaSet] | None = None) -> None:
         self._clients: dict[str, OpenAIClient] = {}
+        self.replicas = replicas
+        """Each endpoint's replicas when someone else keeps them (the daemon's, shared with its weight sync);
+        None: each client keeps its own."""
 
     def client(self, name: str, config: EndpointConfig) -> OpenAIClient:
         found = self._clients.get(name)
         if found is None:
-            found = self._clients[name] = OpenAIClient(config)
+            shared = self.replicas.get(name) if self.replicas is not None else None
+            found = self._clients[name] = OpenAIClient(config, shared)
         return found
 
     async def aclose(self) -> None:
@@ -557,6 +635,20 @@ class OpenAIAgent(ChatAgent):
     async def aclose(self) -> None:
         if self._own_client:
             await self.client.aclose()
+
+    def _stamp(self, reply: ChatReply, model: str, policy_version: int) -> int | None:
+        """The policy version this reply was sampled with, as its server said: the replica's weight label around
+        the request (``ChatReply.weight_version``) for the served policy model; for a model named by version (one
+        LoRA adapter per version) the job's version when the server says that adapter answered; 0 for any other
+        model of an endpoint that serves a line; None (the job's own, 0) for an endpoint that serves none."""
+        client = self.client
+        if client.config.serves is None:
+            return None
+        if reply.weight_version is not None:
+            return reply.weight_version
+        if VERSION_FIELD in self.config.model and client.config.policy_model == self.config.model:
+            return policy_version if reply.model == model else 0
+        return 0
 
     def model_for(self, policy_version: int) -> str:
         return self.config.model.replace(VERSION_FIELD, str(policy_version))
@@ -601,7 +693,7 @@ class OpenAIAgent(ChatAgent):
         payload = self.payload(messages, max_tokens=max_tokens, policy_version=policy_version, tools=tools, seed=seed)
         reply, index = await self.client.sample(payload, group)
         choice = reply.choices[index]
-        return Completion(
+        return Completion(policy_version=self._stamp(reply, payload["model"], policy_version),
             text=choice.text, usage=_usage(reply, choice), finish_reason=choice.finish_reason,
             attempts=reply.attempts, token_ids=choice.token_ids,
             prompt_token_ids=choice.prompt_token_ids if choice.prompt_token_ids is not None else reply.prompt_token_ids,

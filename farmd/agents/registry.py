@@ -36,13 +36,21 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
 from farmd.agents.base import Agent
 from farmd.agents.chat import ChatLimits
-from farmd.agents.endpoint import ClientPool, EndpointConfig, OpenAIAgent, check_sampling
+from farmd.agents.endpoint import (
+    REQUEST_SETTINGS,
+    ClientPool,
+    EndpointConfig,
+    OpenAIAgent,
+    RequestSettings,
+    check_sampling,
+)
+from farmd.agents.replicas import HealthConfig
 from farmd.agents.scripted import RandomAgent, ReferenceAgent, SkilledAgent
 from farmd.agents.torch_policy import (
     DEFAULT_MAX_TOKENS,
@@ -116,53 +124,82 @@ def parse_red_team_spec(spec: str) -> RedTeamSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
-class NamedEndpoint:
-    """An OpenAI-compatible server the operator named in farm.toml (``[endpoints.NAME]``)."""
+class NamedEndpoint(RequestSettings):
+    """An OpenAI-compatible server the operator named in farm.toml (``[endpoints.NAME]``): what its requests
+    ask for and how they are retried are ``RequestSettings``, shared with ``EndpointConfig``."""
 
     name: str
     """What a spec calls it: ``openai:MODEL@NAME``."""
-    url: str
-    """The API's base, e.g. ``http://127.0.0.1:8000/v1``."""
-    api_key: str | None = field(default=None, repr=False)
-    """Read from the environment variable ``key_env`` when the config was loaded; never shown."""
+    url: str | tuple[str, ...]
+    """The API's base, e.g. ``http://127.0.0.1:8000/v1``; or a list of them, servers of one model (replicas):
+    each request goes to the one with the fewest outstanding. Read back as ``urls``; ``url`` is then the first."""
     key_env: str | None = None
-    request_timeout_s: float = 300.0
-    """One request, connecting included."""
-    max_attempts: int = 4
-    """Requests in all for one reply, the first included."""
     max_tokens: int = 16384
     """The most tokens per reply a spec may ask for."""
     max_turns: int = 50
     """The most replies in an action episode a spec may ask for (the task's own limit still applies)."""
-    temperature: float = 1.0
-    """What requests ask for unless a spec says otherwise (0 to 2)."""
-    top_p: float | None = None
-    """None: not sent."""
-    seed: int | None = None
-    """Sent with every request: a server that honours it samples the same reply to the same request."""
-    stop: tuple[str, ...] = ()
-    logprobs: bool = True
-    """Ask for sampling logprobs (a server that refuses them is remembered and asked no more)."""
-    token_ids: bool = True
-    """Ask for token ids (vLLM's ``return_token_ids``; a server that refuses it likewise)."""
-    n: int = 1
-    """The most attempts of one group whose identical first requests become one request for ``n`` choices:
-    set it to the group size. 1: every attempt asks alone."""
-    tools: bool = False
-    """Offer action episodes ``run``/``answer`` tools instead of the fenced-block text protocol."""
-    extra: dict[str, Any] = field(default_factory=dict, hash=False)  # a dict: left out so the config still hashes
-    """Fields merged into every request (vLLM's ``top_k``, ``chat_template_kwargs``, ...); not those farm sets."""
     serves: str | None = None
-    """The farm policy line this endpoint serves, when the operator keeps it so (a vLLM a trainer reloads on
-    every publish): its trajectories then record that line's newest version as their ``policy_version``.
-    None: the endpoint serves a model farm never saw, and its trajectories record no version (0)."""
+    """The farm policy line whose weights this endpoint's ``policy_model`` has: farmd loads each version the line
+    publishes into every replica (``sync``) and stamps each trajectory of that model with the version the server
+    said it had when it sampled, read back from it. None: the endpoint serves models farm never saw, and their
+    trajectories record no version (0)."""
+    policy_model: str | None = None
+    """The served model name of the line's policy (vLLM's ``--served-model-name``); default the line's name.
+    Any other model on the same server records version 0."""
+    sync: str = "reload"
+    """How each version reaches the servers: ``reload`` (farmd writes its weights under ``weights_dir`` and asks
+    every replica to reload them: vLLM with ``VLLM_SERVER_DEV_MODE=1``), or ``none`` (someone else loads them and
+    sets the label ``LINE:VERSION`` with ``/update_weight_version``; farmd only reads it back)."""
+    weights_dir: str | None = None
+    """Where farmd writes each version's weights for the servers to read (a directory they see at the same path:
+    a shared filesystem on a cluster). None: ``DATA/weights``."""
+    health_path: str = "/health"
+    health_every_s: float = 1.0
+    health_timeout_s: float = 2.0
+    health_failures: int = 2
+    """A replica is taken out after this many health checks in a row without an answer below 500."""
+    max_in_flight: int = 64
+    """Jobs of this endpoint a worker runs at once. They hold no rollout slot (a model's reply is waited on, not
+    computed): the cap is what keeps a hung server from holding more than this of a node's work."""
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return (self.url,) if isinstance(self.url, str) else tuple(self.url)
+
+    @property
+    def health(self) -> HealthConfig:
+        return HealthConfig(path=self.health_path, every_s=self.health_every_s, timeout_s=self.health_timeout_s,
+                            failures=self.health_failures)
+
+    @property
+    def served_policy(self) -> str | None:
+        """The model name whose requests are the line's policy (None when the endpoint serves no line)."""
+        return None if self.serves is None else (self.policy_model or self.serves)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _ENDPOINT_NAME.fullmatch(self.name):
             raise ValueError(f"the endpoint name {self.name!r} must be letters, digits, '.', '_' or '-' "
                              "(64 at most, starting with a letter or digit)")
-        if not isinstance(self.url, str):
-            raise ValueError(f"url must be a string, got {self.url!r}")
+        if isinstance(self.url, list | tuple):
+            if not self.url or len(self.url) > 64 or not all(isinstance(u, str) for u in self.url):
+                raise ValueError(f"url must be a string or a list of 1 to 64 strings, got {self.url!r}")
+            if len(set(self.url)) < len(self.url):
+                raise ValueError("url lists a server twice")
+            object.__setattr__(self, "url", tuple(self.url))
+        elif not isinstance(self.url, str):
+            raise ValueError(f"url must be a string or a list of strings, got {self.url!r}")
+        if self.sync not in ("reload", "none"):
+            raise ValueError(f"sync is 'reload' or 'none', got {self.sync!r}")
+        if self.policy_model is not None and (not isinstance(self.policy_model, str) or not self.policy_model
+                                              or not self.policy_model.isprintable()):
+            raise ValueError(f"policy_model must be a model name, got {self.policy_model!r}")
+        if self.weights_dir is not None and (not isinstance(self.weights_dir, str)
+                                             or not self.weights_dir.startswith("/")):
+            raise ValueError(f"weights_dir must be an absolute path, got {self.weights_dir!r}")
+        if not isinstance(self.max_in_flight, int) or isinstance(self.max_in_flight, bool) \
+                or not 1 <= self.max_in_flight <= 100_000:
+            raise ValueError(f"max_in_flight must be an integer from 1 to 100000, got {self.max_in_flight!r}")
+        self.health  # noqa: B018 -- raises ValueError for a bad health setting
         if not _number(self.request_timeout_s) or self.request_timeout_s <= 0:
             raise ValueError(f"request_timeout_s must be a positive number of seconds, got {self.request_timeout_s!r}")
         for name in ("max_attempts", "max_tokens", "max_turns"):
@@ -186,12 +223,12 @@ class NamedEndpoint:
 
     def config(self, model: str, temperature: float | None = None) -> EndpointConfig:
         """A request's settings: this endpoint's, for ``model``, at ``temperature`` (default the endpoint's)."""
-        return EndpointConfig(
-            base_url=self.url, model=model, api_key=self.api_key,
-            temperature=self.temperature if temperature is None else temperature, top_p=self.top_p,
-            seed=self.seed, stop=self.stop, logprobs=self.logprobs, token_ids=self.token_ids, n=self.n,
-            tools=self.tools, extra=dict(self.extra), request_timeout_s=float(self.request_timeout_s),
-            max_attempts=self.max_attempts)
+        shared = {name: getattr(self, name) for name in REQUEST_SETTINGS}
+        shared.update(temperature=self.temperature if temperature is None else temperature, extra=dict(self.extra),
+                      request_timeout_s=float(self.request_timeout_s))
+        first, *others = self.urls
+        return EndpointConfig(base_url=first, replicas=tuple(others), health=self.health, serves=self.serves,
+                              policy_model=self.served_policy, model=model, **shared)
 
 
 def _number(value: object) -> bool:

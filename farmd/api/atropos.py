@@ -24,12 +24,12 @@ from typing import Any
 from aiohttp import web
 
 from farmd.api.auth import OPERATOR, TRAINER, bearer_token, credential_for
-from farmd.api.budget import Budgets, Exhausted
+from farmd.api.budget import Budgets
 from farmd.api.http_site import HttpSite
 from farmd.atropos import groups
 from farmd.atropos.queue import AtroposQueue
 from farmd.config import Credential
-from farmd.errors import FarmError, Forbidden, NotFound
+from farmd.errors import AtroposInvalid, BudgetExhausted, FarmError, Forbidden, NotFound
 
 log = logging.getLogger("farmd.api.atropos")
 
@@ -110,9 +110,9 @@ class AtroposServer:
                     share.take(min(MAX_BODY_BYTES, declared if declared is not None else
                                    MAX_BODY_BYTES if request.body_exists else 0), pieces=1)
                     return await handler(request)
-            except Exhausted as exc:
+            except BudgetExhausted as exc:
                 return _detail(429, str(exc))
-            except groups.Invalid as exc:
+            except AtroposInvalid as exc:
                 return _reply(request, {"detail": exc.detail()}, status=422)
             except NotFound as exc:
                 return _detail(404, str(exc))
@@ -177,13 +177,13 @@ class AtroposServer:
                      detail=[d for exc in refused for d in exc.detail()])
         return _reply(request, reply, status=422)
 
-    async def _push(self, request: web.Request, *, many: bool) -> tuple[list[dict[str, Any]], list[groups.Invalid]]:
+    async def _push(self, request: web.Request, *, many: bool) -> tuple[list[dict[str, Any]], list[AtroposInvalid]]:
         """The groups kept (the queue's answer for each) and the groups refused, each with its place and why."""
         sent = await _read(request)
         async with self._parsing:
             checked = await asyncio.to_thread(groups.scored_groups, await _inflated(request, sent), many=many)
         kept = [c for c in checked if isinstance(c, groups.Checked)]
-        refused = [c for c in checked if isinstance(c, groups.Invalid)]
+        refused = [c for c in checked if isinstance(c, AtroposInvalid)]
         return (await self._queue.push(kept, owner=_owner(request)) if kept else []), refused
 
     async def _status(self, request: web.Request) -> web.StreamResponse:

@@ -50,6 +50,8 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = MappingProxyType({
     f"{_FARM}Ack": frozenset({OPERATOR, TRAINER}),
     f"{_FARM}PublishPolicy": frozenset({OPERATOR, TRAINER}),
     f"{_FARM}GetPolicy": frozenset({OPERATOR, TRAINER, NODE}),
+    f"{_FARM}ListPolicies": frozenset({OPERATOR, TRAINER}),
+    f"{_FARM}PinPolicy": frozenset({OPERATOR}),
     f"{_FARM}Rescore": frozenset({OPERATOR}),
     f"{_FARM}GetHistory": frozenset({OPERATOR, TRAINER}),
     f"{_FARM}GetLearningCurve": frozenset({OPERATOR, TRAINER}),

@@ -24,24 +24,14 @@ from typing import Any
 import grpc
 
 from farmd.api.auth import bearer_token
-from farmd.api.errors import Refused
 from farmd.config import Credential, token_sha256
+from farmd.errors import BudgetExhausted
 
 log = logging.getLogger("farmd.api.budget")
 
 DEFAULT_STREAMS = 64
 DEFAULT_PENDING_BYTES = 256 << 20
 DEFAULT_PENDING_PIECES = 4096
-REASON = "CREDENTIAL_BUDGET"
-
-
-class Exhausted(Refused):
-    """A credential's budget is spent: RESOURCE_EXHAUSTED, and the call that asked ends."""
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED, detail, REASON)
-
-
 @dataclass
 class _Account:
     name: str
@@ -91,7 +81,7 @@ class Budgets:
         if account.streams >= self.streams:
             log.warning("%s has %d streams open; %s refused", name, account.streams, method,
                         extra={"event": "budget_refused", "bound": "streams", "method": method})
-            raise Exhausted(f"{name} has {account.streams} streams open (uploads and node streams), its most: "
+            raise BudgetExhausted(f"{name} has {account.streams} streams open (uploads and node streams), its most: "
                             f"{method} is refused until one ends")
         account.streams += 1
         share = Share(self, account, method)
@@ -126,7 +116,7 @@ class Share:
             log.warning("%s holds %d bytes in %d pieces; %s refused %d more", account.name, account.bytes,
                         account.pieces, self._method, nbytes,
                         extra={"event": "budget_refused", "bound": bound, "method": self._method})
-            raise Exhausted(f"{account.name} holds {account.bytes} bytes in {account.pieces} unfinished pieces across "
+            raise BudgetExhausted(f"{account.name} holds {account.bytes} bytes in {account.pieces} unfinished pieces across "
                             f"its calls, at most {budgets.pending_bytes} bytes and {budgets.pending_pieces} pieces: "
                             f"{self._method} cannot keep {nbytes} bytes more until its calls finish what they "
                             "started")

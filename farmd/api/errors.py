@@ -24,6 +24,7 @@ from google.rpc.status_pb2 import Status
 from farmd.errors import (
     AgentSpecError,
     BadRequest,
+    CgroupUnavailable,
     ConfigError,
     Conflict,
     CursorError,
@@ -33,9 +34,14 @@ from farmd.errors import (
     Forbidden,
     InfraFailure,
     IsolationUnavailable,
+    LinkDown,
     NotFound,
+    OffloadFailed,
     PolicyError,
+    Refused,
+    RequestFailed,
     SandboxError,
+    SeccompUnavailable,
     TaskError,
 )
 from farmd.text import bounded
@@ -55,17 +61,9 @@ refuse past 16 KiB, and a message may quote what the caller sent, a name of any 
 not a copy of the request."""
 
 
-class Refused(FarmError):
-    """A call turned away with a code no kind of farm error stands for (RESOURCE_EXHAUSTED, DATA_LOSS):
-    the handler that raises it decides the code. It lives here, not in ``farmd.errors``, because it
-    carries a gRPC code and gRPC types stop at ``farmd/api``. Never retried by farmd."""
-
-    def __init__(self, code: grpc.StatusCode, detail: str, reason: str) -> None:
-        super().__init__(detail, reason=reason)
-        self.code = code
-
-
-# The first kind an error is an instance of decides; the reason is the error's own when it names one.
+# The first kind an error is an instance of decides; the reason is the error's own when it names one. ``Refused``
+# (``BudgetExhausted`` too) carries its own code. Kinds not named here (a generator's bug, a contributed
+# environment's failure, the attacker's) are INTERNAL, with their own reason where they name one.
 _CODES: list[tuple[type[BaseException], grpc.StatusCode, str]] = [
     (BadRequest, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
     (CursorError, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
@@ -80,6 +78,11 @@ _CODES: list[tuple[type[BaseException], grpc.StatusCode, str]] = [
     (InfraFailure, grpc.StatusCode.UNAVAILABLE, "INFRASTRUCTURE"),
     (ConfigError, grpc.StatusCode.FAILED_PRECONDITION, "MISCONFIGURED"),
     (IsolationUnavailable, grpc.StatusCode.FAILED_PRECONDITION, "NO_ISOLATION"),
+    (SeccompUnavailable, grpc.StatusCode.FAILED_PRECONDITION, "NO_ISOLATION"),
+    (CgroupUnavailable, grpc.StatusCode.FAILED_PRECONDITION, "NO_ISOLATION"),
+    (OffloadFailed, grpc.StatusCode.UNAVAILABLE, "OFFLOAD_FAILED"),
+    (LinkDown, grpc.StatusCode.UNAVAILABLE, "COORDINATOR_UNAVAILABLE"),
+    (RequestFailed, grpc.StatusCode.UNAVAILABLE, "COORDINATOR_UNAVAILABLE"),
     (SandboxError, grpc.StatusCode.UNAVAILABLE, "SANDBOX_UNAVAILABLE"),
     (FarmError, grpc.StatusCode.INTERNAL, "INTERNAL"),
 ]
@@ -88,7 +91,9 @@ _CODES: list[tuple[type[BaseException], grpc.StatusCode, str]] = [
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status code and ``ErrorInfo`` reason ``exc`` is sent with."""
     if isinstance(exc, Refused):
-        return exc.code, exc.reason or exc.code.name
+        code = getattr(grpc.StatusCode, exc.code, None)
+        return (code, exc.reason or code.name) if isinstance(code, grpc.StatusCode) else (grpc.StatusCode.INTERNAL,
+                                                                                          "INTERNAL")
     for kind, code, reason in _CODES:
         if isinstance(exc, kind):
             own = exc.reason if isinstance(exc, FarmError) else None

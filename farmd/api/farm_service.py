@@ -16,7 +16,7 @@ from farmd.agents import NamedEndpoint
 from farmd.agents.registry import MAX_SPEC_CHARS, check_spec
 from farmd.api import history
 from farmd.api.budget import Budgets, Share
-from farmd.api.errors import Refused, failure_status, guarded, guarded_stream
+from farmd.api.errors import failure_status, guarded, guarded_stream
 from farmd.api.limits import POLICY_CHUNK_BYTES
 from farmd.api.names import NameGuard
 from farmd.api.paging import make_token, page_size, read_token
@@ -24,19 +24,22 @@ from farmd.api.trajectories import batch_messages, fitting, fitting_changes, tra
 from farmd.atropos.records import is_atropos_env
 from farmd.envs import VerifyContext, get
 from farmd.envs.catalog import EnvLookup
-from farmd.errors import BadRequest, FailedPrecondition, NotFound
+from farmd.errors import BadRequest, FailedPrecondition, NotFound, Refused
 from farmd.flags import QUARANTINED, WITHDRAWN
 from farmd.names import CONSUMER, POLICY_LINE
 from farmd.node import NodeInfo
 from farmd.records import NODE_NAME
 from farmd.rollout import rescore
 from farmd.scheduler import PolicyChunk, Scheduler
-from farmd.scheduler.delivery import Subscription
+from farmd.scheduler.delivery import ConsumerStatus, Subscription
 from farmd.scheduler.history import History
-from farmd.scheduler.nodes import Nodes
+from farmd.scheduler.nodes import Nodes, NodeStatus
 from farmd.scheduler.policies import LINE_NAME
+from farmd.scheduler.retention import Disk
 from farmd.store import JobFailure, Store, StoreError
 from farmd.store.names import NameRow
+from farmd.store.retention import PolicyState
+from farmd.taskbank import Standing
 
 MAX_ROLLOUTS = 1_000_000
 MAX_GROUP = 1024
@@ -79,19 +82,20 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
         async def call() -> farm_pb2.GetStatusResponse:
             node = self._node
             farm = await self._scheduler.status()
+            pulse = farm.pulse
             reply = farm_pb2.GetStatusResponse(
                 version=node.version, node=node.name, isolation_ok=node.isolation_ok,
                 isolation=[farm_pb2.IsolationCheck(name=c.name, ok=c.ok, detail=c.detail, fix=c.fix)
                            for c in node.isolation],
                 workers=node.workers, max_boxes=node.max_boxes, policy_version=self._scheduler.policy_version,
-                queue=farm_pb2.QueueCounts(**farm["queue"]), throughput_per_s=farm["throughput_per_s"],
-                pass_rates=[farm_pb2.PassRate(**row) for row in farm["pass_rates"]],
-                bank=[farm_pb2.BankStatus(env=name, **_bank_fields(entry))
-                      for name, entry in [*farm["bank"]["envs"].items(), ("", farm["bank"]["totals"])]],
-                consumers=[_consumer_pb(c) for c in farm["consumers"]], streams=farm["streams"],
-                last_seq=farm["last_seq"], counters=farm["counters"],
+                queue=history.queue_pb(pulse.queue), throughput_per_s=pulse.throughput_per_s,
+                pass_rates=[farm_pb2.PassRate(**row) for row in farm.pass_rates],
+                bank=[_bank_pb(name, entry) for name, entry in [*pulse.bank.envs.items(), ("", pulse.bank.totals)]],
+                consumers=[_consumer_pb(c) for c in pulse.consumers], streams=pulse.streams,
+                last_seq=pulse.last_seq, counters=pulse.counters,
                 nodes=[_node_pb(n) for n in await self._nodes.status()] if self._nodes is not None else [],
-                recent_failures=[_failure_pb(f) for f in farm["recent_failures"]])
+                disk=_disk_pb(farm.disk),
+                recent_failures=[_failure_pb(f) for f in farm.recent_failures])
             reply.uptime.FromNanoseconds(round(node.uptime_s() * 1e9))
             return reply
         return await guarded(context, call)
@@ -113,8 +117,8 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
             policies = self._scheduler.policies
             # A URL, an unknown endpoint, a malformed torch spec: refused here, not by every job.
             check_spec(request.agent, endpoints=self._endpoints)
-            line = policies.line_for(request.agent)
-            if request.agent.startswith("torch:") and line is not None and not policies.latest(line):
+            line = policies.unpublished(request.agent)
+            if line is not None:
                 raise FailedPrecondition(f"no policy named {line!r} has been published: publish one first "
                                          f"(farm_client: publish_policy(blob, name={line!r}))")
             run_id = await self._scheduler.create_run(request.env, request.agent, request.rollouts,
@@ -301,7 +305,7 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
                     await self._names.use(POLICY_LINE, line, context)
             size += len(chunk.data)
             if size > self._max_policy_bytes:
-                raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"a policy is at most "
+                raise Refused("RESOURCE_EXHAUSTED", f"a policy is at most "
                               f"{self._max_policy_bytes} bytes (max_policy_bytes)", "POLICY_TOO_LARGE")
             share.take(len(chunk.data))
             yield PolicyChunk(sha256=chunk.sha256, uri=chunk.uri, data=chunk.data, name=chunk.name)
@@ -329,9 +333,30 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
                     else:
                         yield farm_pb2.GetPolicyResponse(data=data)
         except StoreError as exc:
-            raise Refused(grpc.StatusCode.DATA_LOSS, str(exc), "POLICY_CONTENT_LOST") from exc
+            raise Refused("DATA_LOSS", str(exc), "POLICY_CONTENT_LOST") from exc
         if header is not None:  # a uri only: no content to carry it
             yield header
+
+    async def ListPolicies(self, request: farm_pb2.ListPoliciesRequest,
+                           context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.ListPoliciesResponse:
+        async def call() -> farm_pb2.ListPoliciesResponse:
+            size = page_size(request.page_size)
+            before = read_token("policies", request.page_token) or 0
+            rows = await self._scheduler.policies.listing(before, size + 1)
+            more = len(rows) > size
+            rows = rows[:size]
+            return farm_pb2.ListPoliciesResponse(policies=[_policy_pb(p) for p in rows],
+                                                 next_page_token=make_token("policies", rows[-1].version) if more else "")
+        return await guarded(context, call)
+
+    async def PinPolicy(self, request: farm_pb2.PinPolicyRequest,
+                        context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.PinPolicyResponse:
+        async def call() -> farm_pb2.PinPolicyResponse:
+            if not 0 < request.version < 1 << 63:
+                raise BadRequest("a policy version is a whole number from 1")
+            state = await self._scheduler.policies.pin(request.version, request.pinned)
+            return farm_pb2.PinPolicyResponse(policy=_policy_pb(state))
+        return await guarded(context, call)
 
     async def ListNames(self, request: farm_pb2.ListNamesRequest,
                         context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.ListNamesResponse:
@@ -394,11 +419,12 @@ def _failure_pb(f: JobFailure) -> farm_pb2.JobFailure:
     return message
 
 
-_BANK_FIELDS = frozenset(farm_pb2.BankStatus.DESCRIPTOR.fields_by_name) - {"env"}
-
-
-def _bank_fields(entry: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in entry.items() if k in _BANK_FIELDS and v is not None}
+def _bank_pb(env: str, s: Standing) -> farm_pb2.BankStatus:
+    return farm_pb2.BankStatus(
+        env=env, level=s.level or 0, max_difficulty=s.max_difficulty or 0, level_pass_rate=s.level_pass_rate,
+        level_groups=s.level_groups or 0, tasks=s.tasks, in_band=s.in_band, easy=s.easy, hard=s.hard, retired=s.retired,
+        groups=s.groups, sampled=s.sampled, band_occupancy=s.band_occupancy, fresh_share=s.fresh_share,
+        informative_fraction=s.informative_fraction)
 
 
 def _name_pb(row: NameRow) -> farm_pb2.BoundName:
@@ -407,14 +433,39 @@ def _name_pb(row: NameRow) -> farm_pb2.BoundName:
     return message
 
 
-def _consumer_pb(c: dict[str, Any]) -> farm_pb2.ConsumerStatus:
+def _policy_pb(p: PolicyState) -> farm_pb2.PolicyInfo:
+    message = farm_pb2.PolicyInfo(version=p.version, name=p.name, sha256=p.sha256, size=p.size, uri=p.uri or "",
+                                  kept=p.has_content, removed_reason=p.removed_why)
+    message.created_at.FromNanoseconds(round(p.created_at * 1e9))
+    if p.pinned_at is not None:
+        message.pinned_at.FromNanoseconds(round(p.pinned_at * 1e9))
+    if p.removed_at is not None:
+        message.removed_at.FromNanoseconds(round(p.removed_at * 1e9))
+    return message
+
+
+def _disk_pb(disk: Disk) -> farm_pb2.DiskStatus:
+    u = disk.usage
+    message = farm_pb2.DiskStatus(
+        store_bytes=u.store_bytes, policy_bytes=u.policy_bytes, policy_files=u.policy_files, policies_kept=u.kept,
+        policies_removed=u.removed, policies_pinned=u.pinned, policy_bytes_removed=u.removed_bytes,
+        policy_keep_newest=disk.keep_newest)
+    if disk.store_growth_per_h is not None:
+        message.store_growth_bytes_per_hour = disk.store_growth_per_h
+    if disk.policy_growth_per_h is not None:
+        message.policy_growth_bytes_per_hour = disk.policy_growth_per_h
+    message.growth_window.FromNanoseconds(round(disk.window_s * 1e9))
+    return message
+
+
+def _consumer_pb(c: ConsumerStatus) -> farm_pb2.ConsumerStatus:
     message = farm_pb2.ConsumerStatus(
-        name=c["name"], whole_groups=c["whole_groups"], cursor=c["cursor"], lag=max(0, c["lag"]), streams=c["streams"],
-        state=farm_pb2.ConsumerState.Value(f"CONSUMER_STATE_{c['state'].upper()}"))
-    if c.get("acked_at"):
-        message.acked_at.FromNanoseconds(round(c["acked_at"] * 1e9))
-    if c.get("staleness") is not None:
-        message.staleness = c["staleness"]
+        name=c.name, whole_groups=c.whole_groups, cursor=c.cursor, lag=max(0, c.lag), streams=c.streams,
+        state=farm_pb2.ConsumerState.Value(f"CONSUMER_STATE_{c.state.upper()}"))
+    if c.acked_at:
+        message.acked_at.FromNanoseconds(round(c.acked_at * 1e9))
+    if c.staleness is not None:
+        message.staleness = c.staleness
     return message
 
 
@@ -456,17 +507,16 @@ _NODE_STATES = {"connected": farm_pb2.NODE_STATE_CONNECTED, "disconnected": farm
                 "lost": farm_pb2.NODE_STATE_LOST, "quarantined": farm_pb2.NODE_STATE_QUARANTINED}
 
 
-def _node_pb(row: dict[str, Any]) -> farm_pb2.NodeStatus:
+def _node_pb(row: NodeStatus) -> farm_pb2.NodeStatus:
     node = farm_pb2.NodeStatus(
-        name=row["name"], address=row["address"], state=_NODE_STATES.get(row["state"], farm_pb2.NODE_STATE_UNSPECIFIED),
-        capacity=row["capacity"], in_flight=row["in_flight"], done=row["done"], failed=row["failed"],
-        policy_versions=row["policy_versions"], isolation_ok=row["isolation_ok"], version=row["version"],
-        facts=row["facts"], refused=row.get("refused", 0), checked=row.get("checked", 0),
-        disagreed=row.get("disagreed", 0), canaries=row.get("canaries", 0),
-        quarantine_reason=row.get("quarantine_reason", ""))
-    if row.get("quarantined_at") is not None:
-        node.quarantined_at.FromNanoseconds(round(row["quarantined_at"] * 1e9))
-    if row["last_heartbeat"] is not None:
-        node.last_heartbeat.FromNanoseconds(round(row["last_heartbeat"] * 1e9))
-    node.last_seen.FromNanoseconds(round(row["last_seen"] * 1e9))
+        name=row.name, address=row.address, state=_NODE_STATES.get(row.state, farm_pb2.NODE_STATE_UNSPECIFIED),
+        capacity=row.capacity, in_flight=row.in_flight, done=row.done, failed=row.failed,
+        policy_versions=row.policy_versions, isolation_ok=row.isolation_ok, version=row.version, facts=row.facts,
+        refused=row.refused, checked=row.checked, disagreed=row.disagreed, canaries=row.canaries,
+        quarantine_reason=row.quarantine_reason)
+    if row.quarantined_at is not None:
+        node.quarantined_at.FromNanoseconds(round(row.quarantined_at * 1e9))
+    if row.last_heartbeat is not None:
+        node.last_heartbeat.FromNanoseconds(round(row.last_heartbeat * 1e9))
+    node.last_seen.FromNanoseconds(round(row.last_seen * 1e9))
     return node

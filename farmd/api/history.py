@@ -9,6 +9,7 @@ from farm.v1 import farm_pb2, trajectory_pb2
 
 from farmd.errors import BadRequest
 from farmd.scheduler.history import Sample
+from farmd.scheduler.scheduler import QueueCounts
 from farmd.store import ActivityBucket, CurvePoint, TrajectoryFilter
 
 DEFAULT_WINDOW_S = 3600.0
@@ -39,12 +40,19 @@ def _at(message: Any, seconds: float) -> None:
     message.FromNanoseconds(round(seconds * 1e9))
 
 
+def queue_pb(q: QueueCounts) -> farm_pb2.QueueCounts:
+    return farm_pb2.QueueCounts(queued=q.queued, leased=q.leased, done=q.done, failed=q.failed, cancelled=q.cancelled)
+
+
 def sample_pb(s: Sample) -> farm_pb2.StatusSample:
     message = farm_pb2.StatusSample(
-        queue=farm_pb2.QueueCounts(**s.queue), throughput_per_s=s.throughput_per_s, policy_version=s.policy_version,
+        queue=queue_pb(s.queue), throughput_per_s=s.throughput_per_s, policy_version=s.policy_version,
         last_seq=s.last_seq, nodes=s.nodes, nodes_connected=s.nodes_connected, streams=s.streams,
-        consumers=[farm_pb2.ConsumerSample(**{k: v for k, v in c.items() if v is not None}) for c in s.consumers],
-        bank=[farm_pb2.BankSample(**{k: v for k, v in b.items() if v is not None}) for b in s.bank])
+        consumers=[farm_pb2.ConsumerSample(name=c.name, whole_groups=c.whole_groups, cursor=c.cursor, lag=max(0, c.lag),
+                                           staleness=c.staleness) for c in s.consumers],
+        bank=[farm_pb2.BankSample(env=b.env, level=b.level, band_occupancy=b.band_occupancy,
+                                  informative_fraction=b.informative_fraction, level_pass_rate=b.level_pass_rate)
+              for b in s.bank])
     _at(message.time, s.time)
     return message
 

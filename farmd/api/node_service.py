@@ -23,10 +23,10 @@ from farm.v1 import node_pb2, node_pb2_grpc, trajectory_pb2
 from farm_client.convert import from_message
 
 from farmd import domain
-from farmd.api.budget import Budgets, Exhausted, Share
-from farmd.api.errors import Refused, guarded_stream
+from farmd.api.budget import Budgets, Share
+from farmd.api.errors import guarded_stream
 from farmd.api.names import NameGuard
-from farmd.errors import BadRequest, FailedPrecondition, FarmError
+from farmd.errors import BadRequest, BudgetExhausted, FailedPrecondition, FarmError, Refused
 from farmd.names import NODE
 from farmd.records import NODE_NAME, JobState, Trajectory
 from farmd.scheduler.nodes import MAX_CHECKS, MAX_FACT_CHARS, MAX_FACTS, Hello, Node, Nodes
@@ -97,7 +97,7 @@ class _Parts:
         if self._share is not None:
             try:  # RESOURCE_EXHAUSTED ends the stream, and with it what it held: the node sends it again
                 self._share.take(len(part.data), pieces=0 if part.job_id in self._open else 1)
-            except Exhausted:
+            except BudgetExhausted:
                 self._drop(part.job_id)
                 raise
         data += part.data
@@ -158,7 +158,7 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
             raise BadRequest("a node's first message is its hello")
         hello = _hello(first.hello, context.peer())
         if certified is not None and hello.name != certified:
-            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"this node's certificate names it {certified!r}, not "
+            raise Refused("PERMISSION_DENIED", f"this node's certificate names it {certified!r}, not "
                           f"{hello.name!r}: a node joins under its certificate's name (--node-name)",
                           "NODE_NAME_NOT_CERTIFIED")
         if self._names is not None and NODE_NAME.fullmatch(hello.name):
@@ -177,14 +177,14 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
                 while (reply := await replies.get()) is not None:
                     yield reply
                 spent = reader.exception() if reader.done() and not reader.cancelled() else None
-                if isinstance(spent, Exhausted):
+                if isinstance(spent, BudgetExhausted):
                     raise spent
             finally:
                 node.closer = None
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
             if node.quarantine_reason:
-                raise Refused(grpc.StatusCode.PERMISSION_DENIED, _text(
+                raise Refused("PERMISSION_DENIED", _text(
                     f"node {node.name!r} is quarantined: {node.quarantine_reason}. It gets no work until an operator "
                     f"clears it (farmctl nodes clear {node.name})", 2000), "NODE_QUARANTINED")
         finally:
@@ -216,7 +216,7 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
                      replies: asyncio.Queue[node_pb2.WorkResponse | None]) -> None:
         try:
             reply = await self._answer(node, request, parts)
-        except Exhausted:
+        except BudgetExhausted:
             raise  # the stream ends with RESOURCE_EXHAUSTED (``_work``)
         except FarmError as exc:
             reply = node_pb2.WorkResponse(error=_text(str(exc), 500))
@@ -232,7 +232,12 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
         kind = request.WhichOneof("kind")
         nodes = self._nodes
         if kind == "lease":
-            jobs = await nodes.lease(node, request.lease.n, request.lease.wait_s)  # capped at its free capacity there
+            ask = request.lease
+            try:
+                jobs = await nodes.lease(node, ask.n, ask.wait_s, endpoint=ask.endpoint or None,
+                                         exclude=tuple(ask.exclude_endpoints))  # capped at its free capacity there
+            except ValueError as exc:  # not an endpoint's name
+                return node_pb2.WorkResponse(error=f"a lease request: {exc}"[:500])
             leased = []
             for job in jobs:
                 sha = await nodes.policy_sha256(job.policy_version) if job.policy_version else ""

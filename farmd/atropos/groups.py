@@ -6,7 +6,7 @@ number finite, every size bounded. Atropos's own server checks types only, and i
 atroposlib's own tests push four advantages for three tokens, and an empty ``messages`` for a group of
 one. So a per-token row is bounded but not held to its sequence's length, and ``messages`` is checked
 for its shape (each message a role and a content) only. A refusal names the field and why
-(``Invalid``), and nothing of a refused request is kept.
+(``AtroposInvalid``), and nothing of a refused request is kept.
 
 These run off the event loop (a push is up to tens of megabytes of JSON), and return each group as
 Atropos hands it back: every field present, None where not sent, plus its stored form.
@@ -21,6 +21,7 @@ from typing import Any
 
 from farmd import domain, jsonio
 from farmd.atropos.records import as_trajectories
+from farmd.errors import AtroposInvalid
 from farmd.records import Trajectory
 from farmd.store.atropos import pack, pack_records
 
@@ -59,49 +60,37 @@ class Checked:
     """``records`` as the store keeps them (packed here, off the event loop)."""
 
 
-class Invalid(ValueError):
-    """A request that does not hold together; ``loc`` is where (as FastAPI's validation errors say it)."""
-
-    def __init__(self, loc: list[str | int], message: str) -> None:
-        super().__init__(message)
-        self.loc = loc
-        self.message = message
-
-    def detail(self) -> list[dict[str, Any]]:
-        return [{"loc": ["body", *self.loc], "msg": self.message, "type": "value_error"}]
-
-
 def _int(value: Any, loc: list[str | int]) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise Invalid(loc, "must be an integer")
+        raise AtroposInvalid(loc, "must be an integer")
     if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
-        raise Invalid(loc, "must be an integer")
+        raise AtroposInvalid(loc, "must be an integer")
     if not -_INT64 <= int(value) < _INT64:
-        raise Invalid(loc, "is out of range")
+        raise AtroposInvalid(loc, "is out of range")
     return int(value)
 
 
 def _float(value: Any, loc: list[str | int]) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise Invalid(loc, "must be a number")
+        raise AtroposInvalid(loc, "must be a number")
     if not math.isfinite(value):
-        raise Invalid(loc, "must be finite")
+        raise AtroposInvalid(loc, "must be finite")
     return float(value)
 
 
 def _str(value: Any, loc: list[str | int], limit: int = MAX_NAME) -> str:
     if not isinstance(value, str):
-        raise Invalid(loc, "must be a string")
+        raise AtroposInvalid(loc, "must be a string")
     if len(value) > limit:
-        raise Invalid(loc, f"is longer than {limit} characters")
+        raise AtroposInvalid(loc, f"is longer than {limit} characters")
     return value
 
 
 def _list(value: Any, loc: list[str | int], limit: int) -> list[Any]:
     if not isinstance(value, list):
-        raise Invalid(loc, "must be a list")
+        raise AtroposInvalid(loc, "must be a list")
     if len(value) > limit:
-        raise Invalid(loc, f"holds more than {limit} items")
+        raise AtroposInvalid(loc, f"holds more than {limit} items")
     return value
 
 
@@ -109,12 +98,12 @@ def _rows(value: Any, name: str, lengths: list[int], kind: str, *, exact: bool =
     """One list per sequence; each as long as its sequence when ``exact``, else bounded only."""
     rows = _list(value, [name], MAX_SEQUENCES)
     if len(rows) != len(lengths):
-        raise Invalid([name], f"has {len(rows)} rows for {len(lengths)} sequences")
+        raise AtroposInvalid([name], f"has {len(rows)} rows for {len(lengths)} sequences")
     out = []
     for i, (row, length) in enumerate(zip(rows, lengths, strict=True)):
         items = _list(row, [name, i], MAX_TOKENS)
         if exact and len(items) != length:
-            raise Invalid([name, i], f"has {len(items)} entries for a sequence of {length} tokens")
+            raise AtroposInvalid([name, i], f"has {len(items)} entries for a sequence of {length} tokens")
         out.append(_ints(items, [name, i]) if kind == "int" else _floats(items, [name, i]))
     return out
 
@@ -139,7 +128,7 @@ def _token_ids(items: list[Any], loc: list[str | int]) -> list[int]:
     """A row of token ids: integers in [0, 2**31) (``farmd.domain``), where ``_ints`` takes any int64."""
     bad = domain.bad_token_id(items)
     if bad is not None:
-        raise Invalid([*loc, bad[0]], bad[1])
+        raise AtroposInvalid([*loc, bad[0]], bad[1])
     return items
 
 
@@ -148,7 +137,7 @@ def _tree(value: Any, loc: list[str | int]) -> Any:
     problem = domain.tree_problem(value, "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in loc)[1:],
                                   MAX_PUSHED_DEPTH)
     if problem is not None:
-        raise Invalid(loc, problem)
+        raise AtroposInvalid(loc, problem)
     return value
 
 
@@ -161,7 +150,7 @@ def _sampled(rows: list[list[float]] | None, masks: list[list[int]], name: str) 
         trained = [j for j, m in enumerate(mask) if m != _IGNORED]
         bad = domain.bad_logprob([row[j] for j in trained])
         if bad is not None:
-            raise Invalid([name, i, trained[bad[0]]], f"{bad[1]} (a trained position)")
+            raise AtroposInvalid([name, i, trained[bad[0]]], f"{bad[1]} (a trained position)")
 
 
 def scored_group(raw: Any, where: list[str | int] | None = None) -> dict[str, Any]:
@@ -169,20 +158,20 @@ def scored_group(raw: Any, where: list[str | int] | None = None) -> dict[str, An
     know are dropped, as Atropos drops them."""
     loc = where or []
     if not isinstance(raw, dict):
-        raise Invalid(loc, "a scored group is a JSON object")
+        raise AtroposInvalid(loc, "a scored group is a JSON object")
     for required in ("tokens", "masks", "scores"):
         if raw.get(required) is None:
-            raise Invalid([*loc, required], "field required")
+            raise AtroposInvalid([*loc, required], "field required")
     try:
         sequences = _list(raw["tokens"], ["tokens"], MAX_SEQUENCES)
         if not sequences:
-            raise Invalid(["tokens"], "a group holds at least one sequence")
+            raise AtroposInvalid(["tokens"], "a group holds at least one sequence")
         tokens = [_token_ids(_list(seq, ["tokens", i], MAX_TOKENS), ["tokens", i]) for i, seq in enumerate(sequences)]
         lengths = [len(seq) for seq in tokens]
         group: dict[str, Any] = {"tokens": tokens, "masks": _rows(raw["masks"], "masks", lengths, "int")}
         scores = _list(raw["scores"], ["scores"], MAX_SEQUENCES)
         if len(scores) != len(tokens):
-            raise Invalid(["scores"], f"has {len(scores)} scores for {len(tokens)} sequences")
+            raise AtroposInvalid(["scores"], f"has {len(scores)} scores for {len(tokens)} sequences")
         group["scores"] = [_score(s, ["scores", i]) for i, s in enumerate(scores)]
         for name in ("advantages", "ref_logprobs", "inference_logprobs"):
             group[name] = None if raw.get(name) is None else _rows(raw[name], name, lengths, "float", exact=False)
@@ -191,18 +180,18 @@ def scored_group(raw: Any, where: list[str | int] | None = None) -> dict[str, An
         for name in ("generation_params", "group_overrides"):
             value = raw.get(name)
             if value is not None and not isinstance(value, dict):
-                raise Invalid([name], "must be an object")
+                raise AtroposInvalid([name], "must be an object")
             group[name] = _tree(value, [name])
         overrides = raw.get("overrides")
         if overrides is not None and not all(isinstance(o, dict) for o in _list(overrides, ["overrides"],
                                                                                 MAX_SEQUENCES)):
-            raise Invalid(["overrides"], "must be a list of objects")
+            raise AtroposInvalid(["overrides"], "must be a list of objects")
         group["overrides"] = _tree(overrides, ["overrides"])
         group["images"] = _tree(raw.get("images"), ["images"])
         env_id = raw.get("env_id")
         group["env_id"] = None if env_id is None else _int(env_id, ["env_id"])
         if group["env_id"] is not None and group["env_id"] < 0:
-            raise Invalid(["env_id"], "must not be negative")
+            raise AtroposInvalid(["env_id"], "must not be negative")
         for name, kind in (("distill_token_ids", "int"), ("distill_logprobs", "float")):
             group[name] = None if raw.get(name) is None else _distill(raw[name], name, lengths, kind)
         for name, first_bad in (("distill_token_ids", domain.bad_token_id), ("distill_logprobs", domain.bad_logprob)):
@@ -210,9 +199,9 @@ def scored_group(raw: Any, where: list[str | int] | None = None) -> dict[str, An
                 for j, top in enumerate(row):
                     bad = first_bad(top)
                     if bad is not None:
-                        raise Invalid([name, i, j, bad[0]], bad[1])
-    except Invalid as exc:
-        raise Invalid([*loc, *exc.loc], exc.message) from None
+                        raise AtroposInvalid([name, i, j, bad[0]], bad[1])
+    except AtroposInvalid as exc:
+        raise AtroposInvalid([*loc, *exc.loc], exc.message) from None
     return {name: group.get(name) for name in SCORED_FIELDS}
 
 
@@ -221,7 +210,7 @@ def _messages(value: Any) -> list[list[dict[str, Any]]]:
     for i, conversation in enumerate(conversations):
         for j, message in enumerate(_list(conversation, ["messages", i], MAX_TOKENS)):
             if not isinstance(message, dict) or "role" not in message or "content" not in message:
-                raise Invalid(["messages", i, j], "Message must have 'role' and 'content' fields")
+                raise AtroposInvalid(["messages", i, j], "Message must have 'role' and 'content' fields")
             _tree(message, ["messages", i, j])
     return conversations
 
@@ -230,30 +219,30 @@ def _score(value: Any, loc: list[str | int]) -> float:
     """A pushed score: finite, within ``domain.EXTERNAL_SCORE_BOUND`` (Atropos scores on its own scale)."""
     score = _float(value, loc)
     if abs(score) > domain.EXTERNAL_SCORE_BOUND:
-        raise Invalid(loc, f"is {score:g}; a score is at most {domain.EXTERNAL_SCORE_BOUND:g} either side of 0")
+        raise AtroposInvalid(loc, f"is {score:g}; a score is at most {domain.EXTERNAL_SCORE_BOUND:g} either side of 0")
     return score
 
 
 def _distill(value: Any, name: str, lengths: list[int], kind: str) -> list[list[list[Any]]]:
     rows = _list(value, [name], MAX_SEQUENCES)
     if len(rows) != len(lengths):
-        raise Invalid([name], f"has {len(rows)} rows for {len(lengths)} sequences")
+        raise AtroposInvalid([name], f"has {len(rows)} rows for {len(lengths)} sequences")
     parse = _int if kind == "int" else _float
     return [[[parse(x, [name, i, j, k]) for k, x in enumerate(_list(top, [name, i, j], MAX_TOKENS))]
              for j, top in enumerate(_list(row, [name, i], MAX_TOKENS))] for i, row in enumerate(rows)]
 
 
-def scored_groups(body: bytes, *, many: bool) -> list[Checked | Invalid]:
+def scored_groups(body: bytes, *, many: bool) -> list[Checked | AtroposInvalid]:
     """``/scored_data`` (one group) or ``/scored_data_list``'s body: each group checked, with its stored form
-    and its trajectories, or why it is refused (``Invalid``, its place in ``loc``). One group's refusal is
+    and its trajectories, or why it is refused (``AtroposInvalid``, its place in ``loc``). One group's refusal is
     that group's: the others of a list are kept. A body that is no group or list of groups raises."""
     raw, exact = _json_exact(body)
     items = _list(raw, [], MAX_GROUPS) if many else [raw]
-    out: list[Checked | Invalid] = []
+    out: list[Checked | AtroposInvalid] = []
     for i, item in enumerate(items):
         try:
             group = scored_group(item, [i] if many else [])
-        except Invalid as exc:
+        except AtroposInvalid as exc:
             if not many:
                 raise
             out.append(exc)
@@ -272,9 +261,9 @@ def _json_exact(body: bytes) -> tuple[Any, bool]:
     try:
         return jsonio.parse(body)
     except (UnicodeDecodeError, ValueError) as exc:
-        raise Invalid([], f"the body is not JSON: {exc}") from None
+        raise AtroposInvalid([], f"the body is not JSON: {exc}") from None
     except RecursionError:  # Python's json, past orjson's 1024 levels
-        raise Invalid([], "the body is JSON nested deeper than any group is") from None
+        raise AtroposInvalid([], "the body is JSON nested deeper than any group is") from None
 
 
 _REGISTRATION: dict[str, Callable[[Any, list[str | int]], Any]] = {"wandb_group": _str, "wandb_project": _str, "batch_size": _int, "max_token_len": _int,
@@ -286,9 +275,9 @@ def registration(body: bytes) -> dict[str, Any]:
     raw = _object(body)
     out = {name: parse(raw[name], [name]) if name in raw else _missing(name) for name, parse in _REGISTRATION.items()}
     if out["batch_size"] < 1:
-        raise Invalid(["batch_size"], "must be at least 1")
+        raise AtroposInvalid(["batch_size"], "must be at least 1")
     if out["starting_step"] < 0:
-        raise Invalid(["starting_step"], "must not be negative")
+        raise AtroposInvalid(["starting_step"], "must not be negative")
     return out
 
 
@@ -300,11 +289,11 @@ def env_registration(body: bytes) -> dict[str, Any]:
                         ("group_size", _int)):
         out[name] = parse(raw[name], [name]) if name in raw else _missing(name)
     if out["group_size"] < 1:
-        raise Invalid(["group_size"], "must be at least 1")
+        raise AtroposInvalid(["group_size"], "must be at least 1")
     share = raw.get("min_batch_allocation")
     out["min_batch_allocation"] = None if share is None else _float(share, ["min_batch_allocation"])
     if out["min_batch_allocation"] is not None and not 0.0 <= out["min_batch_allocation"] <= 1.0:
-        raise Invalid(["min_batch_allocation"], "is a share of the batch, 0.0 to 1.0")
+        raise AtroposInvalid(["min_batch_allocation"], "is a share of the batch, 0.0 to 1.0")
     return out
 
 
@@ -317,9 +306,9 @@ def env_id(body: bytes) -> int:
 def _object(body: bytes) -> dict[str, Any]:
     raw = _json(body)
     if not isinstance(raw, dict):
-        raise Invalid([], "the body is a JSON object")
+        raise AtroposInvalid([], "the body is a JSON object")
     return raw
 
 
 def _missing(name: str) -> Any:
-    raise Invalid([name], "field required")
+    raise AtroposInvalid([name], "field required")

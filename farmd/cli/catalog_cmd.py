@@ -65,7 +65,7 @@ def describe_agents(endpoints: tuple[NamedEndpoint, ...]) -> list[dict[str, Any]
     rows = [_form(form, example, what, endpoints) for form, example, what in _AGENT_FORMS]
     for e in endpoints:
         row = _form(f"openai:MODEL@{e.name}", f"openai:model@{e.name}", _OPENAI.format(name=e.name), endpoints)
-        rows.insert(-1, {**row, "endpoint": e.name, "url": e.url, "max_tokens": e.max_tokens,
+        rows.insert(-1, {**row, "endpoint": e.name, "url": ", ".join(e.urls), "max_tokens": e.max_tokens,
                          "max_turns": e.max_turns})
     if not endpoints:
         rows.insert(-1, _form("openai:MODEL@NAME", "openai:model@NAME", _OPENAI.format(name="NAME"), endpoints))

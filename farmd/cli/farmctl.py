@@ -40,7 +40,7 @@ _COMMANDS = {
     "quarantine": "farmd.cli.intake_cmd:quarantine", "bounty": "farmd.cli.intake_cmd:bounty_group",
     "contributor": "farmd.cli.intake_cmd:contributor_group", "funnel": "farmd.cli.intake_cmd:funnel",
     "redteam": "farmd.cli.redteam_cmd:redteam", "names": "farmd.cli.names_cmd:names_group",
-    "nodes": "farmd.cli.nodes_cmd:nodes_group",
+    "nodes": "farmd.cli.nodes_cmd:nodes_group", "policy": "farmd.cli.policy_cmd:policy_group",
 }
 """Each command and where it lives: imported only when it runs."""
 

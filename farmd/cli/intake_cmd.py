@@ -45,7 +45,8 @@ from farmd.cli.intake_view import (
 )
 from farmd.cli.remote_cmd import fail_rpc, farm_client
 from farmd.cli.shown import plain
-from farmd.intake.package import Package, PackageError, pack, read_package
+from farmd.errors import PackageError
+from farmd.intake.package import Package, pack, read_package
 
 CHUNK_BYTES = 256 << 10
 """Of the package, per ``SubmitRequest``."""

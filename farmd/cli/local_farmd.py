@@ -13,13 +13,10 @@ import time
 from pathlib import Path
 from typing import IO
 
+from farmd.errors import FarmdFailed
 from farmd.private import FILE_MODE, make_dir
 
 FARMD = str(Path(sys.executable).parent / "farmd")
-
-
-class FarmdFailed(Exception):
-    """farmd exited or did not come up; the message ends with its log."""
 
 
 class LocalFarmd:

@@ -83,6 +83,10 @@ class Summary:
     produced_per_s: float = 0.0
     consumed_per_s: float = 0.0
     steps_per_s: float = 0.0
+    versions_stamped: int | None = None
+    """For a model server's loop: the versions its trajectories were stamped with, read back from the server."""
+    unstamped_share: float | None = None
+    """... and the share stamped 0 (sampled across a weight load, or before the first)."""
 
     @property
     def held_out_gain(self) -> float | None:
@@ -124,7 +128,9 @@ class Summary:
             f"informative groups {pct(self.informative_fraction)}; staleness mean "
             f"{'n/a' if self.staleness_mean is None else f'{self.staleness_mean:.2f}'}, max "
             f"{'n/a' if self.staleness_max is None else self.staleness_max} versions",
-        ]
+        ] + ([] if self.versions_stamped is None else [
+            f"versions loaded into the server and stamped on what it sampled: {self.versions_stamped}; "
+            f"{pct(self.unstamped_share)} of its trajectories stamped 0 (sampled across a weight load)"])
 
 
 def _window_rate(steps: Sequence[dict[str, Any]], level: str) -> float | None:

@@ -8,6 +8,13 @@ every batch). While they run it shows the loop live; at the end it writes a repo
 learning curve (``learning-curve.png``: pass rate and difficulty against rollouts and wall time) and a
 summary (``summary.txt``, ``summary.json``). farmd then stops; the data dir stays for ``farmctl export``.
 
+With ``--engine vllm`` (``make run ENGINE=vllm``) the policy is a Hugging Face model (a small Llama built here,
+``farm_trainer.hf``) that a vLLM server samples: the job starts the server (``farmd.cli.vllm_server``) beside farmd,
+whose ``[endpoints.vllm]`` names it and serves the line ``policy``; demand queues ``openai:policy@vllm`` jobs, a
+group's first requests one request for ``n`` choices; the trainer (``--hf-model``) learns from the server's own
+token ids and logprobs, publishes the weights after every batch, and farmd loads each version into the server
+and stamps what it samples with the version read back from it. The job stops the server at the end.
+
 ``run_loop`` is the same loop for the benchmarks (band against uniform sampling) and the tests.
 """
 
@@ -29,13 +36,21 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 from rich.text import Text
 
-from farmd.cli.local_farmd import FarmdFailed, LocalFarmd
+from farmd.cli.local_farmd import LocalFarmd
 from farmd.cli.loop_report import FarmSample, Summary, append_sample, plot, read_jsonl, summarize
 from farmd.cli.shown import plain, text
+from farmd.cli.vllm_server import VllmServer, ensure_model
+from farmd.errors import FarmdFailed, LoopFailed, VllmFailed
 from farmd.private import FILE_MODE, make_dir
 
 POLICY = "tiny"
 AGENT = f"torch:{POLICY}"
+VLLM_POLICY = "policy"
+"""The line the vLLM loop's trainer publishes, and the model name its server serves the weights under."""
+VLLM_AGENT = f"openai:{VLLM_POLICY}@vllm"
+VLLM_BATCH = 256
+"""Trajectories per trainer step of the vLLM loop: 32 groups of 8 (the server samples fewer a second than the
+tiny loop's worker, so a smaller batch keeps versions coming)."""
 ENV = "arith"
 CONSUMER = "trainer"
 DEFAULT_MINUTES = 5.0
@@ -48,8 +63,12 @@ faster per completion and more steadily than 256 (greedy held-out 0.18 -> 0.45 w
 against 0.18 -> 0.35 in 117k)."""
 
 
-def loop_toml(sampling: str = "band", workers: int = 512, buffer: int = 512) -> str:
-    """farmd's settings for the loop; everything else is farmd's embedded default."""
+def loop_toml(sampling: str = "band", workers: int = 512, buffer: int = 512, *, agent: str = AGENT,
+              endpoint: str = "", keep_policies: int | None = None) -> str:
+    """farmd's settings for the loop; everything else is farmd's embedded default. ``endpoint``: the
+    ``[endpoints.vllm]`` table of the vLLM loop (``vllm_endpoint``). ``keep_policies``: the policy versions whose
+    content is kept (None: farmd's default, the newest few)."""
+    keep = "" if keep_policies is None else f"policy_keep_newest = {keep_policies}\n"
     return f"""# Written by make run: the learning loop's farm. Everything not set here is farmd's default.
 [farm]
 # Rollout slots. A torch rollout holds no box: its agent samples every waiting rollout in one batch,
@@ -58,7 +77,7 @@ workers = {workers}
 
 [scheduler]
 # What production makes when the trainer's buffer runs low: its own policy on its environment.
-demand_agent = "{AGENT}"
+demand_agent = "{agent}"
 demand_envs = ["{ENV}"]
 demand_consumers = ["{CONSUMER}"]
 # A trainer batch and a half ahead of what the trainer was sent: enough that sampling the next batch
@@ -66,7 +85,7 @@ demand_consumers = ["{CONSUMER}"]
 demand_buffer = {buffer}
 group_size = 8
 maintenance_every_s = 0.2
-
+{keep}
 [taskbank]
 sampling = "{sampling}"
 # Of every sample: 30% fresh tasks at the current level; once the level has moved up, 40% fresh tasks
@@ -87,6 +106,25 @@ keep_per_version = 0.99
 # before it has learned it: measured here at 0.35, the held-out pass rate there fell back once it moved.
 mastery_pass_rate = 0.5
 level_min_groups = 32
+{endpoint}"""
+
+
+def vllm_endpoint(url: str, in_flight: int = 64) -> str:
+    """The vLLM loop's ``[endpoints.vllm]``: the server the job started, serving the line ``policy``."""
+    return f"""
+[endpoints.vllm]
+# The vLLM server this job started. It serves the policy line "{VLLM_POLICY}" under the model name "{VLLM_POLICY}":
+# farmd loads each version the trainer publishes into it (reload from DATA/weights) and stamps what it samples
+# with the version it reads back from the server.
+url = "{url}"
+serves = "{VLLM_POLICY}"
+# An answer is a few digits and </s>; a group of 8 asks as one request for 8 choices, at temperature 1 (the
+# logprobs vLLM returns are the unscaled model's: the trainer's ratio starts at 1).
+max_tokens = 8
+temperature = 1.0
+n = 8
+seed = 1
+max_in_flight = {in_flight}
 """
 
 
@@ -177,21 +215,51 @@ def _pct(x: float | None) -> str:
 
 
 def run_loop(data_dir: Path, minutes: float, *, sampling: str = "band", console: Console | None = None,
-             trainer_args: tuple[str, ...] = (), workers: int = 512, http: str | None = None) -> Summary:
+             trainer_args: tuple[str, ...] = (), workers: int = 512, http: str | None = None,
+             engine: str = "tiny", keep_policies: int | None = None) -> Summary:
     """Run the loop for ``minutes`` on ``data_dir`` and return its summary (the report is written too).
-    ``http``: where farmd serves its web console (HOST:PORT; None: no console)."""
+    ``http``: where farmd serves its web console (HOST:PORT; None: no console). ``engine``: ``tiny`` (farm's own
+    LM, sampled in farmd's worker) or ``vllm`` (a Hugging Face model a vLLM server samples)."""
     from farm_client import FarmClient
 
     files = LoopFiles(data_dir)
     make_dir(data_dir)
     make_dir(files.report_dir)
     config = data_dir / "farm.toml"
-    config.write_text(loop_toml(sampling, workers))
-    farmd = LocalFarmd(data_dir, "--config", str(config), *(("--http", http) if http else ()))
+    server: VllmServer | None = None
+    stamps: dict[int, int] = {}
+    name, batch, extra = POLICY, BATCH, tuple(trainer_args)
+    budget_s = max(60.0, minutes * 60)
+    started_at = time.monotonic()
+    if engine == "vllm":
+        model = ensure_model(data_dir / "model")
+        server = VllmServer(model, (VLLM_POLICY,), data_dir / "vllm.log", wait=False)
+        name, batch = VLLM_POLICY, VLLM_BATCH
+        # lr 1e-4, not the tiny LM's 5e-4: measured here, 5e-4 moved this model too far a step (approximate KL
+        # to the sampling policy 0.05-0.09, a fifth of the tokens clipped) and the held-out pass rate fell 18% ->
+        # 13% in 4 minutes; 1e-4 took it 18% -> 32%.
+        extra = ("--hf-model", str(model), "--agent", VLLM_AGENT, "--eval-agent", f"{VLLM_AGENT}?temperature=0",
+                 "--lr", "1e-4", *extra)
+        config.write_text(loop_toml(sampling, 64, VLLM_BATCH * 3 // 2, agent=VLLM_AGENT,
+                                    endpoint=vllm_endpoint(server.url), keep_policies=keep_policies))
+    else:
+        config.write_text(loop_toml(sampling, workers, keep_policies=keep_policies))
+    try:
+        farmd = LocalFarmd(data_dir, "--config", str(config), *(("--http", http) if http else ()))
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
     trainer: subprocess.Popen[bytes] | None = None
     log: IO[bytes] | None = None
-    budget_s = max(60.0, minutes * 60)
     try:
+        if server is not None:
+            if console is not None:
+                console.print(Text.assemble(("vLLM", "bold"), f": server {server.proc.pid} at ", text(server.url),
+                                            " starting, log in ", text(server.log_path)))
+            server.wait_ready()
+            # The server's start comes out of the budget: the job ends when it was told to.
+            budget_s = max(60.0, budget_s - (time.monotonic() - started_at))
         if console is not None:
             console.print(Text.assemble(("farm", "bold"), f": farmd {farmd.proc.pid} at ", text(farmd.addr),
                                         ", data in ", text(data_dir), ", log in ", text(farmd.log_path)))
@@ -201,11 +269,12 @@ def run_loop(data_dir: Path, minutes: float, *, sampling: str = "band", console:
         fd = os.open(data_dir / "trainer.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
         log = os.fdopen(fd, "ab")
         trainer = subprocess.Popen(
-            [sys.executable, "-m", "farm_trainer", "--addr", farmd.addr, "--name", POLICY, "--env", ENV,
+            [sys.executable, "-m", "farm_trainer", "--addr", farmd.addr, "--name", name, "--env", ENV,
              "--consumer", CONSUMER, "--dir", str(files.trainer_dir),
              "--minutes", f"{(budget_s - _END_S) / 60:.3f}", "--threads", "1", "--eval-seeds", "300",
-             "--eval-every-s", "30", "--batch-size", str(BATCH), "--json", *trainer_args],
-            stdout=subprocess.PIPE, stderr=log)
+             "--eval-every-s", "30", "--batch-size", str(batch), "--json", *extra],
+            stdout=subprocess.PIPE, stderr=log, env={**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                                                     "TOKENIZERS_PARALLELISM": "false"})
         with FarmClient(farmd.addr) as client:
             watch = _Watch(client, files)
             bar = Progress(TextColumn("loop"), BarColumn(), TimeElapsedColumn(), TextColumn("of"),
@@ -233,6 +302,9 @@ def run_loop(data_dir: Path, minutes: float, *, sampling: str = "band", console:
         if trainer.wait() != 0:
             tail = (data_dir / "trainer.log").read_text(errors="replace")[-3000:]
             raise LoopFailed(f"the trainer exited {trainer.returncode}:\n{tail}\n{out[-1000:]}")
+        if server is not None:
+            with FarmClient(farmd.addr) as client:
+                stamps = _stamps(client)
     finally:
         if trainer is not None:
             if trainer.poll() is None:
@@ -243,18 +315,29 @@ def run_loop(data_dir: Path, minutes: float, *, sampling: str = "band", console:
         if log is not None:
             log.close()
         farmd.stop()
+        if server is not None:
+            server.stop()
     metrics = read_jsonl(files.metrics)
     farm = read_jsonl(files.farm_samples)
     summary = summarize(metrics, farm)
+    if server is not None:
+        summary.versions_stamped = len(set(stamps) - {0})
+        summary.unstamped_share = stamps.get(0, 0) / max(1, sum(stamps.values()))
+    what = f"{VLLM_AGENT} (vLLM)" if engine == "vllm" else AGENT
     plot(metrics, farm, files.report_dir / "learning-curve.png",
-         f"torch:{POLICY} learning {ENV} through farm ({sampling} sampling)")
+         f"{what} learning {ENV} through farm ({sampling} sampling)")
     (files.report_dir / "summary.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
     (files.report_dir / "summary.txt").write_text("\n".join(summary.lines()) + "\n")
     return summary
 
 
-class LoopFailed(Exception):
-    """farmd or the trainer failed; the message ends with the trainer's log."""
+def _stamps(client: Any) -> dict[int, int]:
+    """How many of the vLLM loop's trajectories were stamped with each version."""
+    counts: dict[int, int] = {}
+    for page in client.trajectory_pages(ENV, agent=VLLM_AGENT):
+        for t in page:
+            counts[t.policy_version] = counts.get(t.policy_version, 0) + 1
+    return counts
 
 
 def main() -> None:
@@ -265,6 +348,9 @@ def main() -> None:
     parser.add_argument("--sampling", choices=("band", "uniform"), default="band",
                         help="how the task bank picks tasks (uniform: the baseline make bench compares with)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object at the end")
+    parser.add_argument("--engine", choices=("tiny", "vllm"), default=os.environ.get("ENGINE") or "tiny",
+                        help="what samples the policy: farm's tiny LM in farmd's worker (default), or a vLLM "
+                             "server sampling a Hugging Face model (make vllm-setup first)")
     parser.add_argument("--http", default=os.environ.get("CONSOLE") or "127.0.0.1:0", metavar="HOST:PORT",
                         help="where farmd serves its web console while the loop runs (default %(default)s: any free "
                              "port on this host; 'off': none)")
@@ -272,8 +358,8 @@ def main() -> None:
     console = Console(highlight=False, emoji=False, stderr=args.json)
     try:
         summary = run_loop(args.data, args.minutes, sampling=args.sampling, console=console,
-                           http=None if args.http == "off" else args.http)
-    except (FarmdFailed, LoopFailed) as exc:
+                           http=None if args.http == "off" else args.http, engine=args.engine)
+    except (FarmdFailed, LoopFailed, VllmFailed) as exc:
         console.print(text(exc, "red", inline=False))
         sys.exit(1)
     report = LoopFiles(args.data).report_dir

@@ -72,6 +72,33 @@ def consumers_table(info: dict[str, Any]) -> Table:
     return table
 
 
+def human_bytes(n: object) -> str:
+    """A byte count as a person reads it (1.5 MB, 2.4 GB); "-" for none."""
+    if not isinstance(n, int | float) or isinstance(n, bool):
+        return "-"
+    size, sign = float(abs(n)), "-" if n < 0 else ""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{sign}{size:.0f} {unit}" if unit == "B" else f"{sign}{size:.1f} {unit}"
+        size /= 1000
+    return "-"  # unreachable: TB ends the loop
+
+
+def disk_line(info: dict[str, Any]) -> str | None:
+    """The disk the store and the policies take, and how fast it grows (None: a farmd too old to say)."""
+    d = info.get("disk")
+    if not d:
+        return None
+    growth = [d.get("store_growth_bytes_per_hour"), d.get("policy_growth_bytes_per_hour")]
+    grows = ("growing " + human_bytes(sum(growth)) + "/hour (store " + human_bytes(growth[0]) + ", policies "
+             + human_bytes(growth[1]) + f"; over the last {d['growth_window_s']:.0f}s)") if None not in growth \
+        else "growth not measured yet"
+    return (f"disk: store {human_bytes(d['store_bytes'])}, policies {human_bytes(d['policy_bytes'])} "
+            f"({d['policies_kept']} versions kept, {d['policies_pinned']} pinned, {d['policies_removed']} removed "
+            f"({human_bytes(d['policy_bytes_removed'])}); the newest {d['policy_keep_newest']} of each line kept); "
+            f"{grows}")
+
+
 def _ago(at: object) -> str:
     return f"{max(0.0, time.time() - at):.0f}s ago" if isinstance(at, int | float) else "-"
 
@@ -127,6 +154,9 @@ def status_view(info: dict[str, Any], addr: str) -> list[RenderableType]:
     parts: list[RenderableType] = list(headline(info, addr))
     if "queue" in info:
         parts += [queue_line(info)]
+        disk = disk_line(info)
+        if disk is not None:
+            parts.append(disk)
         if info.get("nodes"):
             parts.append(nodes_table(info))
             parts += quarantine_lines(info)

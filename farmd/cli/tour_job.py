@@ -22,10 +22,11 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from farmd.cli.local_farmd import FarmdFailed, LocalFarmd
+from farmd.cli.local_farmd import LocalFarmd
 from farmd.cli.shown import plain, text
 from farmd.cli.status_view import band_table, pass_table
 from farmd.envs import get, names
+from farmd.errors import FarmdFailed
 
 BIN = Path(sys.executable).parent
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
 from farmd.envs.task_cache import TaskCache
-from farmd.errors import FarmError, TaskError
+from farmd.errors import ContributedVerifierFailed, FarmError, TaskError
 from farmd.sandbox import Sandbox, SandboxPolicy
 from farmd.sandbox.result import CPU_TIME, WALL_TIME
 from farmd.text import valid_text
@@ -388,7 +388,8 @@ async def verify_safely(env: Environment, task: Task, attempt: Attempt, ctx: Ver
 
     A verifier that fails on purpose (``errored``: its reference failed, a box would not start)
     reports an infrastructure failure, and so does a failure of the farm's own parts
-    (``FarmError``). Any other exception happened while judging *this* attempt: whether the
+    (``FarmError``, but for ``ContributedVerifierFailed``: a contributed verifier's code that failed). Any other
+    exception happened while judging *this* attempt: whether the
     attempt caused it is decided by judging the task's reference the same way. If the reference
     is judged soundly, the verifier works for this task, so the failure is the attempt's doing:
     reward 0, flagged ``verifier_fault``, stored like any result. If it is not, the verifier (or
@@ -397,6 +398,8 @@ async def verify_safely(env: Environment, task: Task, attempt: Attempt, ctx: Ver
     attempt, repaired = valid_attempt(attempt)
     try:
         verdict = await env.verify(task, attempt, ctx)
+    except ContributedVerifierFailed as exc:  # a FarmError the attempt may have caused: judged like a bug's
+        verdict = await _blame(env, task, ctx, f"the verifier raised {_describe(exc)}")
     except FarmError as exc:
         return errored(env.verifier_version, f"{type(exc).__name__}: {exc}")
     except Exception as exc:
@@ -431,6 +434,8 @@ async def judge_episode_safely(env: EpisodeEnvironment[E], task: Task, episode: 
     final, repaired = valid_text(final)
     try:
         verdict = await env.judge_episode(task, episode, final, ctx)
+    except ContributedVerifierFailed as exc:  # a FarmError the attempt may have caused: judged like a bug's
+        verdict = await _blame(env, task, ctx, f"the verifier raised {_describe(exc)}")
     except FarmError as exc:
         return errored(env.verifier_version, f"{type(exc).__name__}: {exc}")
     except Exception as exc:

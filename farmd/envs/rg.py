@@ -26,13 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from farmd.envs.base import Attempt, Conduct, Rule, SubmissionEnvironment, Task, VerifyContext
-from farmd.errors import TaskError
+from farmd.errors import BadExpression, TaskError
 from farmd.text import valid_text
 from farmd.verifier.answer import (
     MAX_EXPRESSION_CHARS,
     MAX_TEXT_CHARS,
     AnswerKind,
-    BadExpression,
     extract_single_answer,
     has_non_ascii_digits,
     is_single_word,

@@ -23,7 +23,7 @@ import grpc
 from farm.v1 import node_pb2, node_pb2_grpc
 from grpc_status import rpc_status
 
-from farmd.errors import FarmError, JoinRefused
+from farmd.errors import JoinRefused, LinkDown, RequestFailed
 
 log = logging.getLogger("farmd.fleet")
 
@@ -46,14 +46,6 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.max_receive_message_length", 64 << 20),
 ]
-
-
-class LinkDown(FarmError):
-    """The coordinator is not connected now (or the request's stream ended before its reply)."""
-
-
-class RequestFailed(FarmError):
-    """The coordinator answered a request with an error."""
 
 
 def _reason(exc: grpc.aio.AioRpcError) -> str:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from farm.v1 import node_pb2, trajectory_pb2
 from farm_client.convert import to_message
 
-from farmd.fleet.link import Link, LinkDown, RequestFailed
+from farmd.errors import LinkDown, RequestFailed
+from farmd.fleet.link import Link
 from farmd.fleet.outbox import Buffered, Outbox
 from farmd.fleet.policy_cache import PolicyCache
 from farmd.records import Job, JobState, Trajectory
@@ -72,11 +73,13 @@ class RemoteLeases:
             return False
         return True
 
-    async def lease(self, owner: str, n: int) -> list[Job]:
+    async def lease(self, owner: str, n: int, *, endpoint: str | None = None, exclude: Sequence[str] = ()
+                    ) -> list[Job]:
         if not await self._connected():
             return []
         try:
-            reply = await self._link.request(lease=node_pb2.LeaseRequest(n=n, wait_s=LEASE_WAIT_S))
+            reply = await self._link.request(lease=node_pb2.LeaseRequest(
+                n=n, wait_s=LEASE_WAIT_S, endpoint=endpoint or "", exclude_endpoints=list(exclude)))
         except (LinkDown, RequestFailed) as exc:
             log.debug("no lease: %s", exc)
             return []

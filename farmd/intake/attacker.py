@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import Any
 
 from farmd.agents.endpoint import EndpointConfig, OpenAIClient
-from farmd.errors import EndpointError, FarmError
+from farmd.errors import AttackerError, EndpointError
 from farmd.intake.boxed import MAX_FINAL_CHARS, ContributedTask
 from farmd.intake.package import MANIFEST, Package
 from farmd.text import bounded, clip
@@ -49,15 +49,6 @@ SYSTEM = ("You test the verifiers of reinforcement-learning environments for rew
           "its tasks, find submissions that are NOT a correct answer to the task (wrong, hedged between "
           "answers, malformed, or exploiting the verifier's code) which this verifier would still reward. "
           "Never propose the correct answer itself. Reply with JSON only.")
-
-
-class AttackerError(FarmError):
-    """The attacker gave no proposals (its endpoint failed, or its reply held none): ``tokens`` it cost all
-    the same."""
-
-    def __init__(self, message: str, *, tokens: int = 0) -> None:
-        super().__init__(message, reason="ATTACKER_UNAVAILABLE")
-        self.tokens = tokens
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from farmd import domain
-from farmd.errors import FarmError
+from farmd.errors import CheckBudgetSpent, ContributedError
 from farmd.intake.package import Package
 from farmd.sandbox import BoxResult, Sandbox, SandboxPolicy
 from farmd.text import bounded, clip, decode, valid_text
@@ -53,25 +53,6 @@ MAX_TRACES = 8
 MAX_TRACE_CHARS = 16 * 1024
 VERDICTS_JUDGED = 4
 """Verdicts seen before their cost can end a submission's checks: one slow box is noise, a quarter is not."""
-
-
-class ContributedError(FarmError):
-    """The contributed environment's code failed a call: ``evidence`` says how (what intake reports)."""
-
-    def __init__(self, op: str, evidence: str) -> None:
-        super().__init__(f"{op}: {evidence}", reason="CONTRIBUTED_ENV_FAILED")
-        self.op = op
-        self.evidence = evidence
-
-
-class CheckBudgetSpent(FarmError):
-    """A submission's checks cost more than the farm lets them (``BoxedEnvironment``'s budgets: box seconds
-    in all, a verdict's CPU and wall seconds): the environment's own cost, a verdict on it, never a farm
-    failure to try again. ``evidence`` says which budget and by how much."""
-
-    def __init__(self, evidence: str) -> None:
-        super().__init__(evidence, reason="CHECK_BUDGET_SPENT")
-        self.evidence = evidence
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from collections.abc import Awaitable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from farmd.intake.boxed import BoxedEnvironment, ContributedError, ContributedTask
+from farmd.errors import ContributedError
+from farmd.intake.boxed import BoxedEnvironment, ContributedTask
 from farmd.intake.checks import Finding
 from farmd.intake.mutants import Coverage, coverage_findings, measure
 from farmd.intake.scan import scan_package

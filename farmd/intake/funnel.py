@@ -34,15 +34,24 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from farmd.errors import BadRequest, Conflict, FailedPrecondition, FarmError, Forbidden, NotFound
+from farmd.errors import (
+    BadRequest,
+    CheckBudgetSpent,
+    Conflict,
+    FailedPrecondition,
+    FarmError,
+    Forbidden,
+    NotFound,
+    PackageError,
+)
 from farmd.intake import reputation
 from farmd.intake.attacker import Attacker
-from farmd.intake.boxed import BoxedEnvironment, Call, CheckBudgetSpent
+from farmd.intake.boxed import BoxedEnvironment, Call
 from farmd.intake.canaries import ProductionCanaries
 from farmd.intake.checks import Finding
 from farmd.intake.contributed_checks import tier1_report
 from farmd.intake.exploits import fingerprint
-from farmd.intake.package import Package, PackageError, read_package
+from farmd.intake.package import Package, read_package
 from farmd.intake.probes import COST, verdict_cost
 from farmd.intake.settings import IntakeConfig
 from farmd.intake.tier2 import run_tier2

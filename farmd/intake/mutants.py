@@ -19,7 +19,8 @@ import copy
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 
-from farmd.intake.boxed import BoxedEnvironment, ContributedError, ContributedTask
+from farmd.errors import ContributedError
+from farmd.intake.boxed import BoxedEnvironment, ContributedTask
 from farmd.intake.checks import Finding
 
 MAX_MUTANTS = 12

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from farmd.errors import BadRequest
+from farmd.errors import PackageError
 
 MANIFEST = "farm-env.toml"
 MAX_FILES = 256
@@ -72,14 +72,6 @@ _ENTRY = re.compile(r"([A-Za-z0-9_./-]{1,200}\.py):([A-Za-z_][A-Za-z0-9_]{0,99})
 _MEMBER = re.compile(r"[A-Za-z0-9_.-]+")
 _KEYS = {"name", "version", "domain", "author", "levels", "kind", "entry", "bounds", "examples"}
 _BUILT_IN = ("py-func", "kernel", "shell", "arith", "rg")
-
-
-class PackageError(BadRequest):
-    """A submission that cannot be taken as it is; ``problems`` lists each thing to fix."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("the submission cannot be taken: " + "; ".join(problems[:20]), reason="BAD_SUBMISSION")
-        self.problems = problems
 
 
 @dataclass(frozen=True)

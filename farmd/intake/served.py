@@ -13,7 +13,7 @@ A verdict is the contributed verifier's, read strictly by ``BoxedEnvironment``. 
 task's reference is still judged a pass, and it is an infrastructure error if not. ``ContributedError``
 is a ``FarmError``, which ``verify_safely`` would take for the farm's own failure (an error whatever the
 attempt did, so an attempt that breaks the verifier would escape its 0); ``verify`` re-raises it as
-``ContributedVerifierFailed``, which is not one. The farm's own failures (a box that cannot start) stay
+``ContributedVerifierFailed``, which ``verify_safely`` judges as it judges a bug. The farm's own failures (a box that cannot start) stay
 ``FarmError``s: infrastructure.
 """
 
@@ -22,18 +22,13 @@ from __future__ import annotations
 from typing import Any
 
 from farmd.envs.base import Attempt, SubmissionEnvironment, Task, VerifyContext
-from farmd.errors import TaskError
-from farmd.intake.boxed import MAX_FINAL_CHARS, BoxedEnvironment, ContributedError
+from farmd.errors import ContributedError, ContributedVerifierFailed, TaskError
+from farmd.intake.boxed import MAX_FINAL_CHARS, BoxedEnvironment
 from farmd.intake.package import Package
 from farmd.verifier.verdict import Verdict, failed
 
 _DIGEST_CHARS = 12
 """Of the package's digest in ``verifier_version``: enough to tell two packages apart."""
-
-
-class ContributedVerifierFailed(Exception):
-    """A contributed verifier failed while judging one attempt: deliberately not a ``FarmError``, so that
-    ``verify_safely`` judges the task's reference to decide whom to blame (see the module)."""
 
 
 class ContributedEnvironment(SubmissionEnvironment):

@@ -33,9 +33,10 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from farmd.envs.base import Task
+from farmd.errors import AttackerError, ContributedError
 from farmd.intake import probes
-from farmd.intake.attacker import Attacker, AttackerError
-from farmd.intake.boxed import BoxedEnvironment, ContributedError, ContributedTask, Variant
+from farmd.intake.attacker import Attacker
+from farmd.intake.boxed import BoxedEnvironment, ContributedTask, Variant
 from farmd.intake.checks import Finding
 from farmd.intake.exploits import Exploit, for_kind, supplied_reference
 from farmd.intake.probes import CONSTANT, FORGED, LEAK, PROBES, Known, Try

@@ -12,6 +12,7 @@ report are known. What a check means for the node is the scheduler's (``farmd.sc
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from farmd.agents import make_agent
 from farmd.envs import VerifyContext
@@ -33,16 +34,17 @@ class Rechecker:
         self._ctx = ctx
         self._envs = envs
 
-    async def verify(self, trajectory: Trajectory) -> Score:
-        """The coordinator's verdict on ``trajectory``'s attempt, as a score row. ``InfraFailure`` when it cannot
-        judge (the verifier errs on the task itself, a box will not start): then nothing is concluded."""
+    async def verify(self, trajectory: Trajectory) -> tuple[Score, dict[str, Any]]:
+        """The coordinator's verdict on ``trajectory``'s attempt, as a score row, and the verdict's details (a
+        kernel's say which rewards its timing cannot tell apart). ``InfraFailure`` when it cannot judge (the
+        verifier errs on the task itself, a box will not start): then nothing is concluded."""
         env = self._envs(trajectory.env)
         verdict = await verify_stored(env, trajectory, self._ctx)
         if verdict.status != "ok":
             raise InfraFailure(f"the verifier could not judge: {'; '.join(verdict.reasons)[:300]}")
         return Score(verifier_version=verdict.verifier_version, reward=verdict.reward, passed=verdict.passed,
                      status=verdict.status, reasons=list(verdict.reasons), flags=list(verdict.flags),
-                     scored_at=time.time())
+                     scored_at=time.time()), dict(verdict.details)
 
     async def replicate(self, job: Job) -> Trajectory:
         """``job`` run here, start to end, by its agent (one of ``KNOWN_ANSWER_AGENT``): what a node that ran it

@@ -32,7 +32,7 @@ from farmd.envs import (
     kind_of,
     verify_safely,
 )
-from farmd.errors import AgentError, EndpointError, FarmError, InfraFailure
+from farmd.errors import AgentError, EndpointError, FarmError, InfraFailure, is_retried
 from farmd.flags import INVALID_TEXT, TRUNCATED
 from farmd.records import Job, PosedTask, SamplingParams, Step, Timings, Trajectory, Usage
 
@@ -44,8 +44,8 @@ async def run_rollout(job: Job, env: Environment, agent: Agent, ctx: VerifyConte
     started = time.monotonic()
     try:
         task = await env.make_task(job.seed, job.difficulty, ctx)
-    except FarmError as exc:
-        raise InfraFailure(f"cannot make the task: {exc}") from exc
+    except FarmError as exc:  # tried again as its kind says: an unknown environment never makes the task
+        raise InfraFailure(f"cannot make the task: {exc}", transient=is_retried(exc)) from exc
     made = time.monotonic()
     # How the agent acts is the environment's interface; the task's kind only tells the agent.
     if task.kind != kind_of(env):
@@ -60,7 +60,7 @@ async def run_rollout(job: Job, env: Environment, agent: Agent, ctx: VerifyConte
         except EndpointError as exc:
             raise InfraFailure(f"the agent's endpoint failed: {exc}", transient=exc.transient) from exc
         except AgentError as exc:
-            raise InfraFailure(f"the agent failed: {exc}") from exc
+            raise InfraFailure(f"the agent failed: {exc}", transient=is_retried(exc)) from exc
         acted = time.monotonic()
         if played is not None and episode is not None:
             verdict = await judge_episode_safely(played, task, episode, result.attempt.final, ctx)
@@ -68,8 +68,8 @@ async def run_rollout(job: Job, env: Environment, agent: Agent, ctx: VerifyConte
             verdict = await verify_safely(env, task, result.attempt, ctx)
     except InfraFailure:
         raise  # it is a FarmError too: not to be wrapped again, which would hide its cause
-    except FarmError as exc:  # a box that could not start, a sandbox that failed
-        raise InfraFailure(f"{type(exc).__name__}: {exc}") from exc
+    except FarmError as exc:  # a box that could not start (retried), a policy it was refused (not)
+        raise InfraFailure(f"{type(exc).__name__}: {exc}", transient=is_retried(exc)) from exc
     finally:
         if episode is not None:
             await episode.close()
@@ -85,7 +85,9 @@ async def run_rollout(job: Job, env: Environment, agent: Agent, ctx: VerifyConte
     usage = result.usage
     made_record = Trajectory(
         id=job.id, group_id=job.group_id, env=job.env, env_version=task.env_version, seed=job.seed,
-        difficulty=job.difficulty, agent=job.agent, policy_version=job.policy_version, reward=verdict.reward,
+        difficulty=job.difficulty, agent=job.agent, reward=verdict.reward,
+        # A model server's own word on its weights, when the agent read it back; else the version leased.
+        policy_version=job.policy_version if result.policy_version is None else result.policy_version,
         passed=verdict.passed, status=verdict.status, reasons=verdict.reasons, flags=verdict.flags,
         verifier_version=verdict.verifier_version, steps=_steps(result, submission=episode is None),
         final=result.attempt.final, node=node, verdict_details=verdict.details, task=posed(task),

@@ -4,6 +4,12 @@ The worker talks to the scheduler only through ``Leases``: the scheduler itself 
 coordinator, or ``farmd.fleet.remote.RemoteLeases`` on a joined node, where the same calls
 travel over the node's one gRPC stream. On stop it takes no new leases, lets rollouts in flight finish for a grace
 period, and gives back the leases of those that did not.
+
+A job whose agent waits on a model endpoint (``openai:MODEL@NAME``, NAME one of this node's endpoints) holds no
+rollout slot: it waits on a server, it does not compute, and a server that hangs would otherwise hold every slot
+and stop every other agent's work. Each endpoint has its own cap instead (``max_in_flight``), leased apart from
+the rest: a server that hangs holds at most that many of this node's jobs, until its health checks take it out
+and they fail as infrastructure (retried by the scheduler, never scored).
 """
 
 from __future__ import annotations
@@ -14,14 +20,15 @@ import logging
 import os
 import socket
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from farmd.agents import Agent, ClientPool, NamedEndpoint, PolicySource, TorchRuntime, make_agent
 from farmd.agents.registry import RedTeamFactory
+from farmd.agents.replicas import ReplicaSet
 from farmd.envs import VerifyContext, get
 from farmd.envs.catalog import EnvLookup
-from farmd.errors import EndpointError, InfraFailure
+from farmd.errors import EndpointError, is_retried
 from farmd.metrics import Metrics
 from farmd.records import Job, JobState, Trajectory
 from farmd.rollout.runner import run_rollout
@@ -40,7 +47,9 @@ _FLUSH_MAX = 64
 
 
 class Leases(Protocol):
-    async def lease(self, owner: str, n: int) -> list[Job]: ...
+    async def lease(self, owner: str, n: int, *, endpoint: str | None = None, exclude: Sequence[str] = ()
+                    ) -> list[Job]:
+        """Up to ``n`` jobs: only of ``endpoint``'s agents, or of none of ``exclude``'s."""
     async def heartbeat(self, owner: str, job_ids: list[int]) -> int: ...
     async def complete(self, owner: str, trajectories: list[Trajectory]) -> list[int]: ...
     async def fail(self, owner: str, job_id: int, error: str, *, transient: bool = True) -> JobState | None:
@@ -54,16 +63,16 @@ class Worker:
                  metrics: Metrics | None = None, endpoints: tuple[NamedEndpoint, ...] = (),
                  policies: PolicySource | None = None, owner: str | None = None, envs: EnvLookup = get,
                  prepare: Callable[[str], Awaitable[None]] | None = None,
-                 red_team: RedTeamFactory | None = None) -> None:
+                 red_team: RedTeamFactory | None = None, replicas: dict[str, ReplicaSet] | None = None) -> None:
         self.leases = leases
         self.envs = envs
-        self._prepare = prepare
-        self._red_team = red_team
-        """Builds ``redteam:`` agents (``farmctl redteam``'s adversaries); None: this node refuses them."""
-        """Makes a job's environment known before it is looked up (a joined node fetches an approved
-        contributed version from its coordinator); its failure is the job's infrastructure failure."""
         """Where jobs' environments are found, by name: the node's catalog (default: the built-ins); the
         ``reference`` and ``skilled:`` agents look there too."""
+        self._prepare = prepare
+        """Makes a job's environment known before it is looked up (a joined node fetches an approved
+        contributed version from its coordinator); its failure is the job's infrastructure failure."""
+        self._red_team = red_team
+        """Builds ``redteam:`` agents (``farmctl redteam``'s adversaries); None: this node refuses them."""
         self.endpoints = endpoints
         """This node's configured model endpoints, which jobs' ``openai:MODEL@NAME`` specs resolve against."""
         self.policies = policies
@@ -77,10 +86,18 @@ class Worker:
         """The lease owner: ``<node>:...``, so everything a node's incarnations held is found by its name."""
         self._lease_s = lease_s
         self._agents: OrderedDict[str, Agent] = OrderedDict()
-        self._clients = ClientPool()
-        """The endpoints' connections, shared by the agents (so dropping an agent closes nothing); closed on stop."""
         """Agents by spec, the most recently used last; at most ``_AGENTS_KEPT`` (specs come from callers)."""
+        self.replicas = replicas if replicas is not None else {
+            e.name: ReplicaSet(e.name, e.urls, e.health) for e in endpoints}
+        """Each endpoint's servers (the daemon's, shared with its weight sync, or this worker's own)."""
+        self._own_replicas = replicas is None
+        self._clients = ClientPool(self.replicas)
+        """The endpoints' connections, shared by the agents (so dropping an agent closes nothing); closed on stop."""
         self._running: dict[int, asyncio.Task[None]] = {}
+        self._model_jobs: dict[str, set[int]] = {e.name: set() for e in endpoints}
+        """Each endpoint's jobs running here: they hold no slot, and count against their endpoint's cap."""
+        for replica_set in self.replicas.values():
+            replica_set.on_change = self._wake_up
         self._done: list[Trajectory] = []
         self._flushed = asyncio.Event()
         self._stopping = False
@@ -94,6 +111,15 @@ class Worker:
     @property
     def in_flight(self) -> int:
         return len(self._running)
+
+    def _wake_up(self) -> None:
+        self._wake.set()
+
+    def _free(self) -> tuple[int, dict[str, int]]:
+        """(free rollout slots, each endpoint's free room)."""
+        model = sum(len(ids) for ids in self._model_jobs.values())
+        rooms = {e.name: e.max_in_flight - len(self._model_jobs[e.name]) for e in self.endpoints}
+        return self.slots - (len(self._running) - model), rooms
 
     def policy_versions(self) -> list[int]:
         """The policy versions this worker's torch agents have loaded."""
@@ -128,6 +154,8 @@ class Worker:
         await asyncio.gather(heartbeat, return_exceptions=True)
         await self._flush()
         await self._clients.aclose()
+        if self._own_replicas:
+            await asyncio.gather(*(r.aclose() for r in self.replicas.values()))
         if self._torch is not None:
             await self._torch.aclose()
         given_back = await self.leases.release(self.owner)
@@ -148,17 +176,26 @@ class Worker:
 
     async def _lease_loop(self) -> None:
         idle = _IDLE_MIN_S
+        names = [e.name for e in self.endpoints]
+        for servers in self.replicas.values():
+            servers.start()  # their health is known before their jobs are leased
         while not self._stopping:
-            free = self.slots - len(self._running)
-            if free <= 0:
+            free, rooms = self._free()
+            if free <= 0 and not any(room > 0 for room in rooms.values()):
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            jobs = []
             try:
-                jobs = await self.leases.lease(self.owner, free)
+                if free > 0:
+                    jobs += await self.leases.lease(self.owner, free, exclude=names)
+                for name, room in rooms.items():
+                    if room > 0:
+                        leased = await self.leases.lease(self.owner, room, endpoint=name)
+                        self._model_jobs[name].update(j.id for j in leased)
+                        jobs += leased
             except Exception:
                 log.exception("leasing failed")
-                jobs = []
             for job in jobs:
                 self._running[job.id] = asyncio.get_running_loop().create_task(self._run(job))
             if jobs:
@@ -197,12 +234,14 @@ class Worker:
                 if isinstance(exc, EndpointError) or isinstance(exc.__cause__, EndpointError):
                     self.metrics.endpoint_failed(job.agent)
             log.warning("job %d: %s", job.id, exc, extra={"job": job.id, "env": job.env, "event": "infra_failure"})
-            # A bug says nothing about whether trying again helps: retried up to the job's attempts, as before.
-            transient = exc.transient if isinstance(exc, InfraFailure) else True
+            # As the error's kind says (``farmd.errors``); a bug is retried up to the job's attempts.
+            transient = is_retried(exc)
             with contextlib.suppress(Exception):
                 await self.leases.fail(self.owner, job.id, f"{type(exc).__name__}: {exc}", transient=transient)
         finally:
             self._running.pop(job.id, None)
+            for ids in self._model_jobs.values():
+                ids.discard(job.id)
             self._wake.set()
 
     async def _flush(self) -> None:

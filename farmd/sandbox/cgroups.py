@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from farmd.errors import CgroupUnavailable
 from farmd.sandbox.owners import owner_alive
 
 _PARENT_NAME = "farm.boxes"
@@ -25,10 +26,6 @@ _V1_REQUIRED = ("memory", "pids", "cpuacct")
 _V1_OPTIONAL = ("cpu",)
 _V2_REQUIRED = ("memory", "pids", "cpu")
 _CFS_PERIOD_US = 100_000
-
-
-class CgroupUnavailable(RuntimeError):
-    pass
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from farmd.errors import CgroupUnavailable, SeccompUnavailable
 from farmd.sandbox import cgroups, scratch, seccomp
 from farmd.sandbox.config import SandboxConfig
 from farmd.sandbox.runtime import (
@@ -105,7 +106,7 @@ def _check_seccomp() -> Check:
         return Check("seccomp", False, "kernel built without seccomp", "use a kernel with CONFIG_SECCOMP_FILTER")
     try:
         program = seccomp.compile_bpf()
-    except seccomp.SeccompUnavailable as exc:
+    except SeccompUnavailable as exc:
         return Check("seccomp", False, str(exc), "install libseccomp2 (apt-get install libseccomp2)")
     return Check("seccomp", True,
                  f"filter of {len(program) // 8} BPF instructions denying {len(seccomp.denied_syscalls())} syscalls "
@@ -150,7 +151,7 @@ def _check_cgroups() -> Check:
             probe.set_limits(64 << 20, 8, 1.0)
         finally:
             probe.remove()
-    except (cgroups.CgroupUnavailable, OSError) as exc:
+    except (CgroupUnavailable, OSError) as exc:
         return Check("cgroups", False, f"cannot bound a box's memory, processes and CPU: {exc}",
                      "run as root on a host with cgroup v1 memory,pids,cpuacct or cgroup v2 memory,pids,cpu")
     return Check("cgroups", True, f"cgroup v{driver.version}: memory, pids and CPU per box")

@@ -84,9 +84,9 @@ class Sandbox:
         self._pending: dict[Shape, int] = {}
         """Warm boxes of each shape being launched right now."""
         self._tasks: set[asyncio.Task[None]] = set()
+        """Refills and teardowns in flight; close() waits for them."""
         self._launching: set[asyncio.Future[Box]] = set()
         """Launches under way in the spawner threads: ``close`` waits for them, so none outlives it."""
-        """Refills and teardowns in flight; close() waits for them."""
         self._live: set[Box] = set()
         self._all_gone = asyncio.Event()
         self._all_gone.set()

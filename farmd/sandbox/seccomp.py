@@ -23,6 +23,8 @@ import os
 import tempfile
 from dataclasses import dataclass
 
+from farmd.errors import SeccompUnavailable
+
 # clone(2) flags that would make a new namespace; bwrap's --disable-userns already
 # stops user namespaces, this stops the rest without needing a capability check.
 _CLONE_NAMESPACE_FLAGS = {
@@ -275,10 +277,6 @@ def _module_loading_socket_rules() -> list[DenyRule]:
 def denied_syscalls() -> frozenset[str]:
     """Names of syscalls denied outright (no argument condition)."""
     return frozenset(r.syscall for r in deny_rules() if not r.when)
-
-
-class SeccompUnavailable(RuntimeError):
-    pass
 
 
 @functools.cache

@@ -29,9 +29,9 @@ import itertools
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from farmd.metrics import Metrics
 from farmd.records import MAX_REASONS, Job, JobState, Score, Trajectory, verified_by_node
@@ -54,7 +54,8 @@ _SHOWN = 120
 class Checker(Protocol):
     """The coordinator's own judgement (``farmd.rollout.reverify.Rechecker``)."""
 
-    async def verify(self, trajectory: Trajectory) -> Score: ...
+    async def verify(self, trajectory: Trajectory) -> tuple[Score, dict[str, Any]]: ...
+    """The coordinator's score of ``trajectory``'s attempt, and its verdict's details."""
 
     async def replicate(self, job: Job) -> Trajectory: ...
 
@@ -76,12 +77,32 @@ def _verdict(passed: bool, reward: float) -> str:
     return f"{'a pass' if passed else 'a fail'} with reward {reward:g}"
 
 
-def verdict_disagreement(record: Trajectory, passed: bool, reward: float, tolerance: float) -> str:
-    """How a node's verdict on an attempt differs from the coordinator's (``passed``, ``reward``); "" if it does
-    not. A reward that is not a finite number never agrees."""
+REWARD_INTERVAL = "reward_interval"
+"""A verdict's detail: ``[low, high]``, the rewards its own measurement cannot tell apart (a kernel's speed reward,
+from its speedup's confidence interval: a node's box and the coordinator's time the same kernel differently, more
+so on a loaded machine). A node's reward in it agrees; one outside it, by more than the tolerance, does not."""
+
+
+def reward_interval(details: Mapping[str, Any]) -> tuple[float, float] | None:
+    """``details``' reward interval, when it holds a well-formed one."""
+    value = details.get(REWARD_INTERVAL)
+    if isinstance(value, list | tuple) and len(value) == 2 and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value) \
+            and value[0] <= value[1]:
+        return float(value[0]), float(value[1])
+    return None
+
+
+def verdict_disagreement(record: Trajectory, passed: bool, reward: float, tolerance: float,
+                         interval: tuple[float, float] | None = None) -> str:
+    """How a node's verdict on an attempt differs from the coordinator's (``passed``, ``reward``, and the rewards
+    its measurement cannot tell from it, ``interval``); "" if it does not. A reward that is not a finite number
+    never agrees."""
     if record.status != "ok":
         return f"it reported the verifier could not judge; the coordinator's verdict is {_verdict(passed, reward)}"
-    same = (record.passed == passed and math.isfinite(record.reward) and abs(record.reward - reward) <= tolerance)
+    low, high = interval if interval is not None else (reward, reward)
+    same = (record.passed == passed and math.isfinite(record.reward)
+            and min(low, reward) - tolerance <= record.reward <= max(high, reward) + tolerance)
     if same:
         return ""
     return f"it reported {_verdict(record.passed, record.reward)}; the coordinator's verifier gives {_verdict(passed, reward)}"
@@ -191,10 +212,10 @@ class NodeChecks:
         if stored is None or stored.verified_by != verified_by_node(check.node):
             return None  # no longer the node's word (withdrawn with it, or never its): nothing to check
         try:
-            score = await self._checker.verify(stored)
+            score, details = await self._checker.verify(stored)
         except Exception as exc:  # the coordinator could not judge: nothing is concluded about the node
             return INCONCLUSIVE, bounded(f"the coordinator could not judge: {exc}", 500)
-        why = verdict_disagreement(stored, score.passed, score.reward, self._tolerance)
+        why = verdict_disagreement(stored, score.passed, score.reward, self._tolerance, reward_interval(details))
         said = f"verified again on the coordinator: node {check.node} reported {_verdict(stored.passed, stored.reward)}"
         reasons = [bounded(said if not why else f"{said}, which the coordinator's verifier does not give", 1000),
                    *score.reasons][:MAX_REASONS]
@@ -211,7 +232,7 @@ class NodeChecks:
         except Exception as exc:
             return INCONCLUSIVE, bounded(f"the coordinator could not run the canary itself: {exc}", 500)
         why = answer_disagreement(record, expected) or verdict_disagreement(
-            record, expected.passed, expected.reward, self._tolerance)
+            record, expected.passed, expected.reward, self._tolerance, reward_interval(expected.verdict_details))
         return (DISAGREED, why) if why else (AGREED, f"{expected.agent}: {_verdict(expected.passed, expected.reward)}")
 
     async def _expected_for(self, record: Trajectory) -> Trajectory:

@@ -57,6 +57,12 @@ class SchedulerConfig:
     """A node's first canary comes after a random one of its first this many jobs."""
     node_refusals_quarantine: int = 3
     """Results a node reports under another job's identity before it is quarantined."""
+    policy_keep_newest: int = 4
+    """The versions of each policy line whose content is kept whatever else holds (the current one among them); an
+    older version's content goes once no job is queued or leased for it and no operator pinned it (its hash and
+    metadata stay). At least 1."""
+    policy_sweep_s: float = 10.0
+    """How often unused policy content is looked for and removed, and the disk the store takes sampled."""
 
     def __post_init__(self) -> None:
         if not REVERIFY_SHARE_FLOOR <= self.reverify_share <= 1:
@@ -68,6 +74,10 @@ class SchedulerConfig:
             raise ValueError(f"reverify_first is at least {REVERIFY_FIRST_FLOOR}, not {self.reverify_first!r}")
         if self.canary_first_within < 1 or self.reverify_concurrency < 1 or self.node_refusals_quarantine < 1:
             raise ValueError("canary_first_within, reverify_concurrency and node_refusals_quarantine are at least 1")
+        if isinstance(self.policy_keep_newest, bool) or not isinstance(self.policy_keep_newest, int) \
+                or self.policy_keep_newest < 1 or not self.policy_sweep_s > 0:
+            raise ValueError(f"policy_keep_newest is at least 1 (a line's current version is always kept) and "
+                             f"policy_sweep_s above 0, not {self.policy_keep_newest!r} and {self.policy_sweep_s!r}")
         if not 0 <= self.reverify_tolerance < 1:
             raise ValueError(f"reverify_tolerance is 0 to below 1, not {self.reverify_tolerance!r}")
 

@@ -40,6 +40,27 @@ _POLL_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
+class ConsumerStatus:
+    """One consumer as operators see it (``Delivery.status``)."""
+
+    name: str
+    whole_groups: bool
+    """It streams whole groups (its cursor counts groups' completions), not single trajectories."""
+    cursor: int
+    """The sequence number it acked up to (0: never acked)."""
+    lag: int
+    """Stored trajectories it has not taken."""
+    streams: int
+    """Its streams open now."""
+    state: str
+    """``consuming``, ``stalled`` (sent more than it acked, for longer than the stall time) or ``closed``."""
+    acked_at: float | None
+    """When it last acked (None: never)."""
+    staleness: float | None
+    """Mean policy versions behind, of the trajectories its last batch carried (None: none yet)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Subscription:
     """What one stream carries: ``agent``'s trajectories (the spec exactly as queued; "" any agent) of
     ``envs`` (empty: any environment)."""
@@ -240,13 +261,13 @@ class Delivery:
     def open_streams(self) -> int:
         return sum(c.streams for c in self._consumers.values())
 
-    async def status(self, limit: int = 200) -> list[dict[str, Any]]:
+    async def status(self, limit: int = 200) -> list[ConsumerStatus]:
         """Consumers: every one streaming now and the ``limit`` that acked last (names come from clients, so
         there may be any number), each with its cursor, how many stored trajectories it has not taken
         (``lag``), its open streams, and whether it is ``consuming``, ``stalled`` or ``closed``."""
         now = time.monotonic()
         stored = await self.store.last_seq()
-        out = []
+        out: list[ConsumerStatus] = []
         rows = await self.store.consumers(limit)
         listed = {(r["name"], r["kind"]) for r in rows}
         rows += [r for key in self._consumers if key not in listed
@@ -260,18 +281,18 @@ class Delivery:
                 condition = "stalled"
             else:
                 condition = "consuming"
-            out.append({"name": row["name"], "whole_groups": row["kind"] == GROUPS, "cursor": row["acked"],
-                        "lag": stored - await self.store.consumed(row["kind"], row["acked"]),
-                        "streams": state.streams, "state": condition, "acked_at": row["updated_at"],
-                        "staleness": state.staleness})
-        known = {(c["name"], GROUPS if c["whole_groups"] else TRAJECTORIES) for c in out}
+            out.append(ConsumerStatus(
+                name=row["name"], whole_groups=row["kind"] == GROUPS, cursor=row["acked"],
+                lag=stored - await self.store.consumed(row["kind"], row["acked"]), streams=state.streams,
+                state=condition, acked_at=row["updated_at"], staleness=state.staleness))
+        known = {(c.name, GROUPS if c.whole_groups else TRAJECTORIES) for c in out}
         for (name, kind), state in self._consumers.items():  # streaming, but never acked yet
             if (name, kind) not in known and state.streams > 0:
                 stalled = state.waiting_since is not None and now - state.waiting_since > self.stall_s
-                out.append({"name": name, "whole_groups": kind == GROUPS, "cursor": 0, "lag": stored,
-                            "streams": state.streams, "state": "stalled" if stalled else "consuming",
-                            "acked_at": None, "staleness": state.staleness})
-        return sorted(out, key=lambda c: (c["name"], c["whole_groups"]))
+                out.append(ConsumerStatus(name=name, whole_groups=kind == GROUPS, cursor=0, lag=stored,
+                                          streams=state.streams, state="stalled" if stalled else "consuming",
+                                          acked_at=None, staleness=state.staleness))
+        return sorted(out, key=lambda c: (c.name, c.whole_groups))
 
 
 def _fresh(trajectories: list[Trajectory], stale: Callable[[int], bool], whole_groups: bool) -> list[Trajectory]:

@@ -12,14 +12,16 @@ import asyncio
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from farmd.scheduler.delivery import ConsumerStatus
 from farmd.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from farmd.scheduler.nodes import Nodes
-    from farmd.scheduler.scheduler import Scheduler
+    from farmd.scheduler.scheduler import QueueCounts, Scheduler
 
 log = logging.getLogger("farmd.scheduler.history")
 
@@ -30,18 +32,29 @@ MAX_CONSUMERS_SAMPLED = 32
 """Consumer names come from clients: a sample keeps the ones streaming and the most recent, not all."""
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
+class BankSample:
+    """One environment's standing in the task bank at a sample (env "": the totals)."""
+
+    env: str
+    level: int
+    band_occupancy: float | None
+    informative_fraction: float | None
+    level_pass_rate: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class Sample:
     time: float
-    queue: dict[str, int]
+    queue: QueueCounts
     throughput_per_s: float
     policy_version: int
     last_seq: int
     streams: int
     nodes: int = 0
     nodes_connected: int = 0
-    consumers: list[dict[str, Any]] = field(default_factory=list)
-    bank: list[dict[str, Any]] = field(default_factory=list)
+    consumers: tuple[ConsumerStatus, ...] = ()
+    bank: tuple[BankSample, ...] = ()
     """Per environment, then the totals (env "")."""
 
 
@@ -75,16 +88,16 @@ class History:
         """Take one sample now and keep it."""
         pulse = await self._scheduler.pulse()
         nodes = await self._nodes.status() if self._nodes is not None else []
-        bank = pulse["bank"]
+        bank = pulse.bank
         sample = Sample(
-            time=time.time(), queue=dict(pulse["queue"]), throughput_per_s=float(pulse["throughput_per_s"]),
-            policy_version=int(pulse["policy_version"]), last_seq=int(pulse["last_seq"]), streams=int(pulse["streams"]),
-            nodes=len(nodes), nodes_connected=sum(1 for n in nodes if n["state"] == "connected"),
-            consumers=[{key: c[key] for key in ("name", "whole_groups", "cursor", "lag", "staleness")}
-                       for c in _most_relevant(pulse["consumers"])],
-            bank=[{"env": env, "level": int(entry.get("level") or 0),
-                   **{key: entry.get(key) for key in ("band_occupancy", "informative_fraction", "level_pass_rate")}}
-                  for env, entry in [*bank["envs"].items(), ("", bank["totals"])]])
+            time=time.time(), queue=pulse.queue, throughput_per_s=pulse.throughput_per_s,
+            policy_version=pulse.policy_version, last_seq=pulse.last_seq, streams=pulse.streams,
+            nodes=len(nodes), nodes_connected=sum(1 for n in nodes if n.state == "connected"),
+            consumers=tuple(_most_relevant(pulse.consumers)),
+            bank=tuple(BankSample(env=env, level=entry.level or 0, band_occupancy=entry.band_occupancy,
+                                  informative_fraction=entry.informative_fraction,
+                                  level_pass_rate=entry.level_pass_rate)
+                       for env, entry in [*bank.envs.items(), ("", bank.totals)]))
         self._samples.append(sample)
         return sample
 
@@ -93,7 +106,7 @@ class History:
         return [s for s in self._samples if s.time >= start]
 
 
-def _most_relevant(consumers: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    streaming = [c for c in consumers if c["streams"] > 0]
-    rest = sorted((c for c in consumers if c["streams"] <= 0), key=lambda c: c.get("acked_at") or 0, reverse=True)
+def _most_relevant(consumers: Sequence[ConsumerStatus]) -> list[ConsumerStatus]:
+    streaming = [c for c in consumers if c.streams > 0]
+    rest = sorted((c for c in consumers if c.streams <= 0), key=lambda c: c.acked_at or 0, reverse=True)
     return (streaming + rest)[:MAX_CONSUMERS_SAMPLED]

@@ -30,7 +30,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,9 @@ MAX_FACTS = 32
 MAX_FACT_CHARS = 256
 MAX_CHECKS = 64
 MAX_LEASE_WAIT_S = 5.0
+MAX_MODEL_JOBS = 4096
+"""Model endpoints' jobs one node holds at once (its endpoints' own caps are lower): they take no slot."""
+MAX_EXCLUDED = 256
 KEPT_GONE = 256
 """Nodes no longer connected still listed (lost ones first to go): a fleet that churns names must not
 grow the registry without bound."""
@@ -75,6 +78,37 @@ class Hello:
     facts: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    """One node as operators see it (``Nodes.status``): the coordinator's own worker, a joined node, or one
+    kept out by a quarantine from before this coordinator ran."""
+
+    name: str
+    address: str
+    """Where it joined from (``local``: the coordinator's own worker; "": not connected since it started)."""
+    state: str
+    """``connected``, ``disconnected``, ``lost`` or ``quarantined``."""
+    capacity: int
+    in_flight: int
+    done: int
+    failed: int
+    last_heartbeat: float | None
+    last_seen: float
+    policy_versions: tuple[int, ...]
+    """The published policy versions it holds."""
+    isolation_ok: bool
+    version: str
+    facts: Mapping[str, str]
+    refused: int = 0
+    """Results it reported under an identity its lease does not have."""
+    checked: int = 0
+    """Its results the coordinator checked and could judge."""
+    disagreed: int = 0
+    canaries: int = 0
+    quarantine_reason: str = ""
+    quarantined_at: float | None = None
+
+
 @dataclass
 class Node:
     hello: Hello
@@ -85,6 +119,8 @@ class Node:
     last_seen: float = field(default_factory=time.time)
     last_heartbeat: float | None = None
     in_flight: set[int] = field(default_factory=set)
+    model_jobs: set[int] = field(default_factory=set)
+    """Of ``in_flight``, jobs leased for a model endpoint: they hold none of its capacity."""
     done: int = 0
     failed: int = 0
     policies: tuple[str, ...] = ()
@@ -130,7 +166,7 @@ class Nodes:
     coordinator's own judgement on its own boxes (None: it has none, and nodes' verdicts go unchecked, loudly)."""
 
     def __init__(self, scheduler: Scheduler, *, lost_after_s: float, local: str | None = None,
-                 local_status: Callable[[], dict[str, Any]] | None = None, checker: Checker | None = None) -> None:
+                 local_status: Callable[[], NodeStatus] | None = None, checker: Checker | None = None) -> None:
         self._scheduler = scheduler
         self._local_status = local_status
         """The coordinator's own worker, as a row of ``status`` (None: it runs none)."""
@@ -232,20 +268,31 @@ class Nodes:
 
     # -- the lease calls, for one node ----------------------------------------------------------------
 
-    async def lease(self, node: Node, n: int, wait_s: float = 0.0) -> list[Job]:
+    async def lease(self, node: Node, n: int, wait_s: float = 0.0, *, endpoint: str | None = None,
+                    exclude: Sequence[str] = ()) -> list[Job]:
         """Up to ``n`` jobs, never past the node's capacity. With none queued, wait up to ``wait_s`` for some:
-        an idle node then asks about once a second, not ten times."""
+        an idle node then asks about once a second, not ten times. ``endpoint``: of that model endpoint's agents
+        only, which hold no slot of the node's (they wait on a server): at most ``MAX_MODEL_JOBS`` of them at once;
+        ``exclude``: none of those endpoints' jobs. ValueError for a name that is not an endpoint's."""
         self._seen(node)
-        n = min(n, node.hello.capacity - len(node.in_flight))
+        if len(exclude) > MAX_EXCLUDED:
+            raise ValueError(f"at most {MAX_EXCLUDED} endpoints excluded, not {len(exclude)}")
+        node.model_jobs &= node.in_flight
+        if endpoint is None:
+            n = min(n, node.hello.capacity - len(node.in_flight - node.model_jobs))
+        else:
+            n = min(n, MAX_MODEL_JOBS - len(node.model_jobs))
         if n <= 0 or not self.current(node):
             return []
-        jobs = await self._scheduler.lease(node.hello.owner, n)
+        jobs = await self._scheduler.lease(node.hello.owner, n, endpoint=endpoint, exclude=exclude)
         if not jobs and wait_s > 0:
             await self._scheduler.wait_for_work(min(wait_s, MAX_LEASE_WAIT_S))
             if not self.current(node):
                 return []
-            jobs = await self._scheduler.lease(node.hello.owner, n)
+            jobs = await self._scheduler.lease(node.hello.owner, n, endpoint=endpoint, exclude=exclude)
         node.in_flight.update(j.id for j in jobs)
+        if endpoint is not None:
+            node.model_jobs.update(j.id for j in jobs)
         if jobs:
             await self._maybe_canary(node, jobs)
         return jobs
@@ -477,7 +524,7 @@ class Nodes:
     def versions_of(self, hashes: tuple[str, ...]) -> list[int]:
         return sorted(v for v in (self._policy_versions.get(h) for h in hashes) if v)
 
-    async def status(self) -> list[dict[str, Any]]:
+    async def status(self) -> list[NodeStatus]:
         """One row per node: the coordinator's own worker first (address ``local``), then joined ones."""
         out = [self._local_status()] if self._local_status is not None else []
         for node in sorted(self._nodes.values(), key=lambda n: n.name):
@@ -486,20 +533,18 @@ class Nodes:
                     policy = await self._scheduler.store.policy_by_hash(sha)
                     self._policy_versions[sha] = policy.version if policy is not None else 0
             reason, at = self._quarantined.get(node.name, ("", None))
-            out.append({"name": node.name, "address": node.hello.address,
-                        "state": QUARANTINED if node.name in self._quarantined else node.state,
-                        "capacity": node.hello.capacity, "in_flight": len(node.in_flight), "done": node.done,
-                        "failed": node.failed, "last_heartbeat": node.last_heartbeat, "last_seen": node.last_seen,
-                        "joined_at": node.joined_at, "policy_versions": self.versions_of(node.policies),
-                        "isolation_ok": node.isolation_ok, "version": node.hello.version,
-                        "facts": dict(node.hello.facts), "refused": node.refused, "checked": node.checked,
-                        "disagreed": node.disagreed, "canaries": node.canaries, "quarantine_reason": reason,
-                        "quarantined_at": at})
+            out.append(NodeStatus(
+                name=node.name, address=node.hello.address,
+                state=QUARANTINED if node.name in self._quarantined else node.state, capacity=node.hello.capacity,
+                in_flight=len(node.in_flight), done=node.done, failed=node.failed, last_heartbeat=node.last_heartbeat,
+                last_seen=node.last_seen, policy_versions=tuple(self.versions_of(node.policies)),
+                isolation_ok=node.isolation_ok, version=node.hello.version, facts=dict(node.hello.facts),
+                refused=node.refused, checked=node.checked, disagreed=node.disagreed, canaries=node.canaries,
+                quarantine_reason=reason, quarantined_at=at))
         for name, (reason, at) in sorted(self._quarantined.items()):  # kept out since before this coordinator ran
             if name not in self._nodes:
-                out.append({"name": name, "address": "", "state": QUARANTINED, "capacity": 0, "in_flight": 0,
-                            "done": 0, "failed": 0, "last_heartbeat": None, "last_seen": at, "joined_at": at,
-                            "policy_versions": [], "isolation_ok": False, "version": "", "facts": {}, "refused": 0,
-                            "checked": 0, "disagreed": 0, "canaries": 0, "quarantine_reason": reason,
-                            "quarantined_at": at})
+                out.append(NodeStatus(name=name, address="", state=QUARANTINED, capacity=0, in_flight=0, done=0,
+                                      failed=0, last_heartbeat=None, last_seen=at, policy_versions=(),
+                                      isolation_ok=False, version="", facts={}, quarantine_reason=reason,
+                                      quarantined_at=at))
         return out

@@ -6,12 +6,19 @@ cancelled caller) removes the file before the caller hears of it.
 
 Policies are published to a named line. A job's ``policy_version`` is the version that produces its
 trajectory, chosen when it is leased from its agent spec (``version_for``): ``torch:NAME`` runs the version
-last published to line NAME; ``openai:MODEL@ENDPOINT`` that of the line the operator says that endpoint
-serves (``[endpoints.NAME] serves``), when it says so; anything else (scripted agents, an endpoint serving
-a model the farm never saw) 0, no farm policy. Publishing content the farm already holds (a trainer
+last published to line NAME; ``openai:MODEL@ENDPOINT`` the version of the line the operator says that endpoint
+serves (``[endpoints.NAME] serves``) when MODEL is that line's model there (``policy_model``): the version farmd's
+weight sync has loaded into every replica (``synced``), or for an endpoint farm does not sync the line's newest.
+Anything else (scripted agents, any other model, on that server or another) 0, no farm policy. For a model
+server the version leased is what the farm expects: the trajectory records the version the server said it
+sampled with (``farmd.agents.replicas``). Publishing content the farm already holds (a trainer
 resumed from a checkpoint) makes that version its line's current one again. A trainer's staleness
 counts the versions between a trajectory's and the current one along its own line's lineage (``behind``).
 Publications only grow, so they are held here, not read per lease.
+
+A version's content is kept only while something can use it (``remove_unused``): the newest ``keep_newest``
+versions of each line (the current one first), an operator's pins, and any version a job queued or leased runs;
+every version's hash and metadata are kept for good, and one whose content is gone says so (``PolicyRemoved``).
 """
 
 from __future__ import annotations
@@ -20,24 +27,30 @@ import asyncio
 import contextlib
 import hashlib
 import io
+import itertools
+import logging
 import re
+import time
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Mapping
 from dataclasses import dataclass
 from typing import IO
 
 from farm_client.tinylm_blob import FORMAT, SPECIALS, PolicyFormatError, read_layout
 
-from farmd.errors import BadRequest, NotFound
+from farmd.errors import BadRequest, FailedPrecondition, NotFound, PolicyRemoved, StoreError
 from farmd.records import Policy
 from farmd.store import Store
 from farmd.store.policy_files import PolicyUpload
+from farmd.store.retention import PolicyState, Removed
+
+log = logging.getLogger("farmd.scheduler.policies")
 
 MAX_URI_CHARS = 4096
 MAX_POLICY_READ_BYTES = 1 << 30
+"""The most a worker reads whole into memory to load (``content``); larger policies are a uri's business."""
 MAX_VOCAB_READ_BYTES = 64 << 20
 """The largest policy whose vocabulary the coordinator reads to check what a node says it sampled (a tiny LM's
 blob is a few MB; a larger one is not a policy a ``torch:`` worker loads here)."""
-"""The most a worker reads whole into memory to load (``content``); larger policies are a uri's business."""
 _HEX = frozenset("0123456789abcdef")
 LINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """A policy line's name: what ``torch:NAME`` says."""
@@ -81,16 +94,24 @@ class _Line:
     the crash are no staler after it than they were then.
     """
 
-    __slots__ = ("current", "depth")
+    __slots__ = ("current", "depth", "recent")
 
     def __init__(self) -> None:
         self.current = 0
         self.depth: dict[int, int] = {}
+        self.recent: dict[int, None] = {}
+        """Its versions in the order they were last published: the newest last."""
 
     def add(self, version: int) -> None:
         if version not in self.depth:
             self.depth[version] = self.depth.get(self.current, -1) + 1
         self.current = version
+        self.recent.pop(version, None)
+        self.recent[version] = None
+
+    def newest(self, n: int) -> list[int]:
+        """The ``n`` versions published to it last (each counted once), the current one first."""
+        return list(itertools.islice(reversed(self.recent), n))
 
     def behind(self, version: int) -> int:
         """How many versions lie between ``version`` and the current one along the lineage (a version on a
@@ -100,38 +121,57 @@ class _Line:
         return here + 1 if at is None else abs(here - at)
 
 
-def line_of(spec: str, endpoint_lines: Mapping[str, str] | None = None) -> str | None:
+def line_of(spec: str, endpoint_lines: Mapping[str, tuple[str, str]] | None = None) -> str | None:
     """The policy line an agent spec runs, or None when it runs no farm policy.
 
-    ``endpoint_lines``: endpoint name -> the line that endpoint serves (from the operator's config).
+    ``endpoint_lines``: endpoint name -> (the line that endpoint serves, the model name of its policy there), from
+    the operator's config: only that model is the line's; another model on the same server runs no farm policy.
     """
     kind, _, rest = spec.partition(":")
     rest = rest.partition("?")[0]
     if kind == "torch":
         return rest if LINE_NAME.fullmatch(rest) else None
     if kind == "openai" and endpoint_lines:
-        return endpoint_lines.get(rest.rpartition("@")[2])
+        model, _, name = rest.rpartition("@")
+        line, policy_model = endpoint_lines.get(name, (None, None))
+        return line if model == policy_model else None
     return None
+
+
+def endpoint_of(spec: str) -> str | None:
+    """The endpoint an ``openai:MODEL@ENDPOINT`` spec names (None for other specs)."""
+    kind, _, rest = spec.partition(":")
+    return rest.partition("?")[0].rpartition("@")[2] or None if kind == "openai" else None
 
 
 class Policies:
     def __init__(self, store: Store, on_published: Callable[[int], None],
-                 endpoint_lines: Mapping[str, str] | None = None) -> None:
+                 endpoint_lines: Mapping[str, tuple[str, str]] | None = None) -> None:
         self._store = store
         self._on_published = on_published
         """Told each stored policy's version (the scheduler's: new leases run it)."""
         self._endpoint_lines = dict(endpoint_lines or {})
+        self._synced: dict[str, int] = {}
+        """Endpoints whose servers farmd loads each version into -> the version every replica has loaded."""
+        self.watchers: list[Callable[[Policy], None]] = []
+        """Told each policy published (after it is stored): the weight sync."""
         self._lines: dict[str | None, _Line] = {None: _Line()}
         """Each line's publications (None: every line's together): ``load``, then each publish."""
         self._by_version: dict[int, Policy] = {}
         self._vocab: dict[int, int | None] = {}
         """Each version's vocabulary size, once read (``vocab_size``)."""
+        self._loaded = False
+        self._keeping = asyncio.Lock()
+        """Held by a publish from storing its content to making it current, and by ``remove_unused`` from choosing
+        what to remove to deleting it: a removal never deletes what a publish of the same content just put back,
+        and never chooses a version a publish is making current."""
 
     async def load(self) -> None:
         """Read the publications from the store (once, at start; publishes keep them current)."""
         self._lines = {None: _Line()}
         for name, version in await self._store.publications():
             self._published(name, version)
+        self._loaded = True
 
     def _published(self, name: str, version: int) -> None:
         self._lines.setdefault(name, _Line()).add(version)
@@ -146,10 +186,32 @@ class Policies:
         found = self._lines.get(line)
         return found.current if found is not None else 0
 
+    def unpublished(self, spec: str) -> str | None:
+        """The policy line whose jobs of agent ``spec`` cannot run yet: a ``torch:`` line nobody has published
+        to (a worker would have nothing to load). None: they can run now (an endpoint answers with whatever it
+        serves until a policy is published). CreateRun refuses such a run; demand queues none for it."""
+        line = self.line_for(spec) if spec.startswith("torch:") else None
+        return line if line is not None and not self.latest(line) else None
+
     def version_for(self, spec: str) -> int:
-        """The version a job of agent ``spec`` runs if leased now (0: no farm policy)."""
+        """The version a job of agent ``spec`` runs if leased now (0: no farm policy); for an endpoint farmd syncs,
+        the version its replicas have all loaded."""
         line = line_of(spec, self._endpoint_lines)
-        return 0 if line is None else self.latest(line)
+        if line is None:
+            return 0
+        endpoint = endpoint_of(spec)
+        if endpoint is not None and endpoint in self._synced:
+            return self._synced[endpoint]
+        return self.latest(line)
+
+    def syncs(self, endpoint: str) -> None:
+        """``endpoint``'s replicas get each version from farmd's weight sync: its jobs lease the version synced."""
+        self._synced.setdefault(endpoint, 0)
+
+    def synced(self, endpoint: str, version: int) -> None:
+        """Every replica of ``endpoint`` has loaded ``version``: its jobs run it from now on (an earlier version
+        too, loaded again for a trainer resumed from its checkpoint)."""
+        self._synced[endpoint] = version
 
     def line_for(self, spec: str) -> str | None:
         return line_of(spec, self._endpoint_lines)
@@ -179,7 +241,13 @@ class Policies:
         size: int | None = None
         policy = self._by_version.get(version) or (await self._store.policy_by_version(version) if version > 0 else None)
         if policy is not None and policy.uri is None and policy.size <= MAX_VOCAB_READ_BYTES:
-            content = await self.content(policy.sha256)
+            try:
+                content = await self.content(policy.sha256)
+            except PolicyRemoved:
+                # Not cached: published again, it is back. Nothing goes unchecked meanwhile: a version's content
+                # is kept while a job is leased for it, and a record naming another version than its lease's
+                # is refused by the store (``complete_leases``), whatever its tokens.
+                return None
             try:
                 layout = await asyncio.to_thread(read_layout, io.BytesIO(content))
                 size = SPECIALS + len(layout.config["vocab"])
@@ -195,7 +263,7 @@ class Policies:
             raise BadRequest(f"policy {policy.version} is {policy.size} bytes; a worker loads at most "
                              f"{MAX_POLICY_READ_BYTES}")
         data = bytearray()
-        async with contextlib.aclosing(self._store.policy_content(sha256, 1 << 20)) as chunks:
+        async with contextlib.aclosing(self.chunks(policy, 1 << 20)) as chunks:
             async for chunk in chunks:
                 data += chunk
         return bytes(data)
@@ -229,12 +297,15 @@ class Policies:
             if declared and declared != actual:
                 raise BadRequest(f"content hashes to {actual}, not the declared {declared}",
                                  reason="POLICY_HASH_MISMATCH")
-            policy = await self._store.add_policy(actual, upload, uri or None, name)
+            async with self._keeping:
+                policy = await self._store.add_policy(actual, upload, uri or None, name)
+                self._published(name, policy.version)
         finally:
             if upload is not None:
                 await upload.discard()  # safe after add_policy kept it, too
-        self._published(name, policy.version)
         self._on_published(policy.version)
+        for watcher in self.watchers:
+            watcher(policy)
         return policy
 
     async def find(self, sha256: str, name: str | None = None) -> Policy:
@@ -246,9 +317,72 @@ class Policies:
             if sha256:
                 raise NotFound("no such policy")
             raise NotFound(f"no policy named {name!r} has been published" if name else "no policy has been published")
+        await self._held(policy.version)
         return policy
 
-    def chunks(self, policy: Policy, chunk_bytes: int) -> AsyncGenerator[bytes, None]:
-        """``policy``'s content, ``chunk_bytes`` at a time; nothing for a uri alone. A file gone
-        missing raises ``StoreError``."""
-        return self._store.policy_content(policy.sha256, chunk_bytes)
+    async def _held(self, version: int) -> None:
+        """``PolicyRemoved`` (saying when and why) when ``version``'s content was removed."""
+        state = await self._store.retention.state(version)
+        if state is not None and state.removed_at is not None:
+            raise PolicyRemoved(removed_message(state))
+
+    async def chunks(self, policy: Policy, chunk_bytes: int) -> AsyncGenerator[bytes, None]:
+        """``policy``'s content, ``chunk_bytes`` at a time; nothing for a uri alone. Content removed since it was
+        found raises ``PolicyRemoved``; a file gone missing otherwise, ``StoreError``."""
+        try:
+            async with contextlib.aclosing(self._store.policy_content(policy.sha256, chunk_bytes)) as content:
+                async for chunk in content:
+                    yield chunk
+        except StoreError:
+            await self._held(policy.version)
+            raise
+
+    # -- keeping content while something can use it ---------------------------------------------
+
+    async def remove_unused(self, keep_newest: int) -> list[Removed]:
+        """Remove the content of every version nothing can use any more: not among the ``keep_newest`` versions
+        published last to any line (so never a line's current version, the only one a lease chooses), not pinned,
+        no job queued or leased for it. Its hash and metadata stay. Returns what was removed.
+
+        A lease chooses its version inside the store's write transaction, and the store marks versions removed in
+        one too, where it also reads which versions jobs are leased for: a version is either leased first (and
+        kept) or marked first, and then no lease can choose it, since only a line's current version is chosen and
+        that is kept here. Publishes wait meanwhile (``_keeping``), so a version being made current again is kept.
+        """
+        if keep_newest < 1:
+            raise ValueError("keep_newest is at least 1: a line's current version is always kept")
+        async with self._keeping:
+            if not self._loaded:  # unread lines would keep nothing: every line's current version would go
+                await self.load()
+            keep = {v for line, held in self._lines.items() if line is not None for v in held.newest(keep_newest)}
+            why = (f"nothing could use it any more: no job was queued or leased for it, it was not pinned, and it was "
+                   f"not among the newest {keep_newest} versions of any line (policy_keep_newest)")
+            removed = await self._store.retention.remove_unused(keep, why)
+            removed += [r for r in await self._store.retention.leftovers() if r not in removed]
+            freed = await self._store.retention.drop_content(removed)
+        if removed:
+            log.info("removed the content of %d policy versions (%d bytes): %s", len(removed), freed,
+                     ", ".join(str(r.version) for r in removed[:20]) + (" ..." if len(removed) > 20 else ""),
+                     extra={"event": "policies_removed", "versions": [r.version for r in removed], "bytes": freed})
+        return removed
+
+    async def pin(self, version: int, pinned: bool) -> PolicyState:
+        """Pin ``version`` (its content is kept whatever else holds) or unpin it; ``NotFound`` for no such version,
+        ``FailedPrecondition`` (reason ``POLICY_REMOVED``) to pin one whose content is gone already."""
+        state = await self._store.retention.pin(version, pinned)
+        if state is None:
+            raise NotFound(f"no policy version {version}")
+        if pinned and state.removed_at is not None:
+            raise FailedPrecondition(f"{removed_message(state)}; nothing is left to pin",
+                                     reason=PolicyRemoved.reason)
+        return state
+
+    async def listing(self, before: int, limit: int) -> list[PolicyState]:
+        """Versions below ``before`` (0: from the newest), newest first: what each is, pinned, removed and why."""
+        return await self._store.retention.listing(before, limit)
+
+
+def removed_message(state: PolicyState) -> str:
+    at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(state.removed_at or 0))
+    return (f"policy version {state.version} (line {state.name!r}, sha256 {state.sha256}) was removed at {at}: "
+            f"{state.removed_why}. Its hash and metadata are kept; publishing the same content again restores it")

@@ -27,11 +27,12 @@ from farmd.flags import WITHDRAWN
 from farmd.metrics import Metrics
 from farmd.records import RED_TEAM_PREFIX, VERIFIED_LOCAL, Job, JobState, Score, Trajectory
 from farmd.scheduler.config import SchedulerConfig
-from farmd.scheduler.delivery import Delivery
+from farmd.scheduler.delivery import ConsumerStatus, Delivery
 from farmd.scheduler.policies import Policies
-from farmd.store import Store
+from farmd.scheduler.retention import Disk, Retention
+from farmd.store import JobFailure, Store
 from farmd.store.nodes import Completion
-from farmd.taskbank import BankConfig, SeedSequence, TaskBank, TaskKey
+from farmd.taskbank import BankConfig, BankStatus, SeedSequence, TaskBank, TaskKey
 from farmd.tasks import cancel_and_wait
 
 log = logging.getLogger("farmd.scheduler")
@@ -39,10 +40,10 @@ log = logging.getLogger("farmd.scheduler")
 _BANK_STATE = "taskbank"
 _LAG_SHOWN_S = 3600.0
 _BANK_SAVE_EVERY_S = 5.0
-RECENT_FAILURES = 5
-"""Job failures ``status`` shows, newest first: enough to see a cause repeat, few enough to read."""
 """The bank's state is a few hundred kB of JSON: saved this often while groups finish (and on stop), not at
 every upkeep round. A crash loses at most this much of its evidence, never a trajectory."""
+RECENT_FAILURES = 5
+"""Job failures ``status`` shows, newest first: enough to see a cause repeat, few enough to read."""
 
 CanaryPlan = Callable[[str, Sequence[tuple[int, int]], int], list[tuple[int, int, str]]]
 """Given an environment, the (seed, level) of the groups just queued on it and how many jobs they hold: the
@@ -50,9 +51,58 @@ canary jobs to queue beside them, as (seed, level, agent), one attempt each (int
 a contributed version; none for an environment it does not check). Handed in by the daemon."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """Jobs by state (``JobState``), every job ever queued."""
+
+    queued: int = 0
+    leased: int = 0
+    done: int = 0
+    failed: int = 0
+    """Infrastructure failures that exhausted their retries: never scored."""
+    cancelled: int = 0
+    """Dropped from the queue by a cancelled run."""
+
+    @classmethod
+    def of(cls, counts: Mapping[str, int]) -> QueueCounts:
+        """From the store's counts by state name (a state without jobs may be missing)."""
+        return cls(**{state.value: counts.get(state.value, 0) for state in JobState})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FarmPulse:
+    """The farm now, from what is cheap to read (``Scheduler.pulse``)."""
+
+    queue: QueueCounts
+    throughput_per_s: float
+    """Jobs finished over the last minute, per second."""
+    bank: BankStatus
+    consumers: tuple[ConsumerStatus, ...]
+    streams: int
+    """Trajectory streams open now."""
+    policy_version: int
+    last_seq: int
+    """The newest stored trajectory's sequence number."""
+    counters: Mapping[str, int]
+    """The scheduler's counts since it started (completed, failed, retried, ...)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FarmStatus:
+    """The pulse, and what costs a read of every stored trajectory (``Scheduler.status``)."""
+
+    pulse: FarmPulse
+    pass_rates: list[dict[str, Any]]
+    """By environment and level (``Store.pass_rates``)."""
+    disk: Disk
+    """The disk the store and the policies take, and how fast it grows."""
+    recent_failures: list[JobFailure]
+    """The newest job failures, newest first."""
+
+
 class Scheduler:
     def __init__(self, store: Store, bank: TaskBank, config: SchedulerConfig | None = None,
-                 metrics: Metrics | None = None, endpoint_lines: Mapping[str, str] | None = None) -> None:
+                 metrics: Metrics | None = None, endpoint_lines: Mapping[str, tuple[str, str]] | None = None) -> None:
         self.store = store
         self.metrics = metrics
         self.bank = bank
@@ -69,6 +119,9 @@ class Scheduler:
         self.policies = Policies(store, self.set_policy_version, endpoint_lines)
         self.delivery = Delivery(store, self.policies.behind, stall_s=self.config.consumer_stall_s,
                                  consumers=self.config.demand_consumers, line_for=self.policies.line_for)
+        self.retention = Retention(store, self.policies, keep_newest=self.config.policy_keep_newest,
+                                   every_s=self.config.policy_sweep_s)
+        """Unused policy content removed in the background; the disk the store takes, and its growth."""
         self._submit_lock = asyncio.Lock()
         self._work = asyncio.Event()
         """Set (and replaced) whenever jobs may have become leasable: what a node's parked lease waits on."""
@@ -79,7 +132,7 @@ class Scheduler:
     @classmethod
     async def open(cls, store: Store, max_difficulty: dict[str, int], config: SchedulerConfig | None = None,
                    metrics: Metrics | None = None, *, bank_config: BankConfig | None = None,
-                   endpoint_lines: Mapping[str, str] | None = None, seeds: SeedSequence | None = None) -> Scheduler:
+                   endpoint_lines: Mapping[str, tuple[str, str]] | None = None, seeds: SeedSequence | None = None) -> Scheduler:
         """``seeds``: the farm's keyed sequence of fresh seeds (``farmd.taskbank.seeds``); without, 0, 1, 2, ..."""
         saved = await store.get_state(_BANK_STATE)
         bank = (TaskBank.from_json(saved["bank"], max_difficulty, bank_config, seeds) if saved
@@ -99,8 +152,10 @@ class Scheduler:
 
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._maintain(), name="scheduler-maintenance")
+        await self.retention.start()
 
     async def stop(self) -> None:
+        await self.retention.stop()
         await cancel_and_wait(self._task)
         await self._observe_finished()
         await self._save_bank()
@@ -169,8 +224,7 @@ class Scheduler:
         cfg = self.config
         if not cfg.demand_agent or not cfg.demand_envs:
             return
-        line = self.policies.line_for(cfg.demand_agent)
-        if line is not None and not self.policies.latest(line):
+        if self.policies.unpublished(cfg.demand_agent) is not None:
             return  # the policy demand runs has not been published yet: its jobs could not run
         unconsumed = await self.delivery.backlog()
         if unconsumed is None:  # no trainer is consuming: nobody to produce ahead of
@@ -185,8 +239,11 @@ class Scheduler:
 
     # -- leases (the interface local and remote workers share) ------------------------------------
 
-    async def lease(self, owner: str, n: int) -> list[Job]:
-        return await self.store.lease(owner, n, self.config.lease_s, self.policies.version_for)
+    async def lease(self, owner: str, n: int, *, endpoint: str | None = None, exclude: Sequence[str] = ()
+                    ) -> list[Job]:
+        """Up to ``n`` jobs for ``owner``: of ``endpoint``'s agents only, or of none of ``exclude``'s."""
+        return await self.store.lease(owner, n, self.config.lease_s, self.policies.version_for, endpoint=endpoint,
+                                      exclude=exclude)
 
     def work_queued(self) -> None:
         """Jobs may have become leasable (requeued elsewhere than here): wake parked leases."""
@@ -323,10 +380,10 @@ class Scheduler:
         # A series per consumer streaming now, acked within the last hour, or followed by name: names come
         # from clients, so a series for every name ever acked would grow without bound.
         recent = time.time() - _LAG_SHOWN_S
-        m.set_consumer_lag({(c["name"], "groups" if c["whole_groups"] else "trajectories"): c["lag"]
+        m.set_consumer_lag({(c.name, "groups" if c.whole_groups else "trajectories"): c.lag
                             for c in await self.delivery.status()
-                            if c["state"] != "closed" or (c["acked_at"] or 0) > recent
-                            or c["name"] in self.config.demand_consumers})
+                            if c.state != "closed" or (c.acked_at or 0) > recent
+                            or c.name in self.config.demand_consumers})
         m.policy_version.set(self.policy_version)
         m.streams.set(self.delivery.open_streams())
 
@@ -389,23 +446,18 @@ class Scheduler:
         await self.store.put_state(_BANK_STATE, {"cursor": self._bank_cursor, "verdicts": self._verdict_mark,
                                                  "bank": self.bank.to_json()})
 
-    async def status(self) -> dict[str, Any]:
-        """``pulse``, the pass rates by environment and level (these read every stored trajectory), and the
-        newest job failures."""
-        return {**await self.pulse(), "pass_rates": await self.store.pass_rates(),
-                "recent_failures": await self.store.failures(RECENT_FAILURES)}
+    async def status(self) -> FarmStatus:
+        """``pulse``, the pass rates by environment and level (these read every stored trajectory), the disk, and
+        the newest job failures."""
+        return FarmStatus(pulse=await self.pulse(), pass_rates=await self.store.pass_rates(),
+                          disk=await self.retention.disk(), recent_failures=await self.store.failures(RECENT_FAILURES))
 
-    async def pulse(self) -> dict[str, Any]:
+    async def pulse(self) -> FarmPulse:
         """The farm now, from what is cheap to read: queue, throughput, task bank, consumers, versions."""
         counts = await self.store.job_counts()
         now = time.time()
-        return {
-            "queue": {state.value: counts.get(state.value, 0) for state in JobState},
-            "throughput_per_s": await self.store.finished_since(now - 60) / 60.0,
-            "bank": self.bank.status(),
-            "consumers": await self.delivery.status(),
-            "streams": self.delivery.open_streams(),
-            "policy_version": self.policy_version,
-            "last_seq": await self.store.last_seq(),
-            "counters": dict(self.counters),
-        }
+        return FarmPulse(
+            queue=QueueCounts.of(counts), throughput_per_s=await self.store.finished_since(now - 60) / 60.0,
+            bank=self.bank.status(), consumers=tuple(await self.delivery.status()),
+            streams=self.delivery.open_streams(), policy_version=self.policy_version,
+            last_seq=await self.store.last_seq(), counters=dict(self.counters))

@@ -3,6 +3,7 @@
 from farmd.errors import StoreError
 from farmd.store.activity import ActivityBucket, CurvePoint
 from farmd.store.filters import TrajectoryFilter
-from farmd.store.store import JobFailure, Store
+from farmd.store.jobs import JobFailure
+from farmd.store.store import Store
 
 __all__ = ["ActivityBucket", "CurvePoint", "JobFailure", "Store", "StoreError", "TrajectoryFilter"]

@@ -11,12 +11,9 @@ attempts are left out: wrong on purpose, they would read as a policy failing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from farmd.records import RED_TEAM_PREFIX
-
-if TYPE_CHECKING:
-    from farmd.store.store import Store
+from farmd.store.database import Database
 
 _COUNTED = ("substr(agent, 1, ?) != ? AND NOT EXISTS (SELECT 1 FROM withdrawals w "
             "WHERE w.trajectory_id = trajectories.id)")
@@ -52,14 +49,14 @@ class CurvePoint:
 
 
 class ActivityRecords:
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     async def buckets(self, since: float, width_s: float) -> list[ActivityBucket]:
         """Per environment and ``width_s`` bucket from ``since``: counts, mean level, newest policy version
         and how many carried each flag (their current verdicts'); withdrawn ones are in none of it."""
         bucket = "CAST((finished_at - ?) / ? AS INTEGER)"
-        rows = await self._store._all(
+        rows = await self._db.all(
             f"SELECT {bucket} AS b, env, COUNT(*), SUM(status='ok' AND passed), SUM(status='error'), "
             "AVG(difficulty), MAX(policy_version) FROM trajectories "
             f"WHERE finished_at >= ? AND {_COUNTED} GROUP BY b, env ORDER BY b, env",
@@ -68,7 +65,7 @@ class ActivityRecords:
                                              passed=int(p or 0), errors=int(e or 0), mean_difficulty=float(d or 0),
                                              max_policy_version=int(v or 0))
                for b, env, n, p, e, d, v in rows}
-        flagged = await self._store._all(
+        flagged = await self._db.all(
             # A flags column that is not JSON (never written so) would fail the whole query: read as none.
             f"SELECT {bucket} AS b, env, f.value, COUNT(*) FROM trajectories, json_each(CASE WHEN "
             "json_valid(trajectories.flags) THEN trajectories.flags ELSE '[]' END) AS f "
@@ -85,14 +82,14 @@ class ActivityRecords:
         of equal length: each one's pass rate, mean level and newest policy version; withdrawn ones left out."""
         env_sql, env_args = (" AND env = ?", [env]) if env else ("", [])
         env_sql += " AND NOT EXISTS (SELECT 1 FROM withdrawals w WHERE w.trajectory_id = trajectories.id)"
-        row = await self._store._one(f"SELECT COUNT(*) FROM trajectories WHERE agent = ?{env_sql}",
-                                     (agent, *env_args))
+        row = await self._db.one(f"SELECT COUNT(*) FROM trajectories WHERE agent = ?{env_sql}",
+                                 (agent, *env_args))
         total = int(row[0]) if row else 0
         if not total:
             return []
         width = max(1, -(-total // max(1, points)))
         # Numbered in stream order, so a point is a count of rollouts, however seqs interleave with others'.
-        rows = await self._store._all(
+        rows = await self._db.all(
             "SELECT n / ? AS p, COUNT(*), SUM(status='ok' AND passed), AVG(difficulty), MAX(policy_version), "
             "MAX(finished_at) FROM (SELECT ROW_NUMBER() OVER (ORDER BY seq) - 1 AS n, status, passed, difficulty, "
             f"policy_version, finished_at FROM trajectories WHERE agent = ?{env_sql}) GROUP BY p ORDER BY p",
@@ -107,7 +104,7 @@ class ActivityRecords:
 
     async def policy_agents(self, limit: int = 50) -> list[str]:
         """Agents whose trajectories a farm policy produced (a version above 0), newest first."""
-        rows = await self._store._all(
+        rows = await self._db.all(
             "SELECT agent, MAX(seq) AS last FROM trajectories WHERE policy_version > 0 AND "
             f"{_COUNTED} GROUP BY agent ORDER BY last DESC LIMIT ?", (*_RED_TEAM_ARGS, limit))
         return [str(agent) for agent, _ in rows]

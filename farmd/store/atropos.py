@@ -14,13 +14,13 @@ import json
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from farmd.records import Trajectory
+from farmd.store.codec import pack_body
+from farmd.store.database import Database
+from farmd.store.groups import insert_finished
 from farmd.store.names import assign_in, forget_in
-
-if TYPE_CHECKING:
-    from farmd.store.store import Store
 
 LIVE_STATES = ("buffered", "queued", "formed")
 _STATE_KEY = "atropos"
@@ -65,21 +65,19 @@ def pack(payload: bytes) -> bytes:
 def pack_records(records: list[Trajectory]) -> list[bytes]:
     """Trajectories' stored bodies: everything but their columns (ids, env, seed, reward, ...), which may still
     be set after this."""
-    from farmd.store.store import pack_body
-
     return [pack_body(t) for t in records]
 
 
 class AtroposRecords:
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     async def load(self) -> tuple[dict[str, Any] | None, list[AtroposGroupRow], int]:
         """The saved state (trainer, environments, step, ...; None: never saved), the live groups in arrival
         order, and the next group id."""
-        row = await self._store._one("SELECT value FROM state WHERE key=?", (_STATE_KEY,))
-        top = await self._store._one("SELECT COALESCE(MAX(id), 0) FROM atropos_groups")
-        rows = await self._store._all(
+        row = await self._db.one("SELECT value FROM state WHERE key=?", (_STATE_KEY,))
+        top = await self._db.one("SELECT COALESCE(MAX(id), 0) FROM atropos_groups")
+        rows = await self._db.all(
             f"SELECT id, env_id, size, state, batch, source FROM atropos_groups WHERE state IN ({','.join('?' * len(LIVE_STATES))}) "
             "ORDER BY id", LIVE_STATES)
         return (json.loads(row[0]) if row else None,
@@ -95,9 +93,9 @@ class AtroposRecords:
         moved = [(c.state, c.batch, c.id) for c in changes if not c.new]
         finished = [c.records for c in changes if c.new and c.records]
         bodies = [b for c in changes if c.new and c.records for b in c.bodies]
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             if finished:
-                await self._store._insert_finished(db, finished, bodies, source="atropos", now=now)
+                await insert_finished(db, finished, bodies, source="atropos", now=now)
             await db.execute("INSERT INTO state(key, value) VALUES (?,?) ON CONFLICT(key) DO UPDATE SET "
                              "value=excluded.value", (_STATE_KEY, json.dumps(state)))
             if added:
@@ -111,7 +109,7 @@ class AtroposRecords:
     async def drop_all(self, state: dict[str, Any], forget: tuple[str, ...] = ()) -> int:
         """A reset: every live group dropped (kept, never served again); ``state`` saved; the names of kinds
         ``forget`` held by nobody again. Returns how many groups."""
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             if forget:
                 await forget_in(db, forget)
             await db.execute("INSERT INTO state(key, value) VALUES (?,?) ON CONFLICT(key) DO UPDATE SET "
@@ -125,7 +123,7 @@ class AtroposRecords:
         """The groups as stored (``unpack`` gives their JSON: off the event loop, a batch is megabytes), by id."""
         if not ids:
             return {}
-        rows = await self._store._all(
+        rows = await self._db.all(
             f"SELECT id, payload FROM atropos_groups WHERE id IN ({','.join('?' * len(ids))})", ids)
         return {int(i): bytes(p) for i, p in rows}
 

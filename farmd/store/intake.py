@@ -12,16 +12,15 @@ import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiosqlite
 
 from farmd.flags import QUARANTINED, WITHDRAWN
 from farmd.records import CANARY_PREFIX
+from farmd.store.database import Database
+from farmd.store.groups import finish_groups
 from farmd.store.verdicts import give
-
-if TYPE_CHECKING:
-    from farmd.store.store import Store
 
 STATES = ("checking", "rejected", "in_review", "approved", "quarantined")
 
@@ -151,8 +150,8 @@ def _submission(row: Sequence[Any]) -> SubmissionRow:
 
 
 class IntakeRecords:
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     # -- submissions ------------------------------------------------------------------------------
 
@@ -161,7 +160,7 @@ class IntakeRecords:
                              attack_budget: int) -> int | None:
         """A new submission, checking; None if this name and version were already submitted."""
         now = time.time()
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             cur = await db.execute(
                 "INSERT OR IGNORE INTO submissions(contributor, name, version, domain, kind, levels, digest, package, "
                 "bounty_id, state, tier, seeds, attack_budget, created_at, updated_at) "
@@ -175,23 +174,23 @@ class IntakeRecords:
 
     async def owner_of(self, name: str) -> str | None:
         """Who first submitted an environment called ``name``: only they may submit its versions."""
-        row = await self._store._one("SELECT contributor FROM submissions WHERE name=? ORDER BY id LIMIT 1", (name,))
+        row = await self._db.one("SELECT contributor FROM submissions WHERE name=? ORDER BY id LIMIT 1", (name,))
         return str(row[0]) if row else None
 
     async def submission(self, submission_id: int) -> SubmissionRow | None:
-        row = await self._store._one(f"SELECT {_SUBMISSION_COLUMNS} FROM submissions WHERE id=?", (submission_id,))
+        row = await self._db.one(f"SELECT {_SUBMISSION_COLUMNS} FROM submissions WHERE id=?", (submission_id,))
         if row is None:
             return None
         sub = _submission(row)
-        sub.findings = [FindingRow(int(t), c, e, f, bool(b)) for t, c, e, f, b in await self._store._all(
+        sub.findings = [FindingRow(int(t), c, e, f, bool(b)) for t, c, e, f, b in await self._db.all(
             "SELECT tier, check_name, evidence, fix, blocking FROM findings WHERE submission_id=? AND round=? "
             "ORDER BY rowid", (submission_id, sub.rounds))]
         sub.costs = [CostRow(int(t), float(c), float(w), int(n), int(k), float(r)) for t, c, w, n, k, r in
-                     await self._store._all(
+                     await self._db.all(
                          "SELECT tier, SUM(box_cpu_s), SUM(box_wall_s), SUM(box_calls), SUM(attacker_tokens), "
                          "SUM(review_s) FROM intake_costs WHERE submission_id=? GROUP BY tier ORDER BY tier",
                          (submission_id,))]
-        counts = await self._store._one(
+        counts = await self._db.one(
             "SELECT COUNT(*), (SELECT COUNT(*) FROM withdrawals WHERE env=?) FROM trajectories WHERE env=? "
             "AND substr(agent, 1, ?) != ?", (sub.env, sub.env, len(CANARY_PREFIX), CANARY_PREFIX))
         sub.trajectories, sub.withdrawn = int(counts[0]), int(counts[1])
@@ -199,11 +198,11 @@ class IntakeRecords:
 
     async def named(self, name: str, version: str) -> int | None:
         """The submission of ``name`` at ``version``, if any."""
-        row = await self._store._one("SELECT id FROM submissions WHERE name=? AND version=?", (name, version))
+        row = await self._db.one("SELECT id FROM submissions WHERE name=? AND version=?", (name, version))
         return int(row[0]) if row else None
 
     async def package(self, submission_id: int) -> bytes | None:
-        row = await self._store._one("SELECT package FROM submissions WHERE id=?", (submission_id,))
+        row = await self._db.one("SELECT package FROM submissions WHERE id=?", (submission_id,))
         return bytes(row[0]) if row else None
 
     async def submissions(self, *, state: str | None = None, contributor: str | None = None, before_id: int = 0,
@@ -219,19 +218,19 @@ class IntakeRecords:
         if before_id:
             where.append("id < ?")
             args.append(before_id)
-        rows = await self._store._all(f"SELECT {_SUBMISSION_COLUMNS} FROM submissions WHERE {' AND '.join(where)} "
-                                      "ORDER BY id DESC LIMIT ?", (*args, limit))
+        rows = await self._db.all(f"SELECT {_SUBMISSION_COLUMNS} FROM submissions WHERE {' AND '.join(where)} "
+                                  "ORDER BY id DESC LIMIT ?", (*args, limit))
         return [_submission(r) for r in rows]
 
     async def ids_in(self, states: Iterable[str], contributor: str | None = None) -> list[int]:
         wanted = list(states)
         where = f"state IN ({','.join('?' * len(wanted))})" + (" AND contributor = ?" if contributor else "")
         args: list[object] = [*wanted, *([contributor] if contributor else [])]
-        return [int(r[0]) for r in await self._store._all(f"SELECT id FROM submissions WHERE {where} ORDER BY id",
+        return [int(r[0]) for r in await self._db.all(f"SELECT id FROM submissions WHERE {where} ORDER BY id",
                                                            args)]
 
     async def approved_since(self, contributor: str, since: float) -> list[int]:
-        return [int(r[0]) for r in await self._store._all(
+        return [int(r[0]) for r in await self._db.all(
             "SELECT id FROM submissions WHERE contributor=? AND state='approved' AND decided_at >= ? ORDER BY id",
             (contributor, since))]
 
@@ -250,14 +249,14 @@ class IntakeRecords:
             sets.append("decided_at=?")
             args.append(time.time())
         where = "id=?" + (f" AND state IN ({','.join('?' * len(expect))})" if expect else "")
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             cur = await db.execute(f"UPDATE submissions SET {', '.join(sets)} WHERE {where}",
                                    (*args, submission_id, *expect))
             return cur.rowcount > 0
 
     async def start_round(self, submission_id: int, seeds: int, attack_budget: int, detail: str) -> None:
         """Back to checking, from scratch, under (possibly raised) scrutiny: a new round of findings."""
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             await db.execute(
                 "UPDATE submissions SET state='checking', tier=1, detail=?, seeds=?, attack_budget=?, rounds=rounds+1, "
                 "reviewer='', review_note='', first_look_at=NULL, decided_at=NULL, updated_at=? WHERE id=?",
@@ -267,7 +266,7 @@ class IntakeRecords:
                           cost: CostRow, *, mutants: tuple[int, int] | None = None) -> None:
         """One tier's findings and cost, in one transaction."""
         now = time.time()
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             await db.executemany(
                 "INSERT INTO findings(submission_id, round, tier, check_name, evidence, fix, blocking, at) "
                 "VALUES (?,?,?,?,?,?,?,?)",
@@ -282,26 +281,26 @@ class IntakeRecords:
                                  (mutants[0], mutants[1], submission_id))
 
     async def set_library(self, submission_id: int, library: str) -> None:
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             await db.execute("UPDATE submissions SET library=? WHERE id=?", (library, submission_id))
 
     async def first_look(self, submission_id: int, reviewer: str) -> None:
         """A reviewer opened it: their time on it counts from here unless they say otherwise."""
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             await db.execute("UPDATE submissions SET first_look_at=? WHERE id=? AND first_look_at IS NULL "
                              "AND state='in_review'", (time.time(), submission_id))
 
     # -- contributors and the ledger -------------------------------------------------------------
 
     async def add_contributor(self, name: str) -> None:
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             await db.execute("INSERT OR IGNORE INTO contributors(name, created_at) VALUES (?,?)", (name, time.time()))
 
     async def credit(self, contributor: str, delta: float, reason: str, submission_id: int = 0, *,
                      tank: bool = False) -> None:
         """Append to the ledger (it is never changed); ``tank``: the reputation is lost for good."""
         now = time.time()
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             await db.execute("INSERT OR IGNORE INTO contributors(name, created_at) VALUES (?,?)", (contributor, now))
             await db.execute("INSERT INTO ledger(contributor, delta, reason, submission_id, at) VALUES (?,?,?,?,?)",
                              (contributor, delta, reason, submission_id, now))
@@ -310,23 +309,23 @@ class IntakeRecords:
 
     async def credited(self, contributor: str, reason: str) -> bool:
         """Whether the ledger already holds a reason starting with ``reason`` for them (a credit given once)."""
-        return await self._store._one("SELECT 1 FROM ledger WHERE contributor=? AND substr(reason, 1, ?) = ?",
-                                      (contributor, len(reason), reason)) is not None
+        return await self._db.one("SELECT 1 FROM ledger WHERE contributor=? AND substr(reason, 1, ?) = ?",
+                                  (contributor, len(reason), reason)) is not None
 
     async def contributor(self, name: str) -> dict[str, Any] | None:
-        row = await self._store._one("SELECT tanked, created_at FROM contributors WHERE name=?", (name,))
+        row = await self._db.one("SELECT tanked, created_at FROM contributors WHERE name=?", (name,))
         if row is None:
             return None
-        rep = await self._store._one("SELECT COALESCE(SUM(delta), 0) FROM ledger WHERE contributor=?", (name,))
-        counts = dict(await self._store._all("SELECT state, COUNT(*) FROM submissions WHERE contributor=? "
-                                             "GROUP BY state", (name,)))
-        paid = await self._store._one("SELECT COALESCE(SUM(usd), 0) FROM payouts WHERE contributor=?", (name,))
+        rep = await self._db.one("SELECT COALESCE(SUM(delta), 0) FROM ledger WHERE contributor=?", (name,))
+        counts = dict(await self._db.all("SELECT state, COUNT(*) FROM submissions WHERE contributor=? "
+                                         "GROUP BY state", (name,)))
+        paid = await self._db.one("SELECT COALESCE(SUM(usd), 0) FROM payouts WHERE contributor=?", (name,))
         return {"name": name, "tanked": bool(row[0]), "reputation": float(rep[0]), "states": counts,
                 "paid": float(paid[0])}
 
     async def ledger(self, contributor: str, limit: int = 200) -> list[LedgerRow]:
         """Newest first."""
-        return [LedgerRow(int(s), c, float(d), r, int(i), float(a)) for s, c, d, r, i, a in await self._store._all(
+        return [LedgerRow(int(s), c, float(d), r, int(i), float(a)) for s, c, d, r, i, a in await self._db.all(
             "SELECT seq, contributor, delta, reason, submission_id, at FROM ledger WHERE contributor=? "
             "ORDER BY seq DESC LIMIT ?", (contributor, limit))]
 
@@ -334,7 +333,7 @@ class IntakeRecords:
 
     async def add_bounty(self, *, domain: str, requirements: str, payout_min: float, payout_max: float, wanted: int,
                          min_reputation: float, posted_by: str) -> int:
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             cur = await db.execute(
                 "INSERT INTO bounties(domain, requirements, payout_min, payout_max, wanted, min_reputation, posted_by, "
                 "created_at) VALUES (?,?,?,?,?,?,?,?)",
@@ -343,30 +342,30 @@ class IntakeRecords:
 
     async def bounties(self, ids: Sequence[int] = ()) -> list[BountyRow]:
         where = f"WHERE id IN ({','.join('?' * len(ids))})" if ids else ""
-        rows = [BountyRow(*r) for r in await self._store._all(
+        rows = [BountyRow(*r) for r in await self._db.all(
             "SELECT id, domain, requirements, payout_min, payout_max, wanted, min_reputation, posted_by, created_at "
             f"FROM bounties {where} ORDER BY id", list(ids))]
         by_id = {b.id: b for b in rows}
-        for bid, who in await self._store._all("SELECT bounty_id, contributor FROM claims ORDER BY at"):
+        for bid, who in await self._db.all("SELECT bounty_id, contributor FROM claims ORDER BY at"):
             if bid in by_id:
                 by_id[bid].claimants.append(who)
-        for bid, n, usd in await self._store._all("SELECT bounty_id, COUNT(*), SUM(usd) FROM payouts GROUP BY bounty_id"):
+        for bid, n, usd in await self._db.all("SELECT bounty_id, COUNT(*), SUM(usd) FROM payouts GROUP BY bounty_id"):
             if bid in by_id:
                 by_id[bid].accepted, by_id[bid].paid = int(n), float(usd or 0)
         return rows
 
     async def claim(self, bounty_id: int, contributor: str) -> None:
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             await db.execute("INSERT OR IGNORE INTO claims(bounty_id, contributor, at) VALUES (?,?,?)",
                              (bounty_id, contributor, time.time()))
 
     async def claimed(self, bounty_id: int, contributor: str) -> bool:
-        return await self._store._one("SELECT 1 FROM claims WHERE bounty_id=? AND contributor=?",
-                                      (bounty_id, contributor)) is not None
+        return await self._db.one("SELECT 1 FROM claims WHERE bounty_id=? AND contributor=?",
+                                  (bounty_id, contributor)) is not None
 
     async def pay(self, submission_id: int, bounty_id: int, contributor: str, usd: float) -> bool:
         """One payout per submission; False if it was paid already."""
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             cur = await db.execute("INSERT OR IGNORE INTO payouts(submission_id, bounty_id, contributor, usd, at) "
                                    "VALUES (?,?,?,?,?)", (submission_id, bounty_id, contributor, usd, time.time()))
             return cur.rowcount > 0
@@ -374,14 +373,14 @@ class IntakeRecords:
     # -- the funnel as a whole ---------------------------------------------------------------------
 
     async def funnel(self) -> dict[str, Any]:
-        states = dict(await self._store._all("SELECT state, COUNT(*) FROM submissions GROUP BY state"))
+        states = dict(await self._db.all("SELECT state, COUNT(*) FROM submissions GROUP BY state"))
         tiers = [CostRow(int(t), float(c), float(w), int(n), int(k), float(r)) for t, c, w, n, k, r in
-                 await self._store._all(
+                 await self._db.all(
                      "SELECT tier, SUM(box_cpu_s), SUM(box_wall_s), SUM(box_calls), SUM(attacker_tokens), "
                      "SUM(review_s) FROM intake_costs GROUP BY tier ORDER BY tier")]
         # A quarantined version was accepted first: what it cost is part of what acceptance cost.
-        accepted = await self._store._one("SELECT COUNT(*) FROM submissions WHERE state IN ('approved', 'quarantined')")
-        payouts = await self._store._one("SELECT COALESCE(SUM(usd), 0) FROM payouts")
+        accepted = await self._db.one("SELECT COUNT(*) FROM submissions WHERE state IN ('approved', 'quarantined')")
+        payouts = await self._db.one("SELECT COALESCE(SUM(usd), 0) FROM payouts")
         return {"states": {str(k): int(v) for k, v in states.items()}, "tiers": tiers, "accepted": int(accepted[0]),
                 "payouts_usd": float(payouts[0])}
 
@@ -391,31 +390,31 @@ class IntakeRecords:
         """Quarantine ``env`` for good: its queued jobs are cancelled, its trajectories get a withdrawn
         score (reward 0, flagged) and a withdrawal row each. Returns how many were withdrawn."""
         now = time.time()
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             await db.execute("INSERT OR IGNORE INTO quarantined_envs(env, submission_id, reason, at) VALUES (?,?,?,?)",
                              (env, submission_id, reason, now))
             await db.execute("UPDATE jobs SET state='cancelled', updated_at=? WHERE state='queued' AND env=?",
                              (now, env))
             groups = [int(g[0]) for g in await db.execute_fetchall(
                 "SELECT DISTINCT group_id FROM jobs WHERE env=? AND state='cancelled'", (env,))]
-            await self._store._finish_groups(db, groups)
+            await finish_groups(db, groups)
             return await withdraw(db, "t.env = ?", [env], now)
 
     async def canary_results(self, after_seq: int, upto_seq: int, limit: int = 500) -> list[CanaryRow]:
         """Production canaries' trajectories on contributed versions stored in ``(after_seq, upto_seq]``, in
         order (a range of the stream's index: a reader that comes back every few seconds reads what is new)."""
         return [CanaryRow(int(q), int(i), e, a, int(s), int(d), float(r), bool(p), st) for q, i, e, a, s, d, r, p, st in
-                await self._store._all(
+                await self._db.all(
                     "SELECT seq, id, env, agent, seed, difficulty, reward, passed, status FROM trajectories "
                     "WHERE seq > ? AND seq <= ? AND substr(agent, 1, ?) = ? AND substr(env, 1, 8) = 'contrib:' "
                     "ORDER BY seq LIMIT ?", (after_seq, upto_seq, len(CANARY_PREFIX), CANARY_PREFIX, limit))]
 
     async def quarantined_envs(self) -> set[str]:
-        return {str(r[0]) for r in await self._store._all("SELECT env FROM quarantined_envs")}
+        return {str(r[0]) for r in await self._db.all("SELECT env FROM quarantined_envs")}
 
     async def withdrawals(self, after: int, limit: int = 1000, envs: Sequence[str] = ()) -> list[WithdrawalRow]:
         where = f" AND env IN ({','.join('?' * len(envs))})" if envs else ""
-        return [WithdrawalRow(int(s), int(t), e, r) for s, t, e, r in await self._store._all(
+        return [WithdrawalRow(int(s), int(t), e, r) for s, t, e, r in await self._db.all(
             f"SELECT seq, trajectory_id, env, reason FROM withdrawals WHERE seq > ? {where} ORDER BY seq LIMIT ?",
             (after, *envs, limit))]
 

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiosqlite
 
 from farmd.names import FARMD
-
-if TYPE_CHECKING:
-    from farmd.store.store import Store
+from farmd.store.database import Database
 
 _COLUMNS = "kind, name, credential, claimed_at, assigned_by"
 
@@ -66,24 +64,24 @@ async def forget_in(db: aiosqlite.Connection, kinds: tuple[str, ...]) -> int:
 
 
 class NameRecords:
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     async def holder(self, kind: str, name: str) -> NameRow | None:
         """Who holds ``name`` of ``kind``; None: nobody yet."""
-        row = await self._store._one(f"SELECT {_COLUMNS} FROM names WHERE kind=? AND name=?", (kind, name))
+        row = await self._db.one(f"SELECT {_COLUMNS} FROM names WHERE kind=? AND name=?", (kind, name))
         return _row(row) if row is not None else None
 
     async def claim(self, kind: str, name: str, credential: str) -> NameRow:
         """``name`` for ``credential`` if nobody holds it; the row as it stands after (the holder's, whoever it
         is). Two first uses at once: one transaction wins, the other reads its row."""
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             return await claim_in(db, kind, name, credential)
 
     async def reassign(self, kind: str, name: str, credential: str, by: str) -> tuple[NameRow, str]:
         """Give ``name`` to ``credential`` (an operator ``by`` decided so), whoever held it: the row after, and the
         credential that held it before ("" for nobody)."""
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             async with db.execute("SELECT credential FROM names WHERE kind=? AND name=?", (kind, name)) as cur:
                 before = await cur.fetchone()
             async with db.execute(
@@ -105,6 +103,6 @@ class NameRecords:
         """Names in the order they were first claimed, from just after position ``after``, each with its position
         (a page token's)."""
         where, args = ("AND kind=?", [kind]) if kind else ("", [])
-        rows = await self._store._all(f"SELECT rowid, {_COLUMNS} FROM names WHERE rowid > ? {where} "
-                                      "ORDER BY rowid LIMIT ?", (after, *args, limit))
+        rows = await self._db.all(f"SELECT rowid, {_COLUMNS} FROM names WHERE rowid > ? {where} "
+                                  "ORDER BY rowid LIMIT ?", (after, *args, limit))
         return [(int(r[0]), _row(r[1:])) for r in rows]

@@ -12,15 +12,14 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from farmd.flags import QUARANTINED, WITHDRAWN
 from farmd.records import Trajectory, verified_by_node
+from farmd.store.database import Database
+from farmd.store.groups import drop_cancelled, insert_groups
 from farmd.store.verdicts import give
 from farmd.text import bounded
-
-if TYPE_CHECKING:
-    from farmd.store.store import Store
 
 """What a lease says a result is (and its run, which a node's record does not know)."""
 _SHOWN = 80
@@ -47,15 +46,20 @@ def _shown(value: object) -> str:
     return bounded(repr(value), _SHOWN)
 
 
-def lease_identity(record: Trajectory, row: Sequence[Any]) -> tuple[Trajectory, str]:
+def lease_identity(record: Trajectory, row: Sequence[Any], newest: int = 0) -> tuple[Trajectory, str]:
     """``record`` under the identity its job's row gives (``(id, group_id, run_id, env, seed, difficulty, agent,
     policy_version, ...)``), and how the record disagreed with it ("" when it did not). A record from a node
-    knows no run: 0 there is no disagreement. The record is the store's to keep from here (``complete`` sets
-    its place too): its fields are set in place, not copied, since a copy of every record is most of what this
-    costs a worker's flush."""
+    knows no run: 0 there is no disagreement. A model server's job (``openai:``) keeps the version its record
+    says, when it is a version the farm has (0 to ``newest``): the version leased is what the farm expected, the
+    record's is what the server said it sampled with (a sync may land between the lease and the request). The
+    record is the store's to keep from here (``complete`` sets its place too): its fields are set in place, not
+    copied, since a copy of every record is most of what this costs a worker's flush."""
     _, group_id, run_id, env, seed, difficulty, agent, policy_version = row[:8]
+    version = int(policy_version)
+    if str(agent).startswith("openai:") and 0 <= record.policy_version <= newest:
+        version = record.policy_version
     leased = {"group_id": int(group_id), "env": str(env), "seed": int(seed), "difficulty": int(difficulty),
-              "agent": str(agent), "policy_version": int(policy_version)}
+              "agent": str(agent), "policy_version": version}
     wrong = [f"{name} {_shown(getattr(record, name))} (its lease's is {_shown(value)})"
              for name, value in leased.items() if getattr(record, name) != value]
     if record.run_id and record.run_id != int(run_id or 0):
@@ -89,8 +93,8 @@ class CheckRow:
 
 
 class NodeRecords:
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     # -- canaries ----------------------------------------------------------------------------------
 
@@ -100,7 +104,7 @@ class NodeRecords:
         ``agent`` acting, its jobs leasable by ``node`` alone. Ids come from the same sequences as every job's.
         Returns the group's (id, size); None when the template is gone or its group is over ``max_size``."""
         now = time.time()
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             rows = await db.execute_fetchall(
                 "SELECT g.env, g.seed, g.difficulty, g.size, g.source FROM jobs j JOIN groups g ON g.id = j.group_id "
                 "WHERE j.id = ?", (template_job,))
@@ -110,14 +114,14 @@ class NodeRecords:
             env, seed, difficulty, size, source = found
             if max_size is not None and int(size) > max_size:
                 return None
-            (group_id,) = await self._store._insert_groups(db, [(env, seed, difficulty, agent, int(size))], source, 0,
-                                                           now, canary_for=node)
+            (group_id,) = await insert_groups(db, [(env, seed, difficulty, agent, int(size))], source, 0,
+                                              now, canary_for=node)
             return group_id, int(size)
 
     async def cancel_canaries(self, node: str | None = None) -> int:
         """Drop canary jobs still queued for ``node`` (None: for every node; a coordinator starting has no
         nodes yet, and each gets canaries of its own once it works). Returns how many."""
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             cur = await db.execute(
                 "UPDATE jobs SET state='cancelled', updated_at=? WHERE state='queued' AND for_node IS NOT NULL "
                 "AND (? IS NULL OR for_node = ?)", (time.time(), node, node))
@@ -126,14 +130,14 @@ class NodeRecords:
     # -- checks --------------------------------------------------------------------------------------
 
     async def record_check(self, job_id: int, node: str, kind: str, outcome: str, detail: str) -> None:
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             await db.execute("INSERT OR REPLACE INTO node_checks(job_id, node, kind, outcome, detail, at) "
                              "VALUES (?,?,?,?,?,?)", (job_id, node, kind, outcome, detail, time.time()))
 
     async def confirm(self, trajectory_id: int, node: str) -> bool:
         """``node``'s verdict on the trajectory was checked and found the coordinator's: it says so from now on.
         False when it no longer reads as that node's (withdrawn with its node, or never its)."""
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             cur = await db.execute(
                 "UPDATE trajectories SET verified_by='coordinator' WHERE id=? AND verified_by=? AND NOT EXISTS "
                 "(SELECT 1 FROM withdrawals w WHERE w.trajectory_id = trajectories.id)",
@@ -142,7 +146,7 @@ class NodeRecords:
 
     async def checks(self, node: str, limit: int = 100) -> list[CheckRow]:
         """``node``'s latest checks, newest first."""
-        return [CheckRow(int(j), n, k, o, d, float(a)) for j, n, k, o, d, a in await self._store._all(
+        return [CheckRow(int(j), n, k, o, d, float(a)) for j, n, k, o, d, a in await self._db.all(
             "SELECT job_id, node, kind, outcome, detail, at FROM node_checks WHERE node=? ORDER BY at DESC LIMIT ?",
             (node, limit))]
 
@@ -151,7 +155,7 @@ class NodeRecords:
     async def quarantined(self) -> dict[str, tuple[str, float]]:
         """Every quarantined node: (why, since when)."""
         return {str(n): (str(r), float(a)) for n, r, a in
-                await self._store._all("SELECT name, reason, at FROM quarantined_nodes")}
+                await self._db.all("SELECT name, reason, at FROM quarantined_nodes")}
 
     async def quarantine(self, node: str, reason: str, *, everything: bool = False) -> Quarantined:
         """Quarantine ``node`` for good (until ``clear``), in one transaction: every result of its that reads as its
@@ -160,8 +164,7 @@ class NodeRecords:
         streams; the jobs it holds
         go back to the queue, and canary jobs waiting for it are dropped."""
         now = time.time()
-        store = self._store
-        async with store._write() as db:
+        async with self._db.write() as db:
             await db.execute("INSERT OR REPLACE INTO quarantined_nodes(name, reason, at) VALUES (?,?,?)",
                              (node, reason, now))
             # One scan for its results (a quarantine is rare; an index on every trajectory's row is not).
@@ -195,13 +198,13 @@ class NodeRecords:
                 "UPDATE jobs SET state='cancelled', updated_at=? WHERE state='queued' AND for_node = ? RETURNING id",
                 (now, node))}
             back = [j for j in held if j not in cancelled]
-            dropped = await store._drop_cancelled(db, back, now)
+            dropped = await drop_cancelled(db, back, now)
             return Quarantined(withdrawn=withdrawn, requeued=len(back) - dropped, cancelled=len(cancelled))
 
     async def clear(self, node: str) -> str | None:
         """Let ``node`` join again; why it had been quarantined, or None if it was not. What was withdrawn stays
         withdrawn: consumers were told."""
-        async with self._store._write() as db:
+        async with self._db.write() as db:
             rows = await db.execute_fetchall("DELETE FROM quarantined_nodes WHERE name=? RETURNING reason", (node,))
             found = next(iter(rows), None)
             return None if found is None else str(found[0])

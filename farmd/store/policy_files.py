@@ -15,6 +15,7 @@ file operation here blocks, so each runs in a worker thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -143,6 +144,54 @@ class PolicyFiles:
                 yield chunk
         finally:
             os.close(fd)
+
+    def remove(self, names: list[str]) -> int:
+        """Remove the content stored as each of ``names`` (as ``keep`` returned them; blocking: run it in a thread).
+        Returns how many bytes that gave back; a file already gone is no error (a sweep that died half way)."""
+        freed = 0
+        for name in names:
+            path = self._path(name)
+            try:
+                freed += path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                continue
+        if names:
+            with contextlib.suppress(FileNotFoundError):
+                _sync_dir(self.folder)
+        return freed
+
+    def held(self) -> dict[str, int]:
+        """Each complete file's hash and size (blocking: run it in a thread); uploads in progress left out."""
+        found: dict[str, int] = {}
+        try:
+            with os.scandir(self.folder) as entries:
+                for entry in entries:
+                    if _NAME.fullmatch(entry.name):
+                        with contextlib.suppress(FileNotFoundError):
+                            found[entry.name] = entry.stat(follow_symlinks=False).st_size
+        except FileNotFoundError:
+            pass
+        return found
+
+    def usage(self) -> tuple[int, int]:
+        """(files, bytes) the folder holds now, uploads in progress included (blocking: run it in a thread)."""
+        files = size = 0
+        try:
+            with os.scandir(self.folder) as entries:
+                for entry in entries:
+                    with contextlib.suppress(FileNotFoundError):
+                        size += entry.stat(follow_symlinks=False).st_size
+                        files += 1
+        except FileNotFoundError:
+            pass
+        return files, size
+
+    def _path(self, name: str) -> Path:
+        folder, _, base = name.partition("/")
+        if folder != FOLDER or not _NAME.fullmatch(base):
+            raise ValueError(f"not a policy file: {name!r}")
+        return self.folder / base
 
     def sweep(self) -> int:
         """Remove temporaries a crashed upload left (blocking: run it in a thread). Returns how many."""

@@ -408,4 +408,17 @@ MIGRATIONS: tuple[str, ...] = (
     WHERE id IN (SELECT trajectory_id FROM scores WHERE kind = 'current');
     CREATE INDEX trajectories_by_verdict ON trajectories(verdict_version) WHERE verdict_version > 0;
     """,
+    # 15: a policy's content is kept only while something can still use it (a job queued or leased for its version,
+    # the newest versions of its line, an operator's pin); its row (hash, size, line, times) is kept for good.
+    # ``pinned_at``: an operator keeps it whatever else holds (``farmctl policy pin``); ``removed_at`` and
+    # ``removed_why``: when its content went and why (GetPolicy says so); ``file`` and ``blob`` are then NULL.
+    # Publishing the same content again restores it. The partial index holds only versions with content, so a
+    # sweep reads those, never every version ever published.
+    """
+    ALTER TABLE policies ADD COLUMN pinned_at REAL;
+    ALTER TABLE policies ADD COLUMN removed_at REAL;
+    ALTER TABLE policies ADD COLUMN removed_why TEXT;
+    CREATE INDEX policies_with_content ON policies(version)
+        WHERE removed_at IS NULL AND (file IS NOT NULL OR blob IS NOT NULL);
+    """,
 )

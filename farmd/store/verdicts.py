@@ -11,7 +11,7 @@ all, an error). ``seq`` only grows, across the whole store: a trajectory changed
 
 ``give`` is the one way a later verdict enters, inside its caller's transaction: a rescore and a coordinator's
 check of a node's verdict (``Store.add_scores``), and a withdrawal (``farmd.store.intake.withdraw``, a node's
-quarantine in ``farmd.store.nodes``). Reached as ``store.verdicts`` for the reads; it shares the store's connections.
+quarantine in ``farmd.store.nodes``). Reached as ``store.verdicts`` for the reads; it shares the store's database.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiosqlite
 
+from farmd import domain
 from farmd.flags import OF_THE_ATTEMPT
 from farmd.records import Score
-
-if TYPE_CHECKING:
-    from farmd.store.store import Store
+from farmd.store.codec import log_unreadable, read_json
+from farmd.store.database import MAX_VARS, Database
 
 FIRST, CURRENT, KEPT = "first", "current", "kept"
 
@@ -35,7 +35,6 @@ VerdictRow = tuple[int, str, float, bool, str, list[str], list[str]]
 """(trajectory id, verifier version, reward, passed, status, reasons, flags): a verdict to give."""
 
 _PENDING_COLUMNS = "trajectory_id, verifier_version, reward, passed, status, reasons, flags"
-_MAX_VARS = 10_000
 
 
 async def _pending(db: aiosqlite.Connection) -> None:
@@ -101,6 +100,23 @@ async def _mark(db: aiosqlite.Connection) -> int:
     return int(next(iter(rows))[0])
 
 
+def verdict_score(version: Any, reward: Any, passed: Any, status: Any, reasons: Any, flags: Any, at: Any, kind: Any,
+                  seq: Any) -> Score | None:
+    """A score row (or a trajectory's verdict columns) as a ``Score``, its ``verdict_version`` 0 for the first
+    verdict and its ``seq`` for a later one; None when it is not one in its domain (a score is left out, never the
+    record it scores)."""
+    try:
+        score = Score(version if isinstance(version, str) else "", reward, passed in (1, True), status,
+                      read_json(reasons), read_json(flags), at, 0 if kind == FIRST else int(seq))
+    except Exception:  # a score's JSON columns that do not decode, as a trajectory's body (see read_trajectory)
+        return None
+    if passed not in (0, 1) or domain.reward_problem(score.reward, score.passed, score.status) \
+            or not isinstance(score.reasons, list) or not isinstance(score.flags, list) \
+            or domain.time_problem(at, "scored_at"):
+        return None
+    return score
+
+
 @dataclass
 class VerdictChange:
     """A trajectory whose current verdict changed after a mark: what it is now, and every verdict it had."""
@@ -125,20 +141,18 @@ class VerdictChange:
 
 
 class VerdictRecords:
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     async def mark(self) -> int:
         """The store's verdict mark now: every verdict given after this has a higher ``verdict_version``."""
-        row = await self._store._one("SELECT COALESCE(MAX(seq), 0) FROM scores")
+        row = await self._db.one("SELECT COALESCE(MAX(seq), 0) FROM scores")
         return int(row[0]) if row else 0
 
     async def changed(self, after: int, limit: int) -> list[VerdictChange]:
         """Trajectories whose current verdict changed after mark ``after``, in the order they changed (by
         ``verdict_version``: page on from the last one's), each with its scores."""
-        from farmd.store.store import verdict_score
-
-        rows = await self._store._all(
+        rows = await self._db.all(
             "SELECT t.id, t.env, t.seq, t.group_id, t.seed, t.difficulty, t.agent, t.policy_version, t.verdict_version, "
             "t.verifier_version, t.reward, t.passed, t.status, t.reasons, t.flags, t.finished_at, "
             "(SELECT w.reason FROM withdrawals w WHERE w.trajectory_id = t.id ORDER BY w.seq LIMIT 1), "
@@ -150,7 +164,7 @@ class VerdictRecords:
                              None if done is None else int(done), int(vv), why is not None, str(why or ""),
                              verdict_score(v, r, p, st, rs, fl, at, "", int(vv)))
                for i, env, seq, g, seed, d, agent, pv, vv, v, r, p, st, rs, fl, at, why, done in rows]
-        history = await self._store.score_history([c.trajectory_id for c in out])
+        history = await self.score_history([c.trajectory_id for c in out])
         for c in out:
             c.scores = history.get(c.trajectory_id, [])
         return out
@@ -159,16 +173,14 @@ class VerdictRecords:
         """The verdict each of these trajectories held at mark ``mark`` (what a reader that read it then saw), for
         those changed since (the others hold it still: not in the answer). A verdict out of its domain is left
         out."""
-        from farmd.store.store import verdict_score
-
         out: dict[int, Score] = {}
         ids = list(trajectory_ids)
-        for start in range(0, len(ids), _MAX_VARS):
-            chunk = ids[start:start + _MAX_VARS]
+        for start in range(0, len(ids), MAX_VARS):
+            chunk = ids[start:start + MAX_VARS]
             marks = ",".join("?" * len(chunk))
             # The newest score that was current by the mark; none: the first verdict (copied to the scores when
             # the first later one came, whatever its seq).
-            rows: list[Any] = await self._store._all(
+            rows: list[Any] = await self._db.all(
                 "SELECT s.trajectory_id, s.verifier_version, s.reward, s.passed, s.status, s.reasons, s.flags, "
                 "s.scored_at, s.kind, s.seq FROM trajectories t JOIN scores s ON s.seq = COALESCE("
                 f"(SELECT MAX(c.seq) FROM scores c WHERE c.trajectory_id = t.id AND c.kind = '{CURRENT}' AND c.seq <= ?), "
@@ -178,4 +190,21 @@ class VerdictRecords:
                 score = verdict_score(v, r, p, st, rs, fl, at, kind, seq)
                 if score is not None:
                     out[int(tid)] = score
+        return out
+
+    async def score_history(self, trajectory_ids: list[int]) -> dict[int, list[Score]]:
+        """The scores table's verdicts of these trajectories, the first one first, then in the order given; one out
+        of its domain is left out (logged), never the record it scores."""
+        out: dict[int, list[Score]] = {}
+        for start in range(0, len(trajectory_ids), MAX_VARS):
+            ids = trajectory_ids[start:start + MAX_VARS]
+            for tid, v, r, p, st, rs, fl, at, kind, seq in await self._db.all(
+                    "SELECT trajectory_id, verifier_version, reward, passed, status, reasons, flags, scored_at, kind, "
+                    f"seq FROM scores WHERE trajectory_id IN ({','.join('?' * len(ids))}) "
+                    f"ORDER BY trajectory_id, kind != '{FIRST}', seq", ids):
+                score = verdict_score(v, r, p, st, rs, fl, at, kind, seq)
+                if score is not None:
+                    out.setdefault(int(tid), []).append(score)
+                else:
+                    log_unreadable(f"{tid} (a score under {str(v)[:60]})", ["a score out of its domain"])
         return out

@@ -41,6 +41,37 @@ _PRUNE_SLACK = 0.05
 _HARD, _BAND, _EASY = -1, 0, 1
 
 
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """One environment's place in the bank, or the totals over every environment (``TaskBank.status``).
+    ``None`` where there is nothing to count yet; the level's fields are the environment's alone (None in the
+    totals)."""
+
+    tasks: int
+    in_band: int
+    easy: int
+    hard: int
+    retired: int
+    groups: int
+    sampled: int
+    band_occupancy: float | None
+    fresh_share: float | None
+    informative_fraction: float | None
+    level: int | None = None
+    max_difficulty: int | None = None
+    level_pass_rate: float | None = None
+    level_groups: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BankStatus:
+    """The bank's standing: per environment served, and in total."""
+
+    policy_version: int
+    envs: Mapping[str, Standing]
+    totals: Standing
+
+
 @dataclass(frozen=True, order=True)
 class TaskKey:
     """One task: an environment's instance for ``(seed, difficulty)``."""
@@ -339,7 +370,7 @@ class TaskBank:
         """Whether a verdict of ``reward`` counts as a pass here."""
         return reward >= self.config.pass_threshold
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> BankStatus:
         """Per environment and in total: level, pool counts, band occupancy, informative-group fraction.
 
         ``in_band`` / ``easy`` / ``hard``: known tasks whose posterior mean (read at the
@@ -350,48 +381,34 @@ class TaskBank:
         recently finished groups, the share whose rewards were not all equal. ``None``
         where there is nothing to count yet.
         """
-        envs: dict[str, dict[str, Any]] = {}
-        totals = {"tasks": 0, "in_band": 0, "easy": 0, "hard": 0, "retired": 0, "groups": 0, "sampled": 0}
+        envs: dict[str, Standing] = {}
         recent_in, recent_known, recent_samples, recent_informative, recent_groups = 0, 0, 0, 0, 0
         for name, st in self._envs.items():
             standings = [self._standing(self._model.at(rec.post, self._version)) for rec in st.tasks.values()]
             known = [s for s in st.recent_samples if s is not None]
             n_in = sum(known)
             n_informative = sum(st.recent_groups)
-            entry: dict[str, Any] = {
-                "level": st.level,
-                "max_difficulty": st.max_difficulty,
-                "level_pass_rate": st.level_rate if st.level_groups else None,
-                "level_groups": st.level_groups,
-                "tasks": len(st.tasks),
-                "in_band": standings.count(_BAND),
-                "easy": standings.count(_EASY),
-                "hard": standings.count(_HARD),
-                "retired": len(standings) - standings.count(_BAND),
-                "groups": st.groups_total,
-                "sampled": st.sampled_total,
-                "band_occupancy": _fraction(n_in, len(known)),
-                "fresh_share": _fraction(len(st.recent_samples) - len(known), len(st.recent_samples)),
-                "informative_fraction": _fraction(n_informative, len(st.recent_groups)),
-            }
-            envs[name] = entry
-            for k in totals:
-                totals[k] += entry[k]
+            envs[name] = Standing(
+                tasks=len(st.tasks), in_band=standings.count(_BAND), easy=standings.count(_EASY),
+                hard=standings.count(_HARD), retired=len(standings) - standings.count(_BAND), groups=st.groups_total,
+                sampled=st.sampled_total, band_occupancy=_fraction(n_in, len(known)),
+                fresh_share=_fraction(len(st.recent_samples) - len(known), len(st.recent_samples)),
+                informative_fraction=_fraction(n_informative, len(st.recent_groups)), level=st.level,
+                max_difficulty=st.max_difficulty, level_pass_rate=st.level_rate if st.level_groups else None,
+                level_groups=st.level_groups)
             recent_in += n_in
             recent_known += len(known)
             recent_samples += len(st.recent_samples)
             recent_informative += n_informative
             recent_groups += len(st.recent_groups)
-        return {
-            "policy_version": self._version,
-            "envs": envs,
-            "totals": {
-                **totals,
-                "band_occupancy": _fraction(recent_in, recent_known),
-                "fresh_share": _fraction(recent_samples - recent_known, recent_samples),
-                "informative_fraction": _fraction(recent_informative, recent_groups),
-            },
-        }
+        each = envs.values()
+        totals = Standing(
+            tasks=sum(e.tasks for e in each), in_band=sum(e.in_band for e in each), easy=sum(e.easy for e in each),
+            hard=sum(e.hard for e in each), retired=sum(e.retired for e in each), groups=sum(e.groups for e in each),
+            sampled=sum(e.sampled for e in each), band_occupancy=_fraction(recent_in, recent_known),
+            fresh_share=_fraction(recent_samples - recent_known, recent_samples),
+            informative_fraction=_fraction(recent_informative, recent_groups))
+        return BankStatus(policy_version=self._version, envs=envs, totals=totals)
 
     def to_json(self) -> dict[str, Any]:
         """The whole state as plain JSON values; ``from_json`` restores it exactly. An environment the bank

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
+from farmd.errors import BadExpression
 from farmd.verifier.verdict import NO_ANSWER, SUSPECTED_HACK
 
 MAX_TEXT_CHARS = 100_000
@@ -150,10 +151,6 @@ def parse_number(answer: str) -> Fraction | None:
     if len(text) > MAX_NUMBER_CHARS or not _NUMBER.fullmatch(text):
         return None
     return Fraction(text)  # exact: Fraction reads "12.50" as 25/2, never through a float
-
-
-class BadExpression(ValueError):
-    """Text that is not a plain arithmetic expression (why, in words)."""
 
 
 @dataclass(frozen=True)

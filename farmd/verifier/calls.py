@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from farmd.errors import BadClaim
 from farmd.verifier import canon as C
 from farmd.verifier.boxjudge import JudgeReport, broke_a_rule, opening_verdict
 from farmd.verifier.verdict import RULE_BROKEN, SUSPECTED_HACK, TIMEOUT, Verdict
@@ -43,7 +44,7 @@ def judge_calls(version: str, report: JudgeReport, expected: list[Any], *, rel_t
             continue
         try:
             got = C.parse_claim(outcome.value or "")
-        except C.BadClaim as exc:
+        except BadClaim as exc:
             wrong += 1
             verdict.reasons.append(f"test {i}: {exc}")
             continue

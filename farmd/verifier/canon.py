@@ -11,19 +11,20 @@ import json
 import math
 from typing import Any
 
+from farmd.errors import BadClaim, NotCanonical
 from farmd.verifier import judge
-from farmd.verifier.judge import NotCanonical
 
-__all__ = ["NotCanonical", "canon", "parse_claim", "strict_equal"]
+__all__ = ["canon", "parse_claim", "strict_equal"]
 
 
 def canon(value: Any) -> Any:
-    """The canonical form of a value computed on the host (the same function the judge uses in the box)."""
-    return judge.canon(value)
-
-
-class BadClaim(ValueError):
-    pass
+    """The canonical form of a value computed on the host (the same function the judge uses in the box).
+    ``NotCanonical`` when it has none: the box's own kind of it (the judge imports nothing of farmd) made
+    farm's."""
+    try:
+        return judge.canon(value)
+    except judge.NotCanonical as exc:
+        raise NotCanonical(str(exc)) from None
 
 
 def parse_claim(text: str) -> Any:

@@ -12,6 +12,7 @@ the tolerance.
 from __future__ import annotations
 
 import base64
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,12 @@ UNSEEN_TREE_CPU_S = 0.001
 """CPU time of processes the submission's runner started and reaped, over which the same holds (a
 correct kernel starts none: the counts agree to the microsecond, the runner's clock read once it is a
 zombie, its exit included)."""
+
+
+def speed_reward(speedup: float) -> float:
+    """A correct kernel's reward at ``speedup`` times the reference's speed."""
+    return max(MIN_REWARD, min(1.0, SPEED_AT_PARITY * speedup)) if math.isfinite(speedup) else 1.0 \
+        if speedup > 0 else MIN_REWARD
 
 
 @dataclass(frozen=True)
@@ -93,7 +100,12 @@ def judge_kernel(version: str, tol: Tolerance, report: JudgeReport, expected: li
     verdict.details = {"tests": len(expected), "failed": wrong, **details}
     if wrong == 0 and report.done and not report.anomalies and not verdict.flags:
         verdict.passed = True
-        verdict.reward = max(MIN_REWARD, min(1.0, SPEED_AT_PARITY * speed))
+        verdict.reward = speed_reward(speed)
+        low, high = details["speedup_interval"] if rounds else (speed, speed)
+        # The rewards this measurement cannot tell apart: another box's run of the same kernel (a coordinator
+        # checking a node's verdict) agrees anywhere in here (``farmd.scheduler.checks``).
+        verdict.details["reward_interval"] = [min(speed_reward(low), verdict.reward),
+                                              max(speed_reward(high), verdict.reward)]
         verdict.reasons = [f"all {len(expected)} outputs correct; {speed:.2f}x the reference's speed"
                            + ("" if details["significant"] else " (no difference the timing can tell)")]
     return verdict

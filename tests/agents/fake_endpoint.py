@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -93,6 +94,14 @@ class FakeEndpoint:
         self.paths: list[str] = []
         self.port = 0
         self.connections = 0
+        self.gets: list[str] = []
+        """Paths of GET requests (health checks, weight labels), which are not counted in ``requests``."""
+        self.labels: deque[str] = deque()
+        """What ``GET /weight_info`` answers next (``weight_version``); empty: 404, a server that cannot say."""
+        self.label = ""
+        """What it answers once ``labels`` is empty ("": 404)."""
+        self.health = Reply("json", 200, {})
+        """What ``GET /health`` answers (``Reply.hang()``: a server that hangs)."""
         self.arrived = asyncio.Event()
         """Set once a request has been read."""
         self._handlers: set[asyncio.Task[None]] = set()
@@ -109,7 +118,7 @@ class FakeEndpoint:
         task = asyncio.current_task()
         assert task is not None
         self._handlers.add(task)
-        self.connections += 1
+        posted = False
         try:
             while request_line := (await reader.readline()).decode():
                 headers: dict[str, str] = {}
@@ -117,7 +126,19 @@ class FakeEndpoint:
                     name, _, value = line.partition(":")
                     headers[name.strip().lower()] = value.strip()
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
-                path = request_line.split(" ")[1]
+                method, path = request_line.split(" ")[:2]
+                if method == "GET":  # the client's health checks and weight-label reads: not requests
+                    self.gets.append(path)
+                    answer = self.get_reply(path)
+                    if answer.kind == "hang":
+                        await reader.read()
+                        break
+                    if not await self._send(answer, writer):
+                        break
+                    continue
+                if not posted:  # a connection that carried a request (health checks open their own)
+                    posted = True
+                    self.connections += 1
                 self.paths.append(path)
                 self.headers.append(headers)
                 self.requests.append(json.loads(body))
@@ -136,6 +157,14 @@ class FakeEndpoint:
         finally:
             writer.close()
             self._handlers.discard(task)
+
+    def get_reply(self, path: str) -> Reply:
+        if path == "/health":
+            return self.health
+        if path == "/weight_info":
+            label = self.labels.popleft() if self.labels else self.label
+            return Reply("json", 200, {"weight_version": label}) if label else Reply.error(404, "no route")
+        return Reply.error(404, f"no route {path}")
 
     async def _send(self, reply: Reply, writer: asyncio.StreamWriter) -> bool:
         """Send ``reply``; whether the connection stays open for another request."""
@@ -178,3 +207,26 @@ async def fake_endpoint(responder: Callable[[dict[str, Any]], Reply] | None = No
         server.close()
         await endpoint.stop()
         await server.wait_closed()
+
+
+@contextmanager
+def threaded_endpoint(responder: Callable[[dict[str, Any]], Reply] | None = None) -> Iterator[FakeEndpoint]:
+    """``fake_endpoint`` on a loop of its own thread: for a farmd in another process to call while the test waits."""
+    ready = threading.Event()
+    found: list[FakeEndpoint] = []
+    stop = threading.Event()
+
+    async def serve() -> None:
+        async with fake_endpoint(responder) as ep:
+            found.append(ep)
+            ready.set()
+            await asyncio.to_thread(stop.wait)
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    ready.wait(10)
+    try:
+        yield found[0]
+    finally:
+        stop.set()
+        thread.join(10)

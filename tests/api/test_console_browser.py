@@ -171,6 +171,8 @@ def test_the_farm_page_shows_what_farmctl_status_shows(farm: RunningFarm, browse
         assert int(value(browser, tile)) == status["queue"][key], tile
     assert int(value(browser, "stat-workers")) == status["workers"] == 2
     assert value(browser, "stat-node") == status["node"]
+    assert int(value(browser, "stat-policy-bytes")) == status["disk"]["policy_bytes"] > 0, "the disk, as status says"
+    assert int(value(browser, "stat-store-bytes")) > 0
     rows = browser.find_elements(By.CSS_SELECTOR, "#pass-rates-table tbody tr")
     assert any("arith" in r.text for r in rows), [r.text for r in rows]
     assert browser.find_elements(By.CSS_SELECTOR, "#page-farm svg"), "the plots are drawn"

@@ -24,7 +24,7 @@ from farm_client.tensors import collate
 
 from farmd.records import PosedTask, Trajectory, Turn
 from farmd.store import Store
-from farmd.store.store import pack_body
+from farmd.store.codec import pack_body
 from tests.conftest import farmctl
 
 GOOD_GROUPS = (0, 11)

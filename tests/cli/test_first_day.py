@@ -65,7 +65,7 @@ def test_a_failed_run_says_why_wherever_it_is_read(running_farm, tmp_path) -> No
                         check=False)
     assert done.returncode == 1 and "2 failed" in done.stdout.decode()
     said = done.stderr.decode()
-    assert "last error: UNAVAILABLE INFRASTRUCTURE:" in said and "cannot connect to http://127.0.0.1:1" in said, said
+    assert "last error: UNAVAILABLE INFRASTRUCTURE:" in said and "http://127.0.0.1:1/v1" in said and "connect" in said, said
 
     (run,) = json.loads(farm.farmctl("runs", "list", "--json").stdout)
     assert run["state"] == "failed" and run["last_error"]["code"] == "UNAVAILABLE"

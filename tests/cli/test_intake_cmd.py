@@ -19,7 +19,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from farmd.cli import intake_cmd
 from farmd.cli.farmctl import cli
-from farmd.intake.package import PackageError, pack, read_package
+from farmd.errors import PackageError
+from farmd.intake.package import pack, read_package
 from tests.cli.hostile import HOSTILE, SHOWN, assert_shown_safely
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "word-count"

@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.sandbox, pytest.mark.clocked]
 
 
 SAMPLES = 8
+KEEP_ALL = 1_000_000
 """Samples per held-out problem for the sampled pass rate."""
 
 
@@ -56,7 +57,8 @@ def held_out(model: lm.TinyLM, level: int = 1) -> tuple[float, float, float]:
 
 def test_a_short_loop_learns_through_the_farm(tmp_path: Path, running_farm) -> None:  # type: ignore[no-untyped-def]
     data = tmp_path / "loop"
-    summary = run_loop(data, 1.0)
+    # Every version's content kept (farmd keeps only the newest few): each trajectory is checked against its own.
+    summary = run_loop(data, 1.0, keep_policies=KEEP_ALL)
     files = LoopFiles(data)
     assert (files.report_dir / "learning-curve.png").stat().st_size > 10_000
     assert json.loads((files.report_dir / "summary.json").read_text())["rollouts"] == summary.rollouts
@@ -65,7 +67,9 @@ def test_a_short_loop_learns_through_the_farm(tmp_path: Path, running_farm) -> N
     assert len(published) >= 5, f"the policy version advanced only to {sorted(published)}"
     assert all(r["staleness_max"] <= 2 for r in metrics if r["kind"] == "step" and r["staleness_max"] is not None)
 
-    farm = running_farm("--workers", "0", data_dir=data)  # the loop's farm, opened again
+    keep = tmp_path / "keep.toml"
+    keep.write_text(f"[scheduler]\npolicy_keep_newest = {KEEP_ALL}\n")
+    farm = running_farm("--workers", "0", "--config", str(keep), data_dir=data)  # the loop's farm, opened again
     with FarmClient(farm.addr) as client:
         stored = [t for page in client.trajectory_pages(ENV, full=True) for t in page if t.agent == AGENT]
         assert len(stored) > 1000

@@ -1,5 +1,5 @@
 """Hand-built trajectories tokenized like tests/clients/openai_server.py does, a tiny causal LM, and the
-README's trainer code."""
+trainer's guide's code (docs/trainers.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from farm_client.record import ChatMessage, Trajectory, Turn
 
 from tests.clients.openai_server import completion_ids, logprob, prompt_ids
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "trainers.md"
 VOCAB = 512
 
 
@@ -59,15 +59,15 @@ class TinyLM(torch.nn.Module):
 
 
 def trainer_code() -> str:
-    """The python block of the README's trainer section."""
-    text = README.read_text()
-    section = text[text.index("### For trainers"):]
+    """The python block of the trainer's guide (docs/trainers.md)."""
+    text = GUIDE.read_text()
+    section = text[text.index("## Streaming from a farm"):]
     match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert match, "the README's trainer section has no python block"
+    assert match, "the trainer's guide (docs/trainers.md) has no python block"
     return match.group(1)
 
 
 def loss_function_code() -> str:
-    """Only the imports and ``grpo_loss`` of the README's block: what runs without a farm."""
+    """Only the imports and ``grpo_loss`` of the guide's block: what runs without a farm."""
     code = trainer_code()
     return code[:code.index("\nwith FarmClient(")]

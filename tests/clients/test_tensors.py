@@ -1,4 +1,4 @@
-"""farm_client.tensors on hand-built records: rows, masks, padding, advantages, the skip rules, the README loss."""
+"""farm_client.tensors on hand-built records: rows, masks, padding, advantages, the skip rules, the guide's loss."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from farm_client.sequences import UntokenizedError, group_advantages, token_rows
 from farm_client.tensors import TensorBatch, collate, token_logprobs
 
 from tests.clients.openai_server import END, completion_ids, decode, logprob, prompt_ids
-from tests.clients.records import README, TinyLM, loss_function_code, trajectory
+from tests.clients.records import GUIDE, TinyLM, loss_function_code, trajectory
 
 
 def _row(batch: TensorBatch, b: int) -> tuple[list[int], list[float], list[float]]:
@@ -210,7 +210,7 @@ def test_token_logprobs_are_aligned_with_the_stored_logprobs() -> None:
 
 def test_the_readme_loss_runs_and_is_the_policy_gradient() -> None:
     scope: dict[str, object] = {}
-    exec(compile(loss_function_code(), str(README), "exec"), scope)
+    exec(compile(loss_function_code(), str(GUIDE), "exec"), scope)
     grpo_loss = scope["grpo_loss"]
     batch = collate([trajectory(1, 1, 1.0, "good", "done"), trajectory(2, 1, 0.0, "bad"),
                      trajectory(3, 2, 0.0, "meh"), trajectory(4, 2, 0.5, "ok")])
@@ -229,12 +229,12 @@ def test_the_readme_loss_runs_and_is_the_policy_gradient() -> None:
     assert grpo_loss(model, same).item() == pytest.approx(expected.item(), abs=1e-5)  # type: ignore[operator]
 
 
-def test_the_readme_documents_every_field_of_the_record() -> None:
-    text = README.read_text()
-    section = text[text.index("#### The trajectory record"):]
+def test_the_trainers_guide_documents_every_field_of_the_record() -> None:
+    text = GUIDE.read_text()
+    section = text[text.index("### The trajectory record"):]
     section = section[:section.index("\n## ")]
     documented = set(re.findall(r"^\| `(\w+)` \|", section, re.MULTILINE))
     for cls in (record.Trajectory, record.Turn, record.ChatMessage, record.PosedTask, record.SamplingParams,
                 record.Step, record.Score, record.Usage, record.Timings):
         missing = {f.name for f in dataclasses.fields(cls)} - documented
-        assert not missing, f"README's record tables lack {cls.__name__}.{sorted(missing)}"
+        assert not missing, f"the trainer's guide's record tables lack {cls.__name__}.{sorted(missing)}"

@@ -1,5 +1,5 @@
 """End to end: a farm whose agent talks to an OpenAI-compatible server that returns token ids and logprobs
-gives a trainer tensors whose loss mask covers exactly the model's tokens, and the README's loop trains."""
+gives a trainer tensors whose loss mask covers exactly the model's tokens, and the trainer's guide's loop trains."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from farm_client.tensors import FarmDataset, TensorBatch
 from torch.utils.data import DataLoader
 
 from tests.clients.openai_server import SPECIAL, decode, encode_message, logprob, openai_server, prompt_ids
-from tests.clients.records import README, TinyLM, trainer_code
+from tests.clients.records import GUIDE, TinyLM, trainer_code
 
 ARITHMETIC = re.compile(r"Calculate ([\d\s+\-*/().]+?)\.(?:\s|$)")
 SHELL_COMMAND = "```sh\nls -R\n```"
@@ -158,12 +158,12 @@ def test_the_stream_gives_tensors_masked_on_exactly_the_models_tokens(running_fa
                     assert stored["logprobs"] == pytest.approx(turn.logprobs, rel=1e-6)
                 assert row["task"]["prompt"] == t.task.prompt != "" and row["reward"] == t.reward
 
-            # The README's trainer code, as written, against this farm and a tiny model: one step.
+            # The trainer's guide's code, as written, against this farm and a tiny model: one step.
             model = TinyLM()
             before = model.head.weight.detach().clone()
             code = trainer_code().replace('"127.0.0.1:7431"', repr(farm_proc.addr))
             scope = {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.5), "device": "cpu",
                      "num_steps": 1}
-            exec(compile(code, str(README), "exec"), scope)
+            exec(compile(code, str(GUIDE), "exec"), scope)
             assert scope["step"] == 0 and not torch.equal(before, model.head.weight)
             assert farm.status()["policy_version"] >= 1

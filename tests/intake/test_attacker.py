@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import pytest
 
+from farmd.errors import AttackerError
 from farmd.intake.attacker import (
     Attacker,
     AttackerConfig,
-    AttackerError,
     Proposal,
     prompt_messages,
     read_proposals,

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from farmd.intake.boxed import BoxedEnvironment, CheckBudgetSpent, ContributedError, Variant
+from farmd.errors import CheckBudgetSpent, ContributedError
+from farmd.intake.boxed import BoxedEnvironment, Variant
 from farmd.intake.package import MANIFEST, read_package
 from farmd.sandbox import Sandbox
 from farmd.verifier import VerifierKey

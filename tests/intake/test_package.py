@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from farmd.intake.package import MANIFEST, MAX_FILE_BYTES, MAX_READ_BYTES, PackageError, pack, read_package
+from farmd.errors import PackageError
+from farmd.intake.package import MANIFEST, MAX_FILE_BYTES, MAX_READ_BYTES, pack, read_package
 from tests.intake import hostile_tars
 from tests.intake.contrib_example import MANIFEST_TEXT
 
@@ -122,7 +123,8 @@ def test_a_tarball_is_read_as_a_bounded_stream_whatever_its_headers_declare(tmp_
     (tmp_path / "tars.json").write_text(json.dumps({k: v.hex() for k, v in tars.items()}))
     script = textwrap.dedent("""
         import json, resource, sys, time
-        from farmd.intake.package import PackageError, read_package
+        from farmd.intake.package import read_package
+        from farmd.errors import PackageError
         tars = {k: bytes.fromhex(v) for k, v in json.load(open(sys.argv[1])).items()}
         out = {}
         for name, blob in tars.items():

@@ -13,7 +13,15 @@ from farmd.agents import Agent, AgentResult
 from farmd.agents.base import Step
 from farmd.api.trajectories import trajectory_pb
 from farmd.envs import Attempt, Episode, SubmissionEnvironment, Task, VerifyContext, get
-from farmd.errors import EndpointError
+from farmd.errors import (
+    ContributedError,
+    ContributedVerifierFailed,
+    EndpointError,
+    GeneratorBug,
+    PolicyError,
+    SandboxError,
+    TaskError,
+)
 from farmd.flags import INVALID_TEXT, TRUNCATED, VERIFIER_FAULT
 from farmd.records import MAX_FINAL_CHARS, Job, JobState
 from farmd.rollout.runner import InfraFailure, run_rollout
@@ -88,6 +96,46 @@ async def test_a_verifier_crash_an_attempt_causes_is_its_zero(tmp_path: Path) ->
 async def test_a_verifier_that_cannot_judge_the_reference_is_an_infrastructure_failure(tmp_path: Path) -> None:
     with pytest.raises(InfraFailure, match="reference"):
         await run_rollout(job("brittle"), Brittle(broken=True), Says("boom"), no_box(tmp_path), "n1")
+
+
+class Unmakeable(Brittle):
+    """Its task cannot be made: ``make_task`` raises ``error``, as an environment's generator or box would."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    async def make_task(self, seed: int, difficulty: int, ctx: VerifyContext) -> Task:
+        raise self.error
+
+
+@pytest.mark.parametrize(("error", "retried"), [
+    (TaskError("no environment 'gone'"), False),
+    (GeneratorBug("a puzzle broke its own invariant"), False),
+    (PolicyError("a bound out of range"), False),
+    (SandboxError("bwrap did not start"), True),
+    (ContributedError("generate", "the box was killed"), True),
+], ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v))
+async def test_a_task_that_cannot_be_made_fails_the_job_as_its_error_kind_says(
+        tmp_path: Path, error: Exception, retried: bool) -> None:
+    with pytest.raises(InfraFailure, match="cannot make the task") as caught:
+        await run_rollout(job("brittle"), Unmakeable(error), Says("ok"), no_box(tmp_path), "n1")
+    assert caught.value.transient is retried and caught.value.__cause__ is error
+
+
+class ContributedBrittle(Brittle):
+    """A contributed verifier whose code an attempt broke: it fails as ``served`` reports it, a farm error."""
+
+    async def verify(self, task: Task, attempt: Attempt, ctx: VerifyContext) -> Verdict:
+        if "boom" in attempt.final:
+            raise ContributedVerifierFailed("verify: the verifier's box ran out of memory")
+        return await super().verify(task, attempt, ctx)
+
+
+async def test_a_contributed_verifier_an_attempt_broke_gives_the_attempt_its_zero(tmp_path: Path) -> None:
+    traj = await run_rollout(job("brittle"), ContributedBrittle(), Says("boom"), no_box(tmp_path), "n1")
+    assert (traj.status, traj.reward, traj.passed) == ("ok", 0.0, False)
+    assert VERIFIER_FAULT in traj.flags and "ContributedVerifierFailed" in traj.reasons[0]
 
 
 class Refused(Agent):

@@ -38,11 +38,11 @@ async def test_a_consumer_sitting_on_a_batch_stops_counting_and_counts_again_whe
         assert await delivery.backlog() == 2, "what it was sent needs no producing, acked or not"
         await asyncio.sleep(0.3)
         assert await delivery.backlog() is None, "it sat on its batch past stall_s"
-        assert [c["state"] for c in await delivery.status()] == ["stalled"]
+        assert [c.state for c in await delivery.status()] == ["stalled"]
         assert await delivery.ack("slow", first.up_to, whole_groups=False) == 2
         assert await delivery.backlog() == 2, "an ack brings it back (two stored, never sent)"
         await stream.aclose()
-        assert await delivery.backlog() is None and [c["state"] for c in await delivery.status()] == ["closed"]
+        assert await delivery.backlog() is None and [c.state for c in await delivery.status()] == ["closed"]
 
         # Reconnecting is no way to sit on a batch for ever: the clock is the consumer's, not the stream's.
         again = delivery.batches("slow", whole_groups=False, batch_size=2, max_staleness=0, body=False)
@@ -96,8 +96,8 @@ async def test_a_subscription_carries_only_its_agent_and_envs_and_counts_stalene
                                  subscription=mine)
         for behind_by in (0.0, 2.0):
             await anext(keeps)
-            (watcher,) = [c for c in await delivery.status() if c["name"] == "watcher"]
-            assert watcher["staleness"] == behind_by
+            (watcher,) = [c for c in await delivery.status() if c.name == "watcher"]
+            assert watcher.staleness == behind_by
         await keeps.aclose()
     finally:
         await store.close()

@@ -28,16 +28,16 @@ async def test_samples_follow_the_queue_and_keep_only_the_newest(scheduler: Sche
     store = scheduler.store
     history = History(scheduler, every_s=0.05, keep=3)
     first = await history.sample()
-    assert first.queue["queued"] == 0 and first.last_seq == 0
-    assert [b["env"] for b in first.bank] == ["rg:chain_sum", "py-func", ""], "each environment, then the totals"
+    assert first.queue.queued == 0 and first.last_seq == 0
+    assert [b.env for b in first.bank] == ["rg:chain_sum", "py-func", ""], "each environment, then the totals"
 
     await scheduler.submit("rg:chain_sum", "reference", 4)
     queued = await history.sample()
-    assert queued.queue["queued"] == 4
+    assert queued.queue.queued == 4
     leased = await scheduler.lease("w", 2)
     await store.complete([("w", scored(job)) for job in leased])
     done = await history.sample()
-    assert (done.queue["queued"], done.queue["done"], done.last_seq) == (2, 2, 2)
+    assert (done.queue.queued, done.queue.done, done.last_seq) == (2, 2, 2)
     assert done.throughput_per_s > 0
 
     await history.sample()

@@ -136,3 +136,21 @@ def test_two_verdicts_agree_only_on_the_same_outcome_and_a_finite_reward_within_
     assert verdict_disagreement(dataclasses.replace(base, status="error"), True, 1.0, 0.05)
     assert answer_disagreement(base, dataclasses.replace(base, final="<answer>1</answer>"))
     assert answer_disagreement(base, base) == ""
+
+
+def test_a_timed_reward_agrees_anywhere_the_coordinators_own_timing_cannot_tell_apart() -> None:
+    """A kernel's speed reward measured in two boxes differs (0.79 on a node, 0.5 on a loaded coordinator, seen
+    here): inside the coordinator's interval it agrees; a claim past it, by more than the tolerance, does not."""
+    from farmd.scheduler.checks import reward_interval
+
+    node = Trajectory(id=1, group_id=1, env="kernel", env_version="1", seed=0, difficulty=1, agent="reference",
+                      policy_version=0, reward=0.79, passed=True, status="ok", reasons=[], flags=[],
+                      verifier_version="1")
+    assert verdict_disagreement(node, True, 0.5, 0.25), "a point verdict 0.29 away disagrees"
+    assert verdict_disagreement(node, True, 0.5, 0.25, (0.35, 0.9)) == ""
+    assert verdict_disagreement(dataclasses.replace(node, reward=1.0), True, 0.5, 0.25, (0.35, 0.6)), \
+        "twice the speed the coordinator's timing allows is a lie"
+    assert verdict_disagreement(dataclasses.replace(node, passed=False, reward=0.0), True, 0.5, 0.25, (0.0, 1.0))
+    assert reward_interval({"reward_interval": [0.35, 0.9]}) == (0.35, 0.9)
+    for bad in ([0.9, 0.35], [0.1], [0.1, math.inf], ["0", "1"], [True, 1.0], None, "0.1-0.9"):
+        assert reward_interval({"reward_interval": bad}) is None, bad

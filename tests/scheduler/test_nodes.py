@@ -81,14 +81,14 @@ async def test_a_silent_node_is_lost_its_leases_go_elsewhere_and_its_late_result
     await asyncio.sleep(0.4)
     await nodes.heartbeat(other, [], ())
     assert await nodes.mark_lost() == ["slow"]
-    assert (await nodes.status())[1]["state"] == "lost"
+    assert (await nodes.status())[1].state == "lost"
     again = await nodes.lease(other, 4)
     assert sorted(j.id for j in again) == sorted(j.id for j in held), "requeued at once, not at lease expiry"
     assert await nodes.complete(slow, [("slow:1:aa", result(j)) for j in held]) == [], "a late result"
     assert await nodes.complete(other, [("other:1:aa", result(j)) for j in again]) == [j.id for j in again]
     assert await nodes.complete(slow, [("slow:1:aa", result(j)) for j in held]) == [], "still at most once"
-    rows = {r["name"]: r for r in await nodes.status()}
-    assert (rows["slow"]["state"], rows["other"]["done"], rows["slow"]["done"]) == ("connected", 4, 0), \
+    rows = {r.name: r for r in await nodes.status()}
+    assert (rows["slow"].state, rows["other"].done, rows["slow"].done) == ("connected", 4, 0), \
         "it spoke again: it is back"
 
 

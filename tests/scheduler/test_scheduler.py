@@ -109,7 +109,7 @@ async def test_infrastructure_failures_retry_then_fail_apart_from_scores(farm) -
     assert await store.trajectories(limit=10) == [], "a failure is never a trajectory, so never a reward of 0"
     failures = await store.failures()
     assert len(failures) == 3 and all("endpoint down" in f.error for f in failures)
-    assert (await s.status())["queue"]["failed"] == 1
+    assert (await s.status()).pulse.queue.failed == 1
 
 
 async def test_a_transient_failure_waits_out_a_growing_jittered_backoff(farm) -> None:  # type: ignore[no-untyped-def]
@@ -168,7 +168,7 @@ async def test_a_restarted_node_requeues_what_its_last_incarnation_held(farm) ->
     jobs = await s.lease("node-a:101:1", 10)
     assert len(jobs) == 2 and max(j.attempts for j in jobs) == 2
     await s.recover("node-a", "node-a:102:1")  # it died again holding the job: out of attempts
-    assert (await s.status())["queue"]["failed"] == 1
+    assert (await s.status()).pulse.queue.failed == 1
 
 
 async def test_demand_follows_open_streams_and_stays_bounded(farm) -> None:  # type: ignore[no-untyped-def]
@@ -200,7 +200,7 @@ async def test_the_task_bank_survives_a_restart(farm) -> None:  # type: ignore[n
     before = s.bank.status()
     again = await open_()
     assert again.bank.status() == before
-    assert before["envs"]["rg:chain_sum"]["groups"] == 2, before
+    assert before.envs["rg:chain_sum"].groups == 2, before
 
 
 async def test_a_stream_never_misses_a_wake_up(farm) -> None:  # type: ignore[no-untyped-def]
@@ -254,7 +254,7 @@ async def test_a_later_verdict_moves_the_task_banks_counts_of_the_task_it_counte
     moved = s.bank.posterior(key)
     assert moved is not None and (moved.alpha, moved.beta) == (3.0, 3.0)
     # One more is withdrawn (its node lied): its fail is taken back, not counted again as one.
-    async with store._write() as db:
+    async with store.db.write() as db:
         await db.execute("UPDATE trajectories SET verified_by='node:liar', node='liar' WHERE id=?", (jobs[0].id,))
     await store.nodes.quarantine("liar", "it lied")
     await s._observe_finished()
@@ -281,3 +281,40 @@ async def test_a_later_verdict_moves_the_task_banks_counts_of_the_task_it_counte
     again = await open_(group_size=4)
     await again._observe_finished()
     assert again.bank.posterior(key) == kept
+
+
+async def test_one_rule_says_which_agents_wait_for_their_lines_first_policy(tmp_path: Path) -> None:
+    # CreateRun's refusal and demand's wait are this one method: a torch line nobody published to has nothing
+    # to load; an endpoint that serves a line answers with what it serves until then.
+    store = await Store.open(tmp_path / "farm.db")
+    s = await Scheduler.open(store, LEVELS, SchedulerConfig(group_size=1), endpoint_lines={"vllm": "tiny"})
+    try:
+        assert s.policies.unpublished("torch:tiny") == "tiny"
+        assert s.policies.unpublished("torch:tiny?temperature=0") == "tiny"
+        for runs_now in ("openai:m@vllm", "openai:m@other", "reference", "skilled:3", "torch:/a/path"):
+            assert s.policies.unpublished(runs_now) is None, runs_now
+        await s.policies.publish(_chunks(b"tiny-1", "tiny"))
+        assert s.policies.unpublished("torch:tiny") is None
+        assert s.policies.unpublished("torch:other") == "other"
+    finally:
+        await s.stop()
+        await store.close()
+
+
+async def test_demand_waits_for_the_first_policy_of_its_torch_line(farm) -> None:  # type: ignore[no-untyped-def]
+    store, open_ = farm
+    s = await open_(group_size=4, demand_buffer=8, demand_agent="torch:tiny", demand_envs=("rg:chain_sum",),
+                    maintenance_every_s=0.05)
+    await s.start()
+    stream = s.delivery.batches("trainer", whole_groups=False, batch_size=8, max_staleness=0, body=False)
+    reading = asyncio.create_task(anext(stream))
+    try:
+        await asyncio.sleep(0.4)
+        assert (await store.job_counts()).get("queued", 0) == 0, "nothing to load: no demand yet"
+        await s.policies.publish(_chunks(b"tiny-1", "tiny"))
+        await asyncio.sleep(0.4)
+        assert (await store.job_counts()).get("queued", 0) >= 4
+    finally:
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+        await stream.aclose()

@@ -83,11 +83,11 @@ async def test_a_kind_is_forgotten_inside_anothers_transaction_and_rolls_back_wi
     await store.names.claim("atropos-trainer", "trainer", "t")
     await store.names.claim("consumer", "keep", "t")
     with pytest.raises(RuntimeError):
-        async with store._write() as db:
+        async with store.db.write() as db:
             await forget_in(db, ("atropos-env", "atropos-trainer"))
             raise RuntimeError("the transaction fails after")
     assert await store.names.holder("atropos-env", "0") is not None, "rolled back with the rest"
-    async with store._write() as db:
+    async with store.db.write() as db:
         assert await forget_in(db, ("atropos-env", "atropos-trainer")) == 2
     assert await store.names.holder("atropos-env", "0") is None
     assert await store.names.holder("atropos-trainer", "trainer") is None

@@ -118,7 +118,7 @@ async def test_a_withdrawal_is_current_for_good_and_listings_leave_it_out_unless
 async def test_a_quarantined_nodes_results_are_withdrawn_the_same_way(store: Store) -> None:
     made = await stored(store, *(dataclasses.replace(attempt(env="py-func"), node="fibber",
                                                      verified_by="node:fibber") for _ in range(2)))
-    async with store._write() as db:  # stored as its node's word (the store stamps what its lease says)
+    async with store.db.write() as db:  # stored as its node's word (the store stamps what its lease says)
         await db.execute("UPDATE trajectories SET verified_by='node:fibber'")
     # The coordinator's check disagrees first: its verdict is current, then the quarantine's.
     await store.add_scores([(made[0].id, "1", 0.0, False, "ok", ["verified again on the coordinator"], [])])
@@ -183,7 +183,7 @@ async def test_the_console_plots_count_current_verdicts_and_no_withdrawn_one(sto
 
 async def test_an_unreadable_record_is_still_a_stub_whatever_its_verdicts(store: Store) -> None:
     a, b = await stored(store, attempt(env=ENV), attempt(env=ENV))
-    async with store._write() as db:
+    async with store.db.write() as db:
         await db.execute("UPDATE trajectories SET body=? WHERE id=?", (zlib.compress(b"{not json"), a.id))
     await store.add_scores([(a.id, "2", 0.0, False, "ok", [], []), (b.id, "2", 0.0, False, "ok", [], [])])
     stub = await store.trajectory(a.id)

@@ -89,7 +89,7 @@ def test_bad_input_is_refused() -> None:
     ]:
         with pytest.raises(TaskBankError):
             bank.observe(key, rewards, version)
-    assert bank.status()["totals"]["groups"] == 0
+    assert bank.status().totals.groups == 0
     for bad in [dict(band_low=0.9, band_high=0.1), dict(explore_share=0.9, recheck_share=0.2),
                 dict(keep_per_version=0.0), dict(prior_alpha=0.0), dict(max_tasks_per_env=0),
                 dict(floor_pass_rate=0.9), dict(resample_after=-1)]:
@@ -151,7 +151,7 @@ def test_shares_hold_on_average_even_one_task_at_a_time() -> None:
     rng = random.Random(3)
     fresh = sum(bank.sample("e", 1, rng)[0].seed >= 50 for _ in range(2000))
     assert 0.22 < fresh / 2000 < 0.28
-    assert bank.status()["envs"]["e"]["fresh_share"] == pytest.approx(0.25, abs=0.06)
+    assert bank.status().envs["e"].fresh_share == pytest.approx(0.25, abs=0.06)
 
 
 def test_retired_tasks_leave_the_band_and_are_rechecked_stalest_first() -> None:
@@ -163,8 +163,8 @@ def test_retired_tasks_leave_the_band_and_are_rechecked_stalest_first() -> None:
     bank.observe(TaskKey("e", 10, 1), group(8), 2)   # retired as too easy, long ago
     bank.observe(TaskKey("e", 11, 1), group(0), 6)   # retired as too hard
     bank.observe(TaskKey("e", 12, 1), group(8), 10)  # retired as too easy, just now
-    status = bank.status()["envs"]["e"]
-    assert (status["in_band"], status["easy"], status["hard"], status["retired"]) == (4, 2, 1, 3)
+    status = bank.status().envs["e"]
+    assert (status.in_band, status.easy, status.hard, status.retired) == (4, 2, 1, 3)
 
     # Half of each sample re-checks, stalest retirement first; no retired task is a band pick.
     picks = bank.sample("e", 4, rng)
@@ -172,7 +172,7 @@ def test_retired_tasks_leave_the_band_and_are_rechecked_stalest_first() -> None:
     # The re-check shows task 10 has come back to the band.
     bank.observe(TaskKey("e", 10, 1), group(4), 11)
     bank.observe(TaskKey("e", 10, 1), group(5), 11)
-    assert bank.status()["envs"]["e"]["in_band"] == 5
+    assert bank.status().envs["e"].in_band == 5
     assert seeds(bank.sample("e", 2, rng))[1:] == [11]
 
     # With no share for re-checks, a retired task is never handed out: fresh seeds fill in.
@@ -223,21 +223,21 @@ def test_level_holds_in_between_and_reads_only_fresh_tasks() -> None:
     rng = random.Random(13)
     play(bank, "e", 0.5, 200, rng)
     assert bank.level("e") == 2
-    status = bank.status()["envs"]["e"]
-    assert status["level_pass_rate"] == pytest.approx(0.5, abs=0.15)
+    status = bank.status().envs["e"]
+    assert status.level_pass_rate == pytest.approx(0.5, abs=0.15)
     # Known tasks come back because they are in the band; they say nothing of the level.
     known = [TaskKey("e", 1, 2), TaskKey("e", 2, 2)]
     for key in known:
         bank.observe(key, group(4), 0)
-    counted = bank.status()["envs"]["e"]["level_groups"]
+    counted = bank.status().envs["e"].level_groups
     for _ in range(100):
         bank.observe(known[0], group(8), 0)
         bank.observe(known[1], group(0), 0)
-    assert bank.level("e") == 2 and bank.status()["envs"]["e"]["level_groups"] == counted
+    assert bank.level("e") == 2 and bank.status().envs["e"].level_groups == counted
     # Nor do fresh tasks of another level (sampled before the level moved).
     for seed in range(100):
         bank.observe(TaskKey("e", 50_000 + seed, 1), group(8), 0)
-    assert bank.level("e") == 2 and bank.status()["envs"]["e"]["level_groups"] == counted
+    assert bank.level("e") == 2 and bank.status().envs["e"].level_groups == counted
 
 
 # -- pool, status, persistence ---------------------------------------------------------------------------
@@ -249,9 +249,9 @@ def test_pool_is_bounded_and_forgets_retired_tasks_first() -> None:
         bank.observe(TaskKey("e", seed, 1), group(4), 0)
     for seed in range(40, 400):
         bank.observe(TaskKey("e", seed, 1), group(8 if seed % 2 else 0), 0)
-        assert bank.status()["envs"]["e"]["tasks"] <= 100
+        assert bank.status().envs["e"].tasks <= 100
     assert all(bank.posterior(TaskKey("e", seed, 1)) is not None for seed in range(40))
-    assert bank.status()["envs"]["e"]["in_band"] == 40
+    assert bank.status().envs["e"].in_band == 40
 
 
 def test_status_counts_band_occupancy_and_informative_groups() -> None:
@@ -266,15 +266,15 @@ def test_status_counts_band_occupancy_and_informative_groups() -> None:
     picks = bank.sample("e", 6, rng)  # three re-checks asked for, one to be had; two fresh to fill
     assert seeds(picks) == [0, 3, 2, 1, 4, 5]
     status = bank.status()
-    json.dumps(status)
-    e = status["envs"]["e"]
-    assert e["groups"] == 4 and e["sampled"] == 8
-    assert e["informative_fraction"] == pytest.approx(2 / 4)
-    assert e["fresh_share"] == pytest.approx(2 / 8)
-    assert e["band_occupancy"] == pytest.approx(4 / 6)
-    assert status["envs"]["f"]["band_occupancy"] is None and status["envs"]["f"]["informative_fraction"] is None
-    assert status["totals"]["groups"] == 4 and status["totals"]["informative_fraction"] == pytest.approx(0.5)
-    assert status["totals"]["tasks"] == 4
+    assert status.totals.level is None and status.totals.level_groups is None, "a level is an environment's alone"
+    e = status.envs["e"]
+    assert e.groups == 4 and e.sampled == 8
+    assert e.informative_fraction == pytest.approx(2 / 4)
+    assert e.fresh_share == pytest.approx(2 / 8)
+    assert e.band_occupancy == pytest.approx(4 / 6)
+    assert status.envs["f"].band_occupancy is None and status.envs["f"].informative_fraction is None
+    assert status.totals.groups == 4 and status.totals.informative_fraction == pytest.approx(0.5)
+    assert status.totals.tasks == 4
 
 
 def test_persistence_round_trip_continues_identically() -> None:
@@ -314,11 +314,11 @@ def test_restore_refuses_other_schemas_and_adapts_to_new_environments() -> None:
     restored = TaskBank.from_json(saved, {"a": 5, "c": 3})
     assert restored.envs == ["a", "c"]
     assert restored.level("a") == 4 and restored.posterior(TaskKey("a", 0, 4)) == Posterior(4.0, 6.0, 2)
-    assert restored.status()["envs"]["c"]["tasks"] == 0
+    assert restored.status().envs["c"].tasks == 0
     # A lowered maximum clamps the level and forgets the tasks above it.
     lowered = TaskBank.from_json(saved, {"a": 2})
     assert lowered.level("a") == 2 and lowered.posterior(TaskKey("a", 0, 4)) is None
-    assert lowered.status()["envs"]["a"]["tasks"] == 0
+    assert lowered.status().envs["a"].tasks == 0
 
 
 @pytest.mark.clocked
@@ -328,7 +328,7 @@ def test_sampling_a_full_pool_is_fast() -> None:
     for seed in range(2000):
         bank.observe(TaskKey("e", seed, 1 + seed % 5), group(rng.randint(0, 8)), seed // 200)
     bank.set_policy_version(12)  # every posterior is read faded
-    assert bank.status()["envs"]["e"]["tasks"] > 1800
+    assert bank.status().envs["e"].tasks > 1800
     best = math.inf
     for _ in range(5):
         start = time.perf_counter()
@@ -386,14 +386,14 @@ def test_band_sampling_beats_uniform_on_a_simulated_population() -> None:
     uniform = simulate(lambda n: [TaskKey("sim", urng.randrange(1_000_000), urng.randint(1, LEVELS))
                                   for _ in range(n)], random.Random(8), None)
 
-    status = bank.status()["envs"]["sim"]
+    status = bank.status().envs["sim"]
     print(f"\nband occupancy (true p in [0.2, 0.8]): bank {banked[0]:.3f}, uniform {uniform[0]:.3f}")
     print(f"informative-group fraction:           bank {banked[1]:.3f}, uniform {uniform[1]:.3f}")
-    print(f"bank status: level {status['level']}, band occupancy {status['band_occupancy']:.3f}, "
-          f"informative {status['informative_fraction']:.3f}, tasks {status['tasks']}, in band {status['in_band']}")
+    print(f"bank status: level {status.level}, band occupancy {status.band_occupancy:.3f}, "
+          f"informative {status.informative_fraction:.3f}, tasks {status.tasks}, in band {status.in_band}")
     assert banked[0] >= uniform[0] + 0.15
     assert banked[1] >= uniform[1] + 0.15
-    assert status["level"] > 1  # the curriculum moved off the too-easy start
+    assert status.level > 1  # the curriculum moved off the too-easy start
 
 
 def test_uniform_sampling_draws_fresh_tasks_over_every_level_and_never_moves_the_curriculum() -> None:
@@ -451,7 +451,7 @@ def test_an_environment_added_later_is_served_and_one_removed_keeps_its_state() 
     again = TaskBank.from_json(bank.to_json(), {"py-func": 3})
     assert "contrib:wc@1.0.0" not in again.envs
     again.add_env("contrib:wc@1.0.0", 2)
-    assert again.status()["envs"]["contrib:wc@1.0.0"]["groups"] == 1
+    assert again.status().envs["contrib:wc@1.0.0"].groups == 1
 
 
 def test_a_counted_attempts_new_verdict_moves_its_pass_or_takes_it_back() -> None:

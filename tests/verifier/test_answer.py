@@ -8,9 +8,9 @@ from fractions import Fraction
 
 import pytest
 
+from farmd.errors import BadExpression
 from farmd.verifier.answer import (
     MAX_TEXT_CHARS,
-    BadExpression,
     extract_single_answer,
     has_non_ascii_digits,
     is_single_word,

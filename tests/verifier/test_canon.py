@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from farmd.verifier.canon import BadClaim, NotCanonical, canon, parse_claim, strict_equal
+from farmd.errors import BadClaim, NotCanonical
+from farmd.verifier.canon import canon, parse_claim, strict_equal
 
 
 def test_exact_builtin_types_only() -> None:

@@ -24,6 +24,7 @@ from farm_client import FarmClient
 
 from farm_trainer.checkpoint import CheckpointError
 from farm_trainer.grpo import GRPOConfig
+from farm_trainer.hf_loop import HFTrainer
 from farm_trainer.loop import Trainer, TrainerConfig
 from farm_trainer.runs import RunsTimeout
 
@@ -58,6 +59,12 @@ def parser() -> argparse.ArgumentParser:
                    help="greedy accuracy the warm-up stops at (default %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="initial weights and warm-up batches (default 0)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's own)")
+    p.add_argument("--hf-model", type=Path, metavar="DIR",
+                   help="train this Hugging Face causal LM (with its tokenizer) instead of the tiny LM: an inference "
+                        "server samples it, farmd loads each published version into it (see --agent)")
+    p.add_argument("--agent", default="", help="the stream's agent spec (default torch:NAME), e.g. openai:policy@vllm")
+    p.add_argument("--eval-agent", default="",
+                   help="the held-out evaluation's agent spec (default torch:NAME?temperature=0)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     return p
 
@@ -68,7 +75,8 @@ def config_from_args(args: argparse.Namespace) -> TrainerConfig:
                          batch_size=args.batch_size, max_staleness=args.max_staleness,
                          grpo=GRPOConfig(kl_coef=args.kl, lr=args.lr), eval_every_s=args.eval_every_s,
                          eval_seeds=args.eval_seeds, checkpoint_every_s=args.checkpoint_every_s,
-                         warmup_target=args.warmup_target, seed=args.seed)
+                         warmup_target=args.warmup_target, seed=args.seed, agent=args.agent,
+                         eval_agent=args.eval_agent)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     token = args.token_file.read_text().strip() if args.token_file else None
     with FarmClient(config.addr, token=token) as farm:
-        trainer = Trainer(farm, config)
+        trainer = HFTrainer(farm, config, args.hf_model) if args.hf_model else Trainer(farm, config)
 
         def stop(signum: int, frame: FrameType | None) -> None:
             signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once

@@ -77,9 +77,10 @@ class PendingEval:
 
 
 def start_evaluation(client: FarmClient, name: str, env: str = "arith:heldout", levels: Iterable[int] = (1, 2),
-                     seeds_per_level: int = 200) -> PendingEval:
-    """Queue the evaluation runs (seeds ``0 .. seeds_per_level - 1`` at each level) and return at once."""
-    return PendingEval(SeededRuns.queue(client, env, eval_agent(name), levels, range(seeds_per_level)))
+                     seeds_per_level: int = 200, *, agent: str | None = None) -> PendingEval:
+    """Queue the evaluation runs (seeds ``0 .. seeds_per_level - 1`` at each level) and return at once. ``agent``:
+    the greedy agent spec, when the policy is sampled by something else than ``torch:NAME`` (a model server)."""
+    return PendingEval(SeededRuns.queue(client, env, agent or eval_agent(name), levels, range(seeds_per_level)))
 
 
 def evaluate(client: FarmClient, name: str, env: str = "arith:heldout", levels: Iterable[int] = (1, 2),

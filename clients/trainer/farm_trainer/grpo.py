@@ -18,13 +18,19 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from farm_client.tinylm import TinyLM, sequence_logprobs
+from farm_client.tinylm import sequence_logprobs
 
-__all__ = ["GRPOConfig", "GRPOLearner", "clipped_objective", "default_device", "k3_kl"]
+__all__ = ["GRPOConfig", "GRPOLearner", "Logprobs", "clipped_objective", "default_device", "k3_kl"]
+
+Logprobs = Callable[[Any, torch.Tensor, float], torch.Tensor]
+"""(model, input_ids [B, T], temperature) -> [B, T] logprobs of each token given those before it (0 at t = 0),
+with gradients: ``farm_client.tinylm.sequence_logprobs`` for the tiny LM, ``farm_trainer.hf.hf_logprobs`` for a
+Hugging Face causal LM."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,9 +110,11 @@ class GRPOLearner:
     any device, they are moved too.
     """
 
-    def __init__(self, model: TinyLM, config: GRPOConfig | None = None, reference: TinyLM | None = None, *,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(self, model: Any, config: GRPOConfig | None = None, reference: Any = None, *,
+                 device: torch.device | str | None = None, logprobs: Logprobs | None = None) -> None:
         self.config = config or GRPOConfig()
+        self.logprobs: Logprobs = logprobs or sequence_logprobs
+        """How the model's logprobs are computed (``model`` is a ``TinyLM`` unless this says otherwise)."""
         self.device = torch.device(device) if device is not None else default_device()
         self.model = model.to(self.device)
         if reference is None and self.config.kl_coef > 0:
@@ -126,14 +134,14 @@ class GRPOLearner:
         old = old_logprobs.to(self.device, torch.float32)
         adv = advantages.to(self.device, torch.float32)
         self.model.train()
-        new = sequence_logprobs(self.model, ids, self.config.temperature)
+        new = self.logprobs(self.model, ids, self.config.temperature)
         loss, clip_fraction = clipped_objective(new, old, adv, mask, self.config.clip)
         metrics = {"policy_loss": float(loss.detach()), "clip_fraction": float(clip_fraction),
                    "approx_kl": float(_masked_mean((old - new).detach(), mask)),
                    "tokens": float(mask.sum())}
         if self.reference is not None and self.config.kl_coef > 0:
             with torch.no_grad():
-                ref = sequence_logprobs(self.reference, ids, self.config.temperature)
+                ref = self.logprobs(self.reference, ids, self.config.temperature)
             kl = k3_kl(new, ref, mask)
             loss = loss + self.config.kl_coef * kl
             metrics["ref_kl"] = float(kl.detach())

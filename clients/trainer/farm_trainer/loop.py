@@ -39,7 +39,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,8 +51,8 @@ from farm_client.tensors import collate
 from farm_client.tinylm import PAD, LMConfig, TinyLM, load, save
 
 from farm_trainer import checkpoint
-from farm_trainer.evaluate import EvalResult, PendingEval, start_evaluation
-from farm_trainer.grpo import GRPOConfig, GRPOLearner, default_device
+from farm_trainer.evaluate import EvalResult, PendingEval, eval_agent, start_evaluation
+from farm_trainer.grpo import GRPOConfig, GRPOLearner, Logprobs, default_device
 from farm_trainer.metrics import MetricsLog
 from farm_trainer.runs import RunsTimeout
 from farm_trainer.warmup import WarmupResult, reference_pairs, warm_up
@@ -104,6 +104,8 @@ class TrainerConfig:
     warmup_max_steps: int = 2000
     warmup_batch: int = 64
     warmup_lr: float = 1e-3
+    eval_agent: str = ""
+    """The agent spec of the held-out evaluation; "" is ``torch:NAME?temperature=0``."""
     eval_env: str = "arith:heldout"
     eval_levels: tuple[int, ...] = (1, 2)
     eval_seeds: int = 200
@@ -220,7 +222,8 @@ class Trainer:
         self.client = client
         self.config = config or TrainerConfig()
         self.device = default_device()
-        self.model: TinyLM | None = None
+        self.model: Any = None
+        """The policy: a ``TinyLM`` here; a subclass may hold another model (``farm_trainer.hf_loop``)."""
         self.learner: GRPOLearner | None = None
         self.position = 0
         """The stream position of the last batch learned from (or skipped as already learned)."""
@@ -279,32 +282,65 @@ class Trainer:
         cfg = self.config
         saved = checkpoint.read(cfg.checkpoint_path)
         if saved is not None:
-            model = load(saved.model, self.device)
-            reference = load(saved.reference, self.device) if saved.reference is not None else None
+            model = self.load_policy(saved.model)
+            reference = self.load_policy(saved.reference) if saved.reference is not None else None
             self.position = self.acked = saved.up_to
             self.version = saved.policy_version
             self.warmed_up = saved.warmed_up
             self.counters.update(saved.counters)
             self._resent_groups = set(saved.recent_groups)
             self._recent_groups = list(saved.recent_groups)  # until an ack passes them, a crash resends them
-            self.learner = GRPOLearner(model, cfg.grpo, reference, device=self.device)
+            self.learner = GRPOLearner(model, cfg.grpo, reference, device=self.device, logprobs=self.logprobs())
             self.learner.load_state_dict(saved.learner)
             self.model = model
             log.info("resumed from %s: position %d, learner step %d, version %d", cfg.checkpoint_path,
                      self.position, self.learner.steps, self.version)
         else:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(cfg.seed)
-                self.model = TinyLM(cfg.lm).to(self.device)
+            self.model = self.fresh_policy()
         if not self.warmed_up:
             self._warm_up()
             # The reference of a KL term is the warmed-up policy: the learner is made after the warm-up.
-            self.learner = GRPOLearner(self.model, cfg.grpo, device=self.device)
+            self.learner = GRPOLearner(self.model, cfg.grpo, device=self.device, logprobs=self.logprobs())
             self.warmed_up = True
             self.save_checkpoint()
             self.publish("warmup")
         else:
             self.publish("resume")
+
+    # -- the policy's own kind: what a trainer of another model overrides ------------------------------
+
+    def fresh_policy(self) -> Any:
+        """A new policy (its initial weights from ``seed``), on the trainer's device."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.config.seed)
+            return TinyLM(self.config.lm).to(self.device)
+
+    def policy_bytes(self, model: Any) -> bytes:
+        """``model`` as the bytes published to the farm and kept in the checkpoint."""
+        return save(model)
+
+    def load_policy(self, data: bytes) -> Any:
+        return load(data, self.device)
+
+    def logprobs(self) -> Logprobs | None:
+        """How the learner computes the policy's logprobs (None: the tiny LM's own)."""
+        return None
+
+    def supervised(self, pairs: list[tuple[str, str]], progress: Callable[[int, float, float], None]
+                   ) -> WarmupResult:
+        """The warm-up's supervised steps on (prompt, answer) pairs, to the configured greedy accuracy."""
+        cfg = self.config
+        return warm_up(self.model, pairs, target_accuracy=cfg.warmup_target, max_steps=cfg.warmup_max_steps,
+                       batch=cfg.warmup_batch, lr=cfg.warmup_lr, seed=cfg.seed, progress=progress)
+
+    def pad_id(self) -> int:
+        return PAD
+
+    def max_length(self) -> int:
+        return int(self.model.config.max_len)
+
+    def eval_agent(self) -> str:
+        return self.config.eval_agent or eval_agent(self.config.name)
 
     def _warm_up(self) -> None:
         cfg = self.config
@@ -317,8 +353,7 @@ class Trainer:
         def progress(step: int, loss: float, accuracy: float) -> None:
             log.info("warm-up step %d: loss %.3f, greedy accuracy %.3f", step, loss, accuracy)
 
-        result = warm_up(self.model, pairs, target_accuracy=cfg.warmup_target, max_steps=cfg.warmup_max_steps,
-                         batch=cfg.warmup_batch, lr=cfg.warmup_lr, seed=cfg.seed, progress=progress)
+        result = self.supervised(pairs, progress)
         self.warmup = result
         self._record("warmup", steps=result.steps, accuracy=result.accuracy, target_accuracy=cfg.warmup_target,
                      loss=result.loss, pairs=result.pairs, levels=list(cfg.warmup_levels),
@@ -346,7 +381,8 @@ class Trainer:
                         self._record_eval(pending.result(), final=False)
                         pending = None
                 if pending is None and cfg.eval_every_s > 0 and now - last_eval >= cfg.eval_every_s:
-                    pending = start_evaluation(self.client, cfg.name, cfg.eval_env, cfg.eval_levels, cfg.eval_seeds)
+                    pending = start_evaluation(self.client, cfg.name, cfg.eval_env, cfg.eval_levels, cfg.eval_seeds,
+                                               agent=self.eval_agent())
                     last_eval = now
                 try:
                     batch = stream.get(min(1.0, deadline - now))
@@ -414,7 +450,7 @@ class Trainer:
         assert learner is not None and self.model is not None
         started = time.monotonic()
         staleness = [self.version - t.policy_version for t in rows]
-        tensors = collate(rows, pad_id=PAD, max_length=self.model.config.max_len,
+        tensors = collate(rows, pad_id=self.pad_id(), max_length=self.max_length(),
                           skip_equal_rewards=cfg.grpo.drop_zero_variance, skip_untokenized=True,
                           eps=cfg.grpo.adv_eps)
         groups = {t.group_id for t in rows}
@@ -453,7 +489,7 @@ class Trainer:
         publishing to the same line), that is said loudly and recorded (``farm_newest``), not silently wrong.
         """
         assert self.model is not None
-        info = self.client.publish_policy(save(self.model), name=self.config.name)
+        info = self.client.publish_policy(self.policy_bytes(self.model), name=self.config.name)
         self.version = int(info["version"])
         self._unpublished = 0
         extra: dict[str, Any] = {}
@@ -473,9 +509,9 @@ class Trainer:
         assert self.model is not None and self.learner is not None
         started = time.monotonic()
         checkpoint.write(self.config.checkpoint_path, checkpoint.Checkpoint(
-            model=save(self.model), learner=self.learner.state_dict(), up_to=self.position,
+            model=self.policy_bytes(self.model), learner=self.learner.state_dict(), up_to=self.position,
             policy_version=self.version, warmed_up=self.warmed_up,
-            reference=save(self.learner.reference) if self.learner.reference is not None else None,
+            reference=self.policy_bytes(self.learner.reference) if self.learner.reference is not None else None,
             counters=dict(self.counters), recent_groups=list(self._recent_groups)))
         self._dirty = False
         if self.position > self.acked:
@@ -490,7 +526,7 @@ class Trainer:
         cfg = self.config
         try:
             result = start_evaluation(self.client, cfg.name, cfg.eval_env, cfg.eval_levels,
-                                      cfg.eval_seeds).wait(cfg.eval_timeout_s)
+                                      cfg.eval_seeds, agent=self.eval_agent()).wait(cfg.eval_timeout_s)
         except RunsTimeout as exc:
             log.warning("evaluation did not finish: %s", exc)
             return None

@@ -34,7 +34,7 @@ from farmd.config import Credential
 READ_ONLY_METHODS = frozenset({
     "FarmService/GetStatus", "FarmService/GetRun", "FarmService/ListRuns", "FarmService/ListTrajectories",
     "FarmService/GetTrajectory", "FarmService/GetHistory", "FarmService/GetLearningCurve",
-    "FarmService/ListVerdictChanges",
+    "FarmService/ListVerdictChanges", "FarmService/ListPolicies",
     "IntakeService/GetSubmission", "IntakeService/ListSubmissions", "IntakeService/ListBounties",
     "IntakeService/GetContributor", "IntakeService/GetFunnel",
 })

@@ -27,10 +27,10 @@ from __future__ import annotations
 from farmd.envs.shell.checks import check_tree, matches, normalize_answer
 from farmd.envs.shell.env import Shell
 from farmd.envs.shell.episode import ShellEpisode
-from farmd.envs.shell.puzzle import Expect, GeneratorBug, Puzzle
+from farmd.envs.shell.puzzle import Expect, Puzzle
 from farmd.envs.shell.puzzles import FAMILIES, build_puzzle, family_of
 from farmd.envs.shell.rules import COMMON, MAX_STEPS, OUTPUT_CHARS, STEP_POLICY, TREE_BYTES, TREE_ENTRIES
 
 __all__ = ["COMMON", "FAMILIES", "MAX_STEPS", "OUTPUT_CHARS", "STEP_POLICY", "TREE_BYTES", "TREE_ENTRIES", "Expect",
-           "GeneratorBug", "Puzzle", "Shell", "ShellEpisode", "build_puzzle", "check_tree", "family_of", "matches",
+           "Puzzle", "Shell", "ShellEpisode", "build_puzzle", "check_tree", "family_of", "matches",
            "normalize_answer"]

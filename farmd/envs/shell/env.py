@@ -8,10 +8,10 @@ import re
 from farmd.envs.base import Attempt, Conduct, EpisodeEnvironment, Rule, Task, VerifyContext
 from farmd.envs.shell.checks import check_answer, check_tree, disturbed, normalize_answer, read_regular
 from farmd.envs.shell.episode import ShellEpisode
-from farmd.envs.shell.puzzle import GeneratorBug, Puzzle
+from farmd.envs.shell.puzzle import Puzzle
 from farmd.envs.shell.puzzles import FAMILIES, build_puzzle, family_of
 from farmd.envs.shell.rules import ACTION_NOUN, COMMON, MAX_FINAL_CHARS, MAX_STEPS, STEP_POLICY
-from farmd.errors import TaskError
+from farmd.errors import GeneratorBug, TaskError
 from farmd.text import valid_text
 from farmd.verifier.verdict import (
     NO_ANSWER,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from farmd.errors import FarmError
+from farmd.errors import GeneratorBug
 
 Finish = Literal["answer", "files"]
 CheckKind = Literal["bytes", "lines", "number", "ini"]
@@ -58,10 +58,6 @@ class Puzzle:
         if self.finish == "answer":
             ensure(bool(self.answer_form) and re.fullmatch(self.answer_form, self.answer) is not None,
                    f"{self.family}: an answer task's answer must have the form its answer_format states")
-
-
-class GeneratorBug(FarmError):
-    """A generated puzzle broke one of its own invariants (a bug in this module, never the attempt's fault)."""
 
 
 def ensure(ok: bool, message: str) -> None:

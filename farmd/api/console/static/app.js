@@ -177,6 +177,17 @@ function fmtPct(v, digits = 1) {
   return n === null || Number.isNaN(n) ? DASH : `${(n * 100).toFixed(digits)}%`;
 }
 
+function fmtBytes(v) {
+  const n = toNum(v);
+  if (n === null || Number.isNaN(n)) return DASH;
+  let size = Math.abs(n);
+  for (const unit of ["B", "kB", "MB", "GB", "TB"]) {
+    if (size < 1000 || unit === "TB") return `${n < 0 ? "-" : ""}${unit === "B" ? size.toFixed(0) : size.toFixed(1)} ${unit}`;
+    size /= 1000;
+  }
+  return DASH;
+}
+
 function ratio(a, b) {
   const den = toNum(b);
   return den ? toNum(a) / den : null;
@@ -660,7 +671,22 @@ function renderFarmTiles(el, s) {
     tile("stat-isolation", "isolation", String(Boolean(s.isolation_ok)), s.isolation_ok ? "ok" : "NOT OK",
       s.isolation_ok ? "tile-good" : "tile-bad", s.isolation_ok ? null : "refuses untrusted code"),
     tile("stat-uptime", "uptime", s.uptime ?? "", fmtSeconds(uptime)),
+    ...diskTiles(s.disk || {}),
   );
+}
+
+// The disk the store and the policies take, and how fast it grows (bytes/hour over the window farmd says).
+function diskTiles(d) {
+  const growth = absent(d.store_growth_bytes_per_hour) || absent(d.policy_growth_bytes_per_hour) ? null
+    : toNum(d.store_growth_bytes_per_hour) + toNum(d.policy_growth_bytes_per_hour);
+  const window = durationSeconds(d.growth_window);
+  return [
+    tile("stat-store-bytes", "store on disk", d.store_bytes ?? "0", fmtBytes(d.store_bytes ?? 0)),
+    tile("stat-policy-bytes", "policies on disk", d.policy_bytes ?? "0", fmtBytes(d.policy_bytes ?? 0), null,
+      `${fmtCount(d.policies_kept ?? 0)} kept, ${fmtCount(d.policies_pinned ?? 0)} pinned, ${fmtCount(d.policies_removed ?? 0)} removed`),
+    tile("stat-disk-growth", "disk growth", growth ?? "", growth === null ? "not measured yet" : `${fmtBytes(growth)}/h`,
+      null, growth === null ? null : `store ${fmtBytes(d.store_growth_bytes_per_hour)}/h, policies ${fmtBytes(d.policy_growth_bytes_per_hour)}/h, last ${fmtSeconds(window)}`),
+  ];
 }
 
 const NODE_TONE = {NODE_STATE_CONNECTED: "good", NODE_STATE_DISCONNECTED: "warn", NODE_STATE_LOST: "bad",

@@ -1,0 +1,111 @@
+"""The queue's steps that every writer of jobs takes inside its own transaction: groups and their jobs
+queued, jobs failed or dropped, groups that ended given their places in the done order, and groups that
+were never run here stored as finished.
+
+Shared by the record modules that write jobs (``jobs``, ``nodes``' canaries and quarantine, ``intake``'s
+quarantine, ``atropos``' pushed groups), so a group ends the same way whoever ended its last job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import aiosqlite
+
+from farmd.records import VERIFIED_EXTERNAL, Trajectory
+from farmd.store.codec import INSERT_TRAJECTORY, traj_row
+from farmd.store.database import MAX_VARS
+
+
+async def insert_groups(db: aiosqlite.Connection, groups: Iterable[tuple[str, int, int, str, int]],
+                        source: str, run_id: int, now: float, *, canary_for: str | None = None) -> list[int]:
+    """Groups and their queued jobs, inside the caller's transaction. ``canary_for``: a node's canary groups,
+    their jobs leasable by that node alone (``farmd.store.nodes``)."""
+    ids = []
+    for env, seed, difficulty, agent, size in groups:
+        cur = await db.execute(
+            "INSERT INTO groups(env, seed, difficulty, agent, size, source, created_at, run_id, canary) "
+            "VALUES (?,?,?,?,?,?,?,?,?)", (env, seed, difficulty, agent, size, source, now, run_id, canary_for))
+        group_id = int(cur.lastrowid or 0)
+        await db.executemany(
+            "INSERT INTO jobs(group_id, env, seed, difficulty, agent, state, source, created_at, updated_at, "
+            "for_node) VALUES (?,?,?,?,?,'queued',?,?,?,?)",
+            [(group_id, env, seed, difficulty, agent, source, now, now, canary_for)] * size)
+        ids.append(group_id)
+    return ids
+
+
+async def drop_cancelled(db: aiosqlite.Connection, job_ids: list[int], now: float) -> int:
+    """Jobs just put back in the queue whose run was cancelled meanwhile end there, cancelled: a
+    cancelled run never starts a rollout again. Returns how many."""
+    if not job_ids:
+        return 0
+    dropped = 0
+    for start in range(0, len(job_ids), MAX_VARS):
+        chunk = job_ids[start:start + MAX_VARS]
+        rows = await db.execute_fetchall(
+            f"UPDATE jobs SET state='cancelled', updated_at=? WHERE state='queued' AND id IN "
+            f"({','.join('?' * len(chunk))}) AND group_id IN (SELECT g.id FROM groups g JOIN runs r "
+            f"ON r.id = g.run_id WHERE r.cancelled = 1) RETURNING group_id", (now, *chunk))
+        groups = sorted({int(r[0]) for r in rows})
+        dropped += len(list(rows))
+        await finish_groups(db, groups)
+    return dropped
+
+
+async def insert_finished(db: aiosqlite.Connection, groups: list[list[Trajectory]], bodies: list[bytes],
+                          *, source: str, now: float) -> None:
+    """Groups that were never run here (pushed from outside, ``source`` says by what), stored as finished farm
+    groups: their jobs done, their trajectories at the end of the stream, given ids, group ids and places
+    here. Inside the caller's transaction; ``bodies`` are the trajectories' ``pack_body``, in order."""
+    tops = await db.execute_fetchall("SELECT (SELECT COALESCE(MAX(id), 0) FROM groups), "
+                                     "(SELECT COALESCE(MAX(id), 0) FROM jobs), "
+                                     "(SELECT COALESCE(MAX(seq), 0) FROM trajectories)")
+    group_id, job_id, seq = (int(v) for v in next(iter(tops)))
+    group_rows, job_rows, traj_rows = [], [], []
+    body = iter(bodies)
+    for members in groups:
+        group_id += 1
+        head = members[0]
+        group_rows.append((group_id, head.env, head.seed, head.difficulty, head.agent, len(members), source, now))
+        for t in members:
+            job_id += 1
+            seq += 1
+            t.id, t.group_id, t.seq, t.run_id = job_id, group_id, seq, 0
+            t.finished_at = t.finished_at or now
+            t.verified_by = VERIFIED_EXTERNAL
+            job_rows.append((job_id, group_id, t.env, t.seed, t.difficulty, t.agent, source, now, now))
+            traj_rows.append(traj_row(t, next(body)))
+    await db.executemany("INSERT INTO groups(id, env, seed, difficulty, agent, size, source, created_at, run_id) "
+                         "VALUES (?,?,?,?,?,?,?,?,0)", group_rows)
+    await db.executemany("INSERT INTO jobs(id, group_id, env, seed, difficulty, agent, state, source, created_at, "
+                         "updated_at) VALUES (?,?,?,?,?,?,'done',?,?,?)", job_rows)
+    await db.executemany(INSERT_TRAJECTORY, traj_rows)
+    await finish_groups(db, [row[0] for row in group_rows])
+
+
+async def fail_job(db: aiosqlite.Connection, job_id: int, attempts: int, error: str, now: float,
+                   logged: bool = False) -> None:
+    if not logged:
+        await db.execute("INSERT INTO failures(job_id, attempt, error, final, at) VALUES (?,?,?,1,?)",
+                         (job_id, attempts, error[:2000], now))
+    await db.execute("UPDATE jobs SET state='failed', lease_owner=NULL, lease_expires=NULL, last_error=?, "
+                     "updated_at=? WHERE id=?", (error[:2000], now, job_id))
+    await finish_group_of(db, job_id)
+
+
+async def finish_group_of(db: aiosqlite.Connection, job_id: int) -> None:
+    rows = await db.execute_fetchall("SELECT group_id FROM jobs WHERE id=?", (job_id,))
+    await finish_groups(db, [int(r[0]) for r in rows])
+
+
+async def finish_groups(db: aiosqlite.Connection, group_ids: list[int]) -> None:
+    """Groups whose last job just ended get their places in the done order (whole-group streams),
+    and the running total of trajectories in groups finished so far (how far a group cursor is)."""
+    await db.executemany(
+        "UPDATE groups SET done_seq = (SELECT COALESCE(MAX(done_seq), 0) + 1 FROM groups), "
+        "done_total = COALESCE((SELECT done_total FROM groups WHERE done_seq = "
+        "(SELECT MAX(done_seq) FROM groups)), 0) + (SELECT COUNT(*) FROM trajectories WHERE group_id = groups.id) "
+        "WHERE id = ? AND done_seq IS NULL AND canary IS NULL AND NOT EXISTS "
+        "(SELECT 1 FROM jobs WHERE group_id = groups.id AND state IN ('queued', 'leased'))",
+        [(g,) for g in group_ids])

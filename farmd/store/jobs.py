@@ -1,0 +1,411 @@
+"""The durable job queue's SQL: groups queued (alone or as a run), runs and their progress, leases taken,
+extended, expired and given back, jobs failed, and jobs completed with their trajectories stored.
+
+Completing a job and storing its trajectory is one transaction (a job's id is its trajectory's id, so a
+retried completion can never store twice), and an accepted job is in the database before ``enqueue``
+returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from farmd.records import Job, JobState, Trajectory
+from farmd.store.codec import INSERT_TRAJECTORY, checked_bodies, traj_row
+from farmd.store.database import MAX_VARS, Database
+from farmd.store.groups import drop_cancelled, fail_job, finish_groups, insert_groups
+from farmd.store.intake import withdraw
+from farmd.store.nodes import Completion, lease_identity
+
+log = logging.getLogger("farmd.store")
+
+_JOB_COLUMNS = "id, group_id, env, seed, difficulty, agent, state, attempts, lease_owner, lease_expires, " \
+               "policy_version, source"
+CONTRIBUTED_ENV_PREFIX = "contrib:"
+"""Only a contributed environment can be quarantined: only its trajectories are looked at for withdrawal."""
+
+
+_ENDPOINT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def _endpoint_filter(endpoint: str | None, exclude: Sequence[str]) -> tuple[str, list[str]]:
+    """SQL (``AND ...``, and its arguments) that keeps the jobs of ``endpoint``'s agents only, or none of
+    ``exclude``'s. GLOB, not LIKE: an endpoint's name may hold ``_``, which LIKE reads as any character; a name
+    holds none of GLOB's (``*?[``), and ``[?]`` is the query string's literal ``?``."""
+    def of(name: str) -> tuple[str, list[str]]:
+        if not _ENDPOINT_NAME.fullmatch(name):
+            raise ValueError(f"not an endpoint name: {name!r}")
+        return "(agent GLOB ? OR agent GLOB ?)", [f"openai:*@{name}", f"openai:*@{name}[?]*"]
+    if endpoint is not None:
+        sql, args = of(endpoint)
+        return f"AND {sql} ", args
+    parts = [of(name) for name in exclude]
+    if not parts:
+        return "", []
+    return "".join(f"AND NOT {sql} " for sql, _ in parts), [a for _, args in parts for a in args]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobFailure:
+    """One failed attempt at a job: an infrastructure failure, never a score."""
+
+    job_id: int
+    run_id: int
+    """0: a job production queued, not a run."""
+    attempt: int
+    final: bool
+    """Its last attempt: the job failed for good."""
+    error: str
+    """What the worker said, ``Kind: message`` (``farmd.errors``' class names), bounded when it was stored."""
+    at: float
+
+
+def _job(row: Any) -> Job:
+    return Job(id=row[0], group_id=row[1], env=row[2], seed=row[3], difficulty=row[4], agent=row[5],
+               state=JobState(row[6]), attempts=row[7], lease_owner=row[8], lease_expires=row[9],
+               policy_version=row[10], source=row[11])
+
+
+class JobRecords:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    # -- the job queue --------------------------------------------------------------------------
+
+    async def enqueue(self, groups: Iterable[tuple[str, int, int, str, int]], source: str = "request") -> list[int]:
+        """Add groups of (env, seed, difficulty, agent, size) jobs. Returns the group ids. Durable on return."""
+        async with self._db.write() as db:
+            return await insert_groups(db, groups, source, 0, time.time())
+
+    async def enqueue_run(self, env: str, agent: str, rollouts: int, group_size: int,
+                          groups: Iterable[tuple[str, int, int, str, int]]) -> tuple[int, list[int]]:
+        """A run and its groups, in one transaction. Returns (run id, group ids)."""
+        now = time.time()
+        async with self._db.write() as db:
+            cur = await db.execute("INSERT INTO runs(env, agent, rollouts, group_size, created_at) VALUES (?,?,?,?,?)",
+                                   (env, agent, rollouts, group_size, now))
+            run_id = int(cur.lastrowid or 0)
+            return run_id, await insert_groups(db, groups, "request", run_id, now)
+
+    # -- runs -----------------------------------------------------------------------------------
+
+    async def run(self, run_id: int) -> dict[str, Any] | None:
+        """A run as queued, and how far its jobs have come (``state``: running, succeeded, failed, cancelled)."""
+        found = await self._runs([run_id])
+        return found[0] if found else None
+
+    async def runs(self, before_id: int = 0, limit: int = 50) -> list[dict[str, Any]]:
+        """Runs newest first, starting below ``before_id`` (0: from the newest)."""
+        ids = await self._db.all("SELECT id FROM runs WHERE (? = 0 OR id < ?) ORDER BY id DESC LIMIT ?",
+                                 (before_id, before_id, limit))
+        return await self._runs([int(r[0]) for r in ids])
+
+    async def _runs(self, run_ids: list[int]) -> list[dict[str, Any]]:
+        """``run`` for many runs in a handful of queries (a page of runs is not a query per run)."""
+        out = []
+        for start in range(0, len(run_ids), MAX_VARS):
+            chunk = run_ids[start:start + MAX_VARS]
+            marks = ",".join("?" * len(chunk))
+            rows = await self._db.all(f"SELECT id, env, agent, rollouts, group_size, cancelled, created_at FROM runs "
+                                      f"WHERE id IN ({marks})", chunk)
+            groups: dict[int, list[int]] = {}
+            for run_id, group_id in await self._db.all(
+                    f"SELECT run_id, id FROM groups WHERE run_id IN ({marks}) ORDER BY id", chunk):
+                groups.setdefault(int(run_id), []).append(int(group_id))
+            counts: dict[int, dict[str, int]] = {}
+            ended: dict[int, float] = {}
+            for run_id, state, n, last in await self._db.all(
+                    f"SELECT g.run_id, j.state, COUNT(*), MAX(j.updated_at) FROM jobs j JOIN groups g "
+                    f"ON g.id = j.group_id WHERE g.run_id IN ({marks}) GROUP BY g.run_id, j.state", chunk):
+                counts.setdefault(int(run_id), {})[state] = int(n)
+                ended[int(run_id)] = max(ended.get(int(run_id), 0.0), float(last))
+            passed = {int(r): int(n) for r, n in await self._db.all(
+                f"SELECT run_id, COUNT(*) FROM trajectories WHERE run_id IN ({marks}) AND status='ok' AND passed=1 "
+                f"GROUP BY run_id", chunk)}
+            # SQLite gives the bare column of the row MAX chose: each run's newest job error.
+            errors = {int(r): (str(e), float(at)) for r, e, at in await self._db.all(
+                f"SELECT g.run_id, j.last_error, MAX(j.updated_at) FROM jobs j JOIN groups g ON g.id = j.group_id "
+                f"WHERE g.run_id IN ({marks}) AND j.last_error IS NOT NULL GROUP BY g.run_id", chunk)}
+            for run_id, env, agent, rollouts, group_size, cancelled, created_at in rows:
+                jobs = counts.get(run_id, {})
+                open_jobs = jobs.get("queued", 0) + jobs.get("leased", 0)
+                if cancelled:
+                    state = "cancelled"
+                elif open_jobs:
+                    state = "running"
+                else:
+                    state = "failed" if jobs.get("failed", 0) else "succeeded"
+                out.append({"id": run_id, "env": env, "agent": agent, "rollouts": rollouts, "group_size": group_size,
+                            "group_ids": groups.get(run_id, []), "state": state, "jobs": sum(jobs.values()),
+                            "done": jobs.get("done", 0), "failed": jobs.get("failed", 0),
+                            "cancelled": jobs.get("cancelled", 0), "passed": passed.get(run_id, 0),
+                            "created_at": created_at,
+                            "finished_at": ended.get(run_id, 0.0) if not open_jobs else 0.0,
+                            "last_error": errors.get(run_id, ("", 0.0))[0]})
+        order = {run_id: i for i, run_id in enumerate(run_ids)}
+        return sorted(out, key=lambda r: order[r["id"]])
+
+    async def cancel_run(self, run_id: int) -> bool:
+        """Drop a run's queued jobs (rollouts already leased finish and are stored). False: no such run."""
+        now = time.time()
+        async with self._db.write() as db:
+            cur = await db.execute("UPDATE runs SET cancelled=1 WHERE id=?", (run_id,))
+            if cur.rowcount == 0:
+                return False
+            await db.execute("UPDATE jobs SET state='cancelled', updated_at=? WHERE state='queued' AND group_id IN "
+                             "(SELECT id FROM groups WHERE run_id=?)", (now, run_id))
+            groups = [int(g[0]) for g in await db.execute_fetchall("SELECT id FROM groups WHERE run_id=?", (run_id,))]
+            await finish_groups(db, groups)
+        return True
+
+    async def lease(self, owner: str, n: int, lease_s: float, policy_version: int | Callable[[str], int], *,
+                    endpoint: str | None = None, exclude: Sequence[str] = ()) -> list[Job]:
+        """Lease up to ``n`` queued jobs (oldest first) whose backoff has passed to ``owner`` until now +
+        ``lease_s``, each tagged with the policy version it runs: ``policy_version(its agent spec)``, or
+        ``policy_version`` itself for every job (0: none). ``endpoint``: only jobs of agents ``openai:MODEL@`` that
+        endpoint; ``exclude``: no jobs of these endpoints (a worker's endpoints each have their own cap)."""
+        version_for = policy_version if callable(policy_version) else (lambda _agent, v=policy_version: v)
+        now = time.time()
+        node = owner.partition(":")[0]  # a canary's jobs go to the node it tests, and to no other
+        which, args = _endpoint_filter(endpoint, exclude)
+        async with self._db.write() as db:
+            async with db.execute(
+                f"UPDATE jobs SET state='leased', lease_owner=?, lease_expires=?, policy_version=0, "
+                f"attempts=attempts+1, updated_at=? WHERE id IN "
+                f"(SELECT id FROM jobs WHERE state='queued' AND not_before <= ? AND (for_node IS NULL OR for_node = ?) "
+                f"{which}ORDER BY id LIMIT ?) RETURNING {_JOB_COLUMNS}",
+                (owner, now + lease_s, now, now, node, *args, n),
+            ) as cur:
+                jobs = [_job(r) for r in await cur.fetchall()]
+            versions = {agent: version_for(agent) for agent in {j.agent for j in jobs}}
+            tagged: dict[int, list[int]] = {}
+            for j in jobs:
+                if versions[j.agent]:
+                    tagged.setdefault(versions[j.agent], []).append(j.id)
+            for version, ids in tagged.items():
+                for start in range(0, len(ids), MAX_VARS):
+                    chunk = ids[start:start + MAX_VARS]
+                    await db.execute(f"UPDATE jobs SET policy_version=? WHERE id IN ({','.join('?' * len(chunk))})",
+                                     (version, *chunk))
+        return sorted((dataclasses.replace(j, policy_version=versions[j.agent]) for j in jobs), key=lambda j: j.id)
+
+    async def extend(self, owner: str, job_ids: list[int], lease_s: float) -> int:
+        """Extend ``owner``'s leases (a heartbeat). Returns how many are still its own."""
+        if not job_ids:
+            return 0
+        marks = ",".join("?" * len(job_ids))
+        async with self._db.write() as db:
+            cur = await db.execute(
+                f"UPDATE jobs SET lease_expires=? WHERE state='leased' AND lease_owner=? AND id IN ({marks})",
+                (time.time() + lease_s, owner, *job_ids))
+            return cur.rowcount
+
+    async def expired_leases(self) -> dict[int, int]:
+        """Jobs whose leases have run out, each with the attempts it has had: for the scheduler to
+        decide which ``requeue_expired`` fails for good."""
+        rows = await self._db.all("SELECT id, attempts FROM jobs WHERE state='leased' AND lease_expires < ?",
+                                  (time.time(),))
+        return {int(job_id): int(attempts) for job_id, attempts in rows}
+
+    async def requeue_expired(self, final: Mapping[int, bool]) -> tuple[int, int]:
+        """End the expired leases of the jobs in ``final``: back to the queue, or, where ``final`` says so,
+        failed for good. A job leased or heartbeaten since it was found expired is left alone. Returns
+        (requeued, failed)."""
+        now = time.time()
+        async with self._db.write() as db:
+            requeued: list[int] = []
+            failed = 0
+            for job_id, last in final.items():
+                rows = await db.execute_fetchall(
+                    "SELECT attempts FROM jobs WHERE id=? AND state='leased' AND lease_expires < ?", (job_id, now))
+                if not rows:
+                    continue
+                if last:
+                    attempts = int(next(iter(rows))[0])
+                    await fail_job(db, job_id, attempts, "its lease expired (the worker died or hung)", now)
+                    failed += 1
+                else:
+                    await db.execute("UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, "
+                                     "last_error='lease expired', updated_at=? WHERE id=?", (now, job_id))
+                    requeued.append(job_id)
+            dropped = await drop_cancelled(db, requeued, now)
+        return len(requeued) - dropped, failed
+
+    async def expire_leases_of(self, owner_prefix: str, keep: str) -> int:
+        """End every lease held under ``owner_prefix`` except ``keep``'s at once: a node that restarts
+        knows its earlier incarnation's rollouts died with it, so they need not wait out their lease."""
+        async with self._db.write() as db:
+            cur = await db.execute(
+                "UPDATE jobs SET lease_expires=0 WHERE state='leased' AND substr(lease_owner, 1, ?)=? "
+                "AND lease_owner != ?", (len(owner_prefix), owner_prefix, keep))
+            return cur.rowcount
+
+    async def extend_all_leases(self, until: float) -> int:
+        """Every lease runs at least until ``until``: a coordinator that was down cannot have heard its
+        nodes' heartbeats, and their results, buffered meanwhile, must still find their leases held."""
+        async with self._db.write() as db:
+            cur = await db.execute("UPDATE jobs SET lease_expires=? WHERE state='leased' AND lease_expires < ?",
+                                   (until, until))
+            return cur.rowcount
+
+    async def requeue_owner(self, owner: str) -> int:
+        """Give back every lease of ``owner`` (a worker shutting down); the attempt is not counted."""
+        now = time.time()
+        async with self._db.write() as db:
+            rows = await db.execute_fetchall(
+                "UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, attempts=MAX(0, attempts-1), "
+                "updated_at=? WHERE state='leased' AND lease_owner=? RETURNING id", (now, owner))
+            ids = [int(r[0]) for r in rows]
+            return len(ids) - await drop_cancelled(db, ids, now)
+
+    async def complete(self, items: list[tuple[str, Trajectory]]) -> list[int]:
+        """``complete_leases`` for a worker of the farm's own: the ids stored now (a canary's included)."""
+        done = await self.complete_leases(items)
+        return done.reported
+
+    async def complete_leases(self, items: list[tuple[str, Trajectory]], *, refuse_mismatch: bool = False
+                              ) -> Completion:
+        """Store trajectories of jobs leased by their owners, and mark the jobs done; one transaction.
+
+        A job whose lease its owner no longer holds (it expired and went elsewhere) or that is already done is
+        skipped. What is stored is the job's own identity (group, run, environment, seed, level, agent, policy
+        version), never what the record says: a record that says otherwise is stored as its lease's, or with
+        ``refuse_mismatch`` (a joined node's) refused, its job back in the queue (the attempt not counted: the
+        job did nothing wrong). A canary's result marks its job done and is not stored: the caller checks it.
+        A batch costs a handful of statements, not a few per trajectory: each is a round trip to the
+        connection's thread.
+        """
+        if not items:
+            return Completion()
+        latest = {traj.id: (owner, traj) for owner, traj in items}  # one job reported twice: once
+        bodies, out_of_domain = await asyncio.to_thread(checked_bodies, {tid: t for tid, (_, t) in latest.items()})
+        for tid, found in out_of_domain.items():
+            # Every entry checks its records first (a node's, a model's, an Atropos push); one that got here
+            # anyway is not stored, so no reader meets it: its job stays leased until the lease runs out.
+            log.error("trajectory %d is out of its domain and was not stored: %s", tid, "; ".join(found[:3])[:1000],
+                      extra={"event": "refused_trajectory", "trajectory": tid})
+            del latest[tid]
+        now = time.time()
+        by_owner: dict[str, list[int]] = {}
+        for tid, (owner, _) in latest.items():
+            by_owner.setdefault(owner, []).append(tid)
+        refused: dict[int, str] = {}
+        bound: dict[int, Trajectory] = {}
+        canaries: dict[int, Trajectory] = {}
+        async with self._db.write() as db:
+            top = await db.execute_fetchall("SELECT COALESCE(MAX(version), 0) FROM policies")
+            newest = int(next(iter(top))[0])
+            for owner, ids in by_owner.items():  # one worker's batch: usually one statement
+                for start in range(0, len(ids), MAX_VARS):
+                    chunk = ids[start:start + MAX_VARS]
+                    marks = ",".join("?" * len(chunk))
+                    rows = await db.execute_fetchall(
+                        f"SELECT j.id, j.group_id, g.run_id, j.env, j.seed, j.difficulty, j.agent, j.policy_version, "
+                        f"j.for_node FROM jobs j JOIN groups g ON g.id = j.group_id WHERE j.state='leased' "
+                        f"AND j.lease_owner=? AND j.id IN ({marks})", (owner, *chunk))
+                    for job in rows:
+                        tid = int(job[0])
+                        traj, why = lease_identity(latest[tid][1], job, newest)
+                        if why and refuse_mismatch:
+                            refused[tid] = why
+                            continue
+                        if why:  # the farm's own worker: a bug, not a lie; its lease decides
+                            log.error("job %d's record disagrees with its lease (%s): stored as its lease's", tid,
+                                      why, extra={"event": "record_mismatch", "job": tid})
+                        (canaries if job[8] is not None else bound)[tid] = traj
+            done = sorted({*bound, *canaries})
+            for start in range(0, len(done), MAX_VARS):
+                chunk = done[start:start + MAX_VARS]
+                await db.execute(f"UPDATE jobs SET state='done', lease_expires=NULL, updated_at=? "
+                                 f"WHERE id IN ({','.join('?' * len(chunk))})", (now, *chunk))
+            if refused:
+                back = sorted(refused)
+                await db.execute(
+                    "UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, attempts=MAX(0, attempts-1), "
+                    f"last_error='its result was refused', updated_at=? WHERE id IN ({','.join('?' * len(back))})",
+                    (now, *back))
+                await drop_cancelled(db, back, now)
+            keep = [bound[tid] for tid in sorted(bound)]
+            if keep:
+                top = await db.execute_fetchall("SELECT COALESCE(MAX(seq), 0) FROM trajectories")
+                seq = int(next(iter(top))[0])
+                for traj in keep:
+                    seq += 1
+                    traj.seq = seq
+                    traj.finished_at = traj.finished_at or now
+                await db.executemany(INSERT_TRAJECTORY, [traj_row(t, bodies[t.id]) for t in keep])
+                late = [t.id for t in keep if t.env.startswith(CONTRIBUTED_ENV_PREFIX)]
+                if late:  # running when its environment was quarantined: withdrawn as it is stored
+                    await withdraw(db, f"t.id IN ({','.join('?' * len(late))})", late, now)
+            await finish_groups(db, sorted({t.group_id for t in keep}))
+        return Completion(stored=[t.id for t in keep], refused=refused, canaries=canaries)
+
+    async def leased_attempts(self, owner: str, job_id: int) -> int | None:
+        """The attempts a job ``owner`` holds the lease of has had; None: ``owner`` does not hold it."""
+        row = await self._db.one("SELECT attempts FROM jobs WHERE id=? AND state='leased' AND lease_owner=?",
+                                 (job_id, owner))
+        return None if row is None else int(row[0])
+
+    async def fail(self, owner: str, job_id: int, error: str, *, final: bool, not_before: float = 0.0
+                   ) -> JobState | None:
+        """An infrastructure failure of a leased job, recorded apart from every score: failed for good
+        when ``final``, else back in the queue, leased again no earlier than ``not_before`` (a time).
+        The scheduler decides which. None: ``owner`` does not hold the lease."""
+        now = time.time()
+        async with self._db.write() as db:
+            async with db.execute("SELECT attempts FROM jobs WHERE id=? AND state='leased' AND lease_owner=?",
+                                  (job_id, owner)) as cur:
+                row = await cur.fetchone()
+            if row is None:
+                return None
+            attempts = int(row[0])
+            await db.execute("INSERT INTO failures(job_id, attempt, error, final, at) VALUES (?,?,?,?,?)",
+                             (job_id, attempts, error[:2000], int(final), now))
+            if final:
+                await fail_job(db, job_id, attempts, error, now, logged=True)
+                return JobState.FAILED
+            await db.execute("UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, last_error=?, "
+                             "not_before=?, updated_at=? WHERE id=?", (error[:2000], not_before, now, job_id))
+            if await drop_cancelled(db, [job_id], now):
+                return JobState.CANCELLED
+            return JobState.QUEUED
+
+    async def job_counts(self) -> dict[str, int]:
+        """Jobs in every state: counts every job ever queued (for status, not for loops); a node's canaries are
+        not the farm's work (each node's row counts its own)."""
+        rows = await self._db.all("SELECT state, COUNT(*) FROM jobs WHERE for_node IS NULL GROUP BY state")
+        return {state: n for state, n in rows}
+
+    async def open_job_counts(self) -> dict[str, int]:
+        """Queued and leased jobs only (canaries not: no trainer's demand waits on one): an index range as long
+        as the queue, cheap every second."""
+        rows = await self._db.all("SELECT state, COUNT(*) FROM jobs WHERE state IN ('queued', 'leased') "
+                                  "AND for_node IS NULL GROUP BY state")
+        return {state: n for state, n in rows}
+
+    async def group_progress(self, group_ids: list[int]) -> tuple[int, int, int, int]:
+        """(jobs, done, failed, passed) over the given groups."""
+        totals = [0, 0, 0, 0]
+        for start in range(0, len(group_ids), MAX_VARS):  # SQLite binds at most 32766 values per statement
+            chunk = group_ids[start:start + MAX_VARS]
+            marks = ",".join("?" * len(chunk))
+            row = await self._db.one(
+                f"SELECT COUNT(*), SUM(state='done'), SUM(state='failed') FROM jobs WHERE group_id IN ({marks})", chunk)
+            passed = await self._db.one(
+                f"SELECT COUNT(*) FROM trajectories WHERE group_id IN ({marks}) AND status='ok' AND passed=1", chunk)
+            for i, value in enumerate((*row, passed[0])):
+                totals[i] += int(value or 0)
+        return totals[0], totals[1], totals[2], totals[3]
+
+    async def failures(self, limit: int = 20) -> list[JobFailure]:
+        """The newest ``limit`` job failures, newest first, each with its job's run (0: none)."""
+        rows = await self._db.all("SELECT f.job_id, f.attempt, f.error, f.final, f.at, COALESCE(g.run_id, 0) FROM "
+                                  "(SELECT * FROM failures ORDER BY id DESC LIMIT ?) f LEFT JOIN jobs j ON j.id = "
+                                  "f.job_id LEFT JOIN groups g ON g.id = j.group_id ORDER BY f.id DESC", (limit,))
+        return [JobFailure(int(j), int(r), int(a), bool(f), str(e), float(t)) for j, a, e, f, t, r in rows]

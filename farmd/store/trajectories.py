@@ -1,0 +1,223 @@
+"""The SQL of stored trajectories: reads in stream order and by group, groups as they finished, pass rates,
+and the scores later verifiers gave (re-scoring adds, never overwrites).
+
+Each trajectory is read with its current verdict and, whole, with every verdict it was given
+(``farmd.store.verdicts``); a row that cannot be read comes back as a stub that says so (``codec``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from farmd import domain
+from farmd.flags import UNREADABLE, WITHDRAWN
+from farmd.records import RED_TEAM_PREFIX, Score, Trajectory
+from farmd.store.codec import TRAJ_COLUMNS, read_trajectories, read_trajectory
+from farmd.store.database import Database
+from farmd.store.filters import WITHDRAWN_SQL, TrajectoryFilter, subscription
+from farmd.store.verdicts import FIRST, VerdictRecords, give
+from farmd.text import valid_tree
+
+log = logging.getLogger("farmd.store")
+
+
+class TrajectoryRecords:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._verdicts = VerdictRecords(db)
+
+    # -- groups as they finished ------------------------------------------------------------------
+
+    async def finished_groups(self, after: int, limit: int, *, agent: str | None = None,
+                              envs: Sequence[str] = (), streamed: bool = False, as_of: int | None = None
+                              ) -> list[dict[str, Any]]:
+        """Groups that ended after done position ``after``, in the order they ended, with their rewards (of their
+        current verdicts, none withdrawn; ``as_of`` a verdict mark: of the verdicts they held at that mark, what a
+        reader keeping up with ``store.verdicts.changed`` from there must count); only ``agent``'s and only those of
+        ``envs`` when given (a subscription); ``streamed``: no group holding one withdrawn."""
+        where, args = subscription(agent, envs, streamed=streamed, groups=True)
+        groups = await self._db.all(
+            f"SELECT id, done_seq, env, seed, difficulty, agent, size FROM groups WHERE done_seq > ? {where} "
+            "ORDER BY done_seq LIMIT ?", (after, *args, limit))
+        if not groups:
+            return []
+        rewards: dict[int, list[tuple[float, int]]] = {}
+        marks = ",".join("?" * len(groups))
+        rows = await self._db.all(
+            f"SELECT group_id, reward, policy_version, status, {WITHDRAWN_SQL}, id, verdict_version FROM trajectories "
+            f"WHERE group_id IN ({marks}) ORDER BY id", [g[0] for g in groups])
+        then = {} if as_of is None else await self._verdicts.at([int(r[5]) for r in rows if r[6] > as_of], as_of)
+        for gid, reward, version, status, withdrawn, tid, _ in rows:
+            held = then.get(int(tid))
+            if held is not None:
+                reward, status, withdrawn = held.reward, held.status, WITHDRAWN in held.flags
+            if status != "ok" or withdrawn:
+                continue
+            # A reward out of any domain (a NaN is stored as NULL) or a version that is not one counts for
+            # nothing here; its record is served as unreadable (``read_trajectory``).
+            if domain.reward_problem(reward, False, "ok", external=True) is None and isinstance(version, int):
+                rewards.setdefault(gid, []).append((float(reward), int(version)))
+        return [{"id": gid, "done_seq": done, "env": env, "seed": seed, "difficulty": difficulty, "agent": agent,
+                 "size": size, "rewards": [r for r, _ in rewards.get(gid, [])],
+                 "policy_version": max((v for _, v in rewards.get(gid, [])), default=0)}
+                for gid, done, env, seed, difficulty, agent, size in groups]
+
+    # -- trajectories ---------------------------------------------------------------------------
+
+    async def trajectory(self, traj_id: int) -> Trajectory | None:
+        """One trajectory, whole, with its scores under every verifier version since."""
+        row = await self._db.one(f"SELECT {TRAJ_COLUMNS} FROM trajectories WHERE id=?", (traj_id,))
+        if row is None:
+            return None
+        return (await self._with_scores([await asyncio.to_thread(read_trajectory, row)]))[0]
+
+    async def trajectories(self, *, after_seq: int = 0, limit: int = 100, env: str | None = None,
+                           min_policy: int | None = None, newest_first: bool = False, body: bool = True,
+                           before_seq: int | None = None, run_id: int = 0, agent: str | None = None,
+                           envs: Sequence[str] = (), streamed: bool = False, where: TrajectoryFilter | None = None,
+                           withdrawn: bool = True) -> list[Trajectory]:
+        """Trajectories in stream order (or newest first), after ``after_seq`` and before ``before_seq``;
+        ``body=False`` leaves out the bulk of the record (``BODY_FIELDS``: decompressing it is most of a
+        read's cost). ``agent`` and ``envs``: only those (a subscription); ``streamed``: none withdrawn nor
+        any a trainer is never sent; ``withdrawn`` False: none withdrawn; ``where``: what an operator looking for
+        some narrows them to. Each holds its current verdict (``farmd.store.verdicts``)."""
+        subscribed, sub_args = subscription(agent, envs, streamed=streamed)
+        if not withdrawn:
+            subscribed += f" AND NOT {WITHDRAWN_SQL}"
+        narrowed, narrow_args = where.sql() if where is not None else ("", [])
+        args: list[object] = [after_seq, *sub_args, *narrow_args]
+        where_sql: list[str] = [f"seq > ? {subscribed}{narrowed}"]
+        if before_seq is not None:
+            where_sql.append("seq < ?")
+            args.append(before_seq)
+        if run_id:
+            where_sql.append("run_id = ?")
+            args.append(run_id)
+        if env is not None:
+            where_sql.append("env = ?")
+            args.append(env)
+        if min_policy is not None:
+            where_sql.append("policy_version >= ?")
+            args.append(min_policy)
+        order = "DESC" if newest_first else "ASC"
+        columns = TRAJ_COLUMNS if body else TRAJ_COLUMNS.replace("body", "NULL")
+        rows = await self._db.all(
+            f"SELECT {columns} FROM trajectories WHERE {' AND '.join(where_sql)} ORDER BY seq {order} LIMIT ?",
+            (*args, limit))
+        if not body:
+            return read_trajectories(rows)
+        # Decompressing and parsing bodies is the cost of a read: off the event loop.
+        return await self._with_scores(await asyncio.to_thread(read_trajectories, rows))
+
+    async def _with_scores(self, trajectories: list[Trajectory]) -> list[Trajectory]:
+        """Whole records carry every verdict they were given, the first included: one query for a page. A
+        trajectory never given a later one keeps its first in its row only, and reads it from there."""
+        if not trajectories:
+            return trajectories
+        history = await self._verdicts.score_history([t.id for t in trajectories])
+        for t in trajectories:
+            t.scores = history.get(t.id, [])
+            if t.verdict_version == 0 and not any(s.verdict_version == 0 for s in t.scores) \
+                    and UNREADABLE not in t.flags:  # a stub's error verdict is no verdict it was given
+                t.scores.insert(0, Score(t.verifier_version, t.reward, t.passed, t.status, list(t.reasons),
+                                         list(t.flags), t.finished_at, 0))
+        return trajectories
+
+    async def group_trajectories(self, group_ids: list[int], body: bool = True) -> list[Trajectory]:
+        if not group_ids:
+            return []
+        marks = ",".join("?" * len(group_ids))
+        columns = TRAJ_COLUMNS if body else TRAJ_COLUMNS.replace("body", "NULL")
+        rows = await self._db.all(f"SELECT {columns} FROM trajectories WHERE group_id IN ({marks}) ORDER BY seq",
+                                  group_ids)
+        if not body:
+            return read_trajectories(rows)
+        return await self._with_scores(await asyncio.to_thread(read_trajectories, rows))
+
+    async def withdrawn_count(self, *, env: str | None = None, run_id: int = 0,
+                              where: TrajectoryFilter | None = None) -> int:
+        """How many withdrawn trajectories match (of ``env``, of run ``run_id``, narrowed by ``where``): what a
+        listing or an export that leaves them out says it left out. Read from the withdrawals, not the
+        trajectories: as many rows as were withdrawn."""
+        narrowed, narrow_args = where.sql() if where is not None else ("", [])
+        sql = (f"SELECT COUNT(*) FROM trajectories WHERE id IN (SELECT trajectory_id FROM withdrawals){narrowed}")
+        args: list[object] = [*narrow_args]
+        if env is not None:
+            sql += " AND env = ?"
+            args.append(env)
+        if run_id:
+            sql += " AND run_id = ?"
+            args.append(run_id)
+        row = await self._db.one(sql, args)
+        return int(row[0]) if row else 0
+
+    async def last_seq(self) -> int:
+        row = await self._db.one("SELECT COALESCE(MAX(seq), 0) FROM trajectories")
+        return int(row[0]) if row else 0
+
+    async def pass_rates(self) -> list[dict[str, Any]]:
+        """Per environment and level, by each trajectory's current verdict: trajectories, passed, mean reward,
+        errors (never scores); withdrawn ones left out (a quarantine took them back: their verdicts say nothing of
+        the policy, and their withdrawn 0 would read as it failing), and a red team's attempts (wrong on purpose,
+        they would read as a policy failing)."""
+        # Only rewards in a reward's domain count in the mean: one stored out of it (an infinity, a text) would
+        # make every status read show it (``farmd.domain``; its record is served as unreadable).
+        bound = domain.EXTERNAL_SCORE_BOUND
+        rows = await self._db.all(
+            "SELECT env, difficulty, COUNT(*), SUM(status='ok' AND passed), AVG(CASE WHEN status='ok' AND "
+            "typeof(reward) IN ('real', 'integer') AND reward BETWEEN ? AND ? THEN reward END), "
+            f"SUM(status='error') FROM trajectories WHERE substr(agent, 1, ?) != ? AND NOT {WITHDRAWN_SQL} "
+            "GROUP BY env, difficulty ORDER BY env, difficulty",
+            (-bound, bound, len(RED_TEAM_PREFIX), RED_TEAM_PREFIX))
+        return [{"env": e, "difficulty": d, "trajectories": n, "passed": int(p or 0),
+                 "mean_reward": float(r) if r is not None else None, "errors": int(err or 0)}
+                for e, d, n, p, r, err in rows]
+
+    async def finished_since(self, since: float) -> int:
+        row = await self._db.one("SELECT COUNT(*) FROM trajectories WHERE finished_at >= ?", (since,))
+        return int(row[0]) if row else 0
+
+    # -- scores (re-scoring adds, never overwrites) ---------------------------------------------
+
+    async def add_scores(self, rows: list[tuple[int, str, float, bool, str, list[str], list[str]]]) -> int:
+        """(trajectory id, verifier version, reward, passed, status, reasons, flags) rows; a version that scored a
+        trajectory already keeps its score. Each added becomes its trajectory's current verdict, the one every reader
+        shows (its first kept in its scores), unless it was withdrawn or the verdict is an error: kept, never current
+        (``farmd.store.verdicts.give``). A row whose verdict is out of its domain (``farmd.domain``) is not kept:
+        logged, never read back. Returns how many were added."""
+        now = time.time()
+        kept: list[tuple[int, str, float, bool, str, list[str], list[str]]] = []
+        for row in rows:
+            problem = domain.reward_problem(row[2], row[3], row[4])
+            if problem is None:
+                kept.append(row)
+            else:
+                log.error("a score of trajectory %s out of its domain was not kept: %s", row[0], problem,
+                          extra={"event": "refused_score", "trajectory": row[0]})
+        rows = kept
+        if not rows:
+            return 0
+        async with self._db.write() as db:
+            return await give(db, now, rows=[(t, v, r, p, s, valid_tree(rs)[0], valid_tree(fl)[0])
+                                             for t, v, r, p, s, rs, fl in rows])
+
+    async def scores(self, traj_id: int) -> list[dict[str, Any]]:
+        """Every verdict ``traj_id`` was given, the first included, as plain values."""
+        found = await self.trajectory(traj_id)
+        return [dataclasses.asdict(s) for s in found.scores] if found is not None else []
+
+    async def scored_versions(self, env: str) -> dict[int, set[str]]:
+        """Per trajectory of ``env``, the verifier versions a later verdict scored it under (the verdict it was
+        stored with is not one: rescoring under its version adds that score, as it always did)."""
+        rows = await self._db.all(
+            "SELECT s.trajectory_id, s.verifier_version FROM scores s JOIN trajectories t ON t.id = s.trajectory_id "
+            f"WHERE t.env = ? AND s.kind != '{FIRST}'", (env,))
+        out: dict[int, set[str]] = {}
+        for tid, version in rows:
+            out.setdefault(int(tid), set()).add(str(version))
+        return out
