@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 
@@ -15,3 +17,17 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+async def every(seconds: Callable[[], float], work: Callable[[], Awaitable[object]], log: logging.Logger,
+                failed: str, event: str) -> None:
+    """Run ``work`` now and then every ``seconds()`` after it ends, until cancelled. A round that fails is logged
+    (``failed``, ``event``) and the next one runs: a background task's error never stops the daemon."""
+    while True:
+        try:
+            await work()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception(failed, extra={"event": event})
+        await asyncio.sleep(seconds())

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from farmd.scheduler.delivery import ConsumerStatus
-from farmd.tasks import cancel_and_wait
+from farmd.tasks import cancel_and_wait, every
 
 if TYPE_CHECKING:
     from farmd.scheduler.nodes import Nodes
@@ -75,14 +75,9 @@ class History:
         self._task = None
 
     async def _run(self) -> None:
-        while True:
-            try:
-                await self.sample()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a look at the farm that fails is a gap in a plot, never a stopped daemon
-                log.exception("sampling the farm's status failed", extra={"event": "history_sample_failed"})
-            await asyncio.sleep(self.every_s)
+        # A look at the farm that fails is a gap in a plot, never a stopped daemon.
+        await every(lambda: self.every_s, self.sample, log, "sampling the farm's status failed",
+                    "history_sample_failed")
 
     async def sample(self) -> Sample:
         """Take one sample now and keep it."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from farmd.scheduler.policies import Policies
 from farmd.store import Store
 from farmd.store.retention import DiskUsage, Removed
-from farmd.tasks import cancel_and_wait
+from farmd.tasks import cancel_and_wait, every
 
 log = logging.getLogger("farmd.scheduler.retention")
 
@@ -63,15 +63,13 @@ class Retention:
         self._task = None
 
     async def _run(self) -> None:
-        while True:
-            try:
-                await self.sweep()
-                await self.disk()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a sweep that fails keeps what it would have removed until the next one
-                log.exception("removing unused policy content failed", extra={"event": "policy_sweep_failed"})
-            await asyncio.sleep(self.every_s)
+        # A sweep that fails keeps what it would have removed until the next one.
+        await every(lambda: self.every_s, self._round, log, "removing unused policy content failed",
+                    "policy_sweep_failed")
+
+    async def _round(self) -> None:
+        await self.sweep()
+        await self.disk()
 
     async def sweep(self) -> list[Removed]:
         removed = await self._policies.remove_unused(self.keep_newest)
