@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import pytest
 
 from farmd.errors import FailedPrecondition, NotFound, PolicyRemoved
 from farmd.records import Job, Trajectory
-from farmd.scheduler import PolicyChunk, Scheduler, SchedulerConfig
+from farmd.scheduler import PolicyChunk, Scheduler
 from farmd.store import Store
 
 LEVELS = {"rg:chain_sum": 5}
@@ -27,22 +26,6 @@ def scored(job: Job) -> Trajectory:
 
 async def _chunks(data: bytes, name: str):  # type: ignore[no-untyped-def]
     yield PolicyChunk(sha256="", uri="", data=data, name=name)
-
-
-@pytest.fixture
-async def farm(tmp_path: Path):  # type: ignore[no-untyped-def]
-    store = await Store.open(tmp_path / "farm.db")
-    made: list[Scheduler] = []
-
-    async def open_(**config: object) -> Scheduler:
-        scheduler = await Scheduler.open(store, LEVELS, SchedulerConfig(**config))  # type: ignore[arg-type]
-        made.append(scheduler)
-        return scheduler
-
-    yield store, open_
-    for s in made:
-        await s.stop()
-    await store.close()
 
 
 def files(store: Store) -> set[str]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
-
 from farmd.records import JobState, Trajectory
 from farmd.scheduler import PolicyChunk, Scheduler, SchedulerConfig
 from farmd.store import Store
@@ -20,22 +18,6 @@ def scored(job, reward: float = 1.0) -> Trajectory:  # type: ignore[no-untyped-d
                       difficulty=job.difficulty, agent=job.agent, policy_version=job.policy_version, reward=reward,
                       passed=reward > 0, status="ok", reasons=[], flags=[], verifier_version="1", steps=[], final="x",
                       node="n1")
-
-
-@pytest.fixture
-async def farm(tmp_path: Path):  # type: ignore[no-untyped-def]
-    store = await Store.open(tmp_path / "farm.db")
-    made: list[Scheduler] = []
-
-    async def open_(**config: object) -> Scheduler:
-        scheduler = await Scheduler.open(store, LEVELS, SchedulerConfig(**config))  # type: ignore[arg-type]
-        made.append(scheduler)
-        return scheduler
-
-    yield store, open_
-    for s in made:
-        await s.stop()
-    await store.close()
 
 
 async def test_submit_splits_rollouts_into_groups_at_bank_chosen_tasks(farm) -> None:  # type: ignore[no-untyped-def]
