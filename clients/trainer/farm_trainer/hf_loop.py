@@ -16,8 +16,6 @@ policy a ``transformers`` model loaded from a directory (``farm_trainer.hf.build
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,7 @@ from farm_client.tensors import token_logprobs
 from farm_trainer.grpo import Logprobs
 from farm_trainer.hf import HFPolicy
 from farm_trainer.loop import Trainer, TrainerConfig
-from farm_trainer.warmup import WarmupResult
+from farm_trainer.warmup import WarmupResult, supervised
 
 __all__ = ["HFTrainer", "hf_logprobs"]
 
@@ -82,27 +80,7 @@ class HFTrainer(Trainer):
         cfg = self.config
         policy = self.policy
         policy.model = self.model
-        started = time.monotonic()
-        rng = random.Random(cfg.seed)
-        check = rng.sample(list(pairs), min(256, len(pairs)))
-        optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.warmup_lr, weight_decay=0.0)
-        loss_value = float("nan")
-        steps = 0
-        accuracy = policy.greedy_accuracy(check)
-        while accuracy < cfg.warmup_target and steps < cfg.warmup_max_steps:
-            self.model.train()
-            ids, mask = policy.sft_rows([rng.choice(pairs) for _ in range(cfg.warmup_batch)])
-            ids, mask = ids.to(self.device), mask.to(self.device)
-            logp = hf_logprobs(self.model, ids)
-            loss = -(logp * mask).sum() / mask.sum()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            optimizer.step()
-            steps += 1
-            loss_value = float(loss.detach())
-            if steps % 25 == 0 or steps == cfg.warmup_max_steps:
-                accuracy = policy.greedy_accuracy(check)
-                progress(steps, loss_value, accuracy)
-        self.model.eval()
-        return WarmupResult(steps=steps, accuracy=accuracy, loss=loss_value, seconds=time.monotonic() - started,
-                            pairs=len(pairs), reached=accuracy >= cfg.warmup_target)
+        return supervised(self.model, pairs, rows=policy.sft_rows, logprobs=hf_logprobs,
+                          accuracy=policy.greedy_accuracy, device=self.device, target_accuracy=cfg.warmup_target,
+                          max_steps=cfg.warmup_max_steps, batch=cfg.warmup_batch, lr=cfg.warmup_lr, check_every=25,
+                          check_size=256, seed=cfg.seed, progress=progress)

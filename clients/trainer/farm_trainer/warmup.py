@@ -84,6 +84,25 @@ def warm_up(model: TinyLM, pairs: Sequence[Pair], *, target_accuracy: float = 0.
 
     ``progress(step, loss, accuracy)`` is called at each check.
     """
+    return supervised(model, pairs, rows=lambda batch_: sft_rows(model.tokenizer, batch_, model.config.max_len),
+                      logprobs=lambda _, ids: sequence_logprobs(model, ids),
+                      accuracy=lambda check: greedy_accuracy(model, check),
+                      device=model.device, target_accuracy=target_accuracy, max_steps=max_steps, batch=batch, lr=lr,
+                      check_every=check_every, check_size=check_size, seed=seed, progress=progress)
+
+
+Rows = Callable[[list[Pair]], tuple[torch.Tensor, torch.Tensor]]
+"""A batch of pairs as (token ids, loss mask) rows: the answer's tokens are the ones learned."""
+
+
+def supervised(model: torch.nn.Module, pairs: Sequence[Pair], *, rows: Rows,
+               logprobs: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor],
+               accuracy: Callable[[list[Pair]], float], device: torch.device | str, target_accuracy: float,
+               max_steps: int, batch: int, lr: float, check_every: int, check_size: int, seed: int,
+               progress: Callable[[int, float, float], None] | None = None) -> WarmupResult:
+    """The warm-up's steps for any model: ``rows`` makes a batch's rows, ``logprobs`` the model's log-probabilities
+    of their tokens, ``accuracy`` its greedy accuracy on a slice of pairs (the tiny LM's, or a Hugging Face
+    model's through its chat template)."""
     if not pairs:
         raise ValueError("no pairs to warm up on")
     started = time.monotonic()
@@ -92,12 +111,12 @@ def warm_up(model: TinyLM, pairs: Sequence[Pair], *, target_accuracy: float = 0.
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     loss_value = float("nan")
     steps = 0
-    accuracy = greedy_accuracy(model, check)
-    while accuracy < target_accuracy and steps < max_steps:
+    reached = accuracy(check)
+    while reached < target_accuracy and steps < max_steps:
         model.train()
-        ids, mask = sft_rows(model.tokenizer, [rng.choice(pairs) for _ in range(batch)], model.config.max_len)
-        ids, mask = ids.to(model.device), mask.to(model.device)
-        logp = sequence_logprobs(model, ids)
+        ids, mask = rows([rng.choice(pairs) for _ in range(batch)])
+        ids, mask = ids.to(device), mask.to(device)
+        logp = logprobs(model, ids)
         loss = -(logp * mask).sum() / mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
@@ -105,9 +124,9 @@ def warm_up(model: TinyLM, pairs: Sequence[Pair], *, target_accuracy: float = 0.
         steps += 1
         loss_value = float(loss.detach())
         if steps % check_every == 0 or steps == max_steps:
-            accuracy = greedy_accuracy(model, check)
+            reached = accuracy(check)
             if progress is not None:
-                progress(steps, loss_value, accuracy)
+                progress(steps, loss_value, reached)
     model.eval()
-    return WarmupResult(steps=steps, accuracy=accuracy, loss=loss_value, seconds=time.monotonic() - started,
-                        pairs=len(pairs), reached=accuracy >= target_accuracy)
+    return WarmupResult(steps=steps, accuracy=reached, loss=loss_value, seconds=time.monotonic() - started,
+                        pairs=len(pairs), reached=reached >= target_accuracy)
