@@ -133,7 +133,7 @@ class Daemon:
         if gaps:
             log.warning("this host cannot isolate untrusted code; serving as coordinator only: %s", "; ".join(gaps))
         await loop.run_in_executor(None, make_data_dir_private, self.config.data_dir)
-        self.store = await Store.open(self.config.data_dir / "farm.db")
+        self.store = await Store.open(self.config.data_dir / "farm.db", self.config.store)
         levels = self.catalog.max_difficulty()
         key = await loop.run_in_executor(None, VerifierKey.load_or_create, self.config.data_dir)
         # Fresh seeds from the farm's keyed sequence: intake draws the seeds it checks on the same way.

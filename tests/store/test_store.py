@@ -31,6 +31,7 @@ async def store(tmp_path: Path):  # type: ignore[no-untyped-def]
     await s.close()
 
 
+@pytest.mark.sqlite_only
 async def test_schema_is_migrated_once_and_refuses_the_future(tmp_path: Path) -> None:
     path = tmp_path / "farm.db"
     s = await Store.open(path)
@@ -180,6 +181,7 @@ async def test_a_writer_cancelled_anywhere_leaves_no_transaction_open(store: Sto
     assert counts["queued"] % 2 == 1 and counts["queued"] >= 2 * finished + 1, counts
 
 
+@pytest.mark.sqlite_only
 async def test_cursors_named_like_group_cursors_are_split_by_the_migration(tmp_path: Path) -> None:
     """A farm from before cursors had kinds: "NAME#groups" rows become NAME's group cursor, and finished
     groups learn how many trajectories were finished up to them."""
