@@ -31,6 +31,7 @@ import asyncpg
 from farmd.errors import StoreError
 from farmd.store.database import Database, Dialect, Transaction
 from farmd.store.schema import MIGRATIONS
+from farmd.text import REPLACEMENT
 
 log = logging.getLogger("farmd.store")
 
@@ -199,6 +200,13 @@ _STREAMED = ("INSERT INTO trajectories", "UPDATE groups SET done_seq")
 """The statements that add to what streams read (a trajectory stored, a group finished)."""
 
 
+def _bound(params: Iterable[Any]) -> list[Any]:
+    """Parameters as PostgreSQL takes them: its text holds no NUL character, where SQLite's (and Python's) does, so a
+    record whose text holds one would fail its whole transaction, and every retry of it: NUL is stored as U+FFFD,
+    as any character UTF-8 cannot encode is (``farmd.text``)."""
+    return [p.replace("\x00", REPLACEMENT) if isinstance(p, str) and "\x00" in p else p for p in params]
+
+
 def _count(status: str) -> int:
     """Rows a statement changed, from its command tag ("UPDATE 3", "INSERT 0 1")."""
     last = status.rsplit(" ", 1)[-1]
@@ -221,23 +229,23 @@ class PostgresTransaction:
 
     async def execute(self, sql: str, params: Iterable[Any] = ()) -> int:
         self._streamed(sql)
-        return _count(await self._conn.execute(translate(sql), *params))
+        return _count(await self._conn.execute(translate(sql), *_bound(params)))
 
     async def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> None:
         self._streamed(sql)
-        batch = [tuple(r) for r in rows]
+        batch = [_bound(r) for r in rows]
         if batch:
             await self._conn.executemany(translate(sql), batch)
 
     async def execute_fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
-        return [tuple(r) for r in await self._conn.fetch(translate(sql), *params)]
+        return [tuple(r) for r in await self._conn.fetch(translate(sql), *_bound(params))]
 
     async def fetchone(self, sql: str, params: Iterable[Any] = ()) -> Any:
         rows = await self.execute_fetchall(sql, params)
         return rows[0] if rows else None
 
     async def insert(self, sql: str, params: Iterable[Any] = ()) -> int:
-        value = await self._conn.fetchval(translate(sql) + " RETURNING id", *params)
+        value = await self._conn.fetchval(translate(sql) + " RETURNING id", *_bound(params))
         return int(value or 0)
 
 
@@ -329,7 +337,7 @@ class PostgresDatabase(Database):
     async def all(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
         async with self._pool.acquire() as conn:
             # Rows as tuples, as SQLite's are: records compare and concatenate as tuples do nowhere else.
-            return [tuple(r) for r in await conn.fetch(translate(sql), *params)]
+            return [tuple(r) for r in await conn.fetch(translate(sql), *_bound(params))]
 
     async def blob_slice(self, table: str, column: str, key: str, rowid: int, offset: int, size: int) -> bytes:
         # substring of a bytea reads only the slice's pages of an uncompressed (EXTERNAL) value.

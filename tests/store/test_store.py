@@ -238,3 +238,16 @@ async def test_a_completed_job_is_stored_under_its_lease_never_what_its_record_s
     assert (again.id, again.attempts) == (jobs[1].id, 1)
     done = await store.complete_leases([("w2", forged[1])], refuse_mismatch=True)
     assert (done.stored, done.refused) == ([jobs[1].id], {})
+
+
+async def test_a_record_whose_text_holds_nul_is_stored_and_jams_nothing(store: Store) -> None:
+    """PostgreSQL's text refuses NUL: a record holding one would fail the transaction that completes its batch,
+    and every retry of it. It is stored (as U+FFFD there), and so is the rest of its batch."""
+    await store.enqueue([("py-func", 1, 1, "reference", 2)])
+    first, second = await store.lease("w", 2, 30, 0)
+    odd = dataclasses.replace(traj(first.id, first.group_id), env_version="v\x00", verifier_version="x\x00",
+                              node="n\x00", reasons=["a\x00b"])
+    assert sorted(await store.complete([("w", odd), ("w", traj(second.id, second.group_id))])) == \
+        sorted([first.id, second.id])
+    got = await store.trajectory(first.id)
+    assert got is not None and got.env_version in ("v\x00", "v\ufffd") and got.reasons == ["a\x00b"]
