@@ -140,7 +140,8 @@ class Config:
     credential_pending_pieces: int = 4096
     """Unfinished pieces (records, package chunks) one credential's calls may hold at once, all together."""
     join: str | None = None
-    """HOST:PORT of a coordinator: this node runs the worker role only, for it (``farmd serve --join``).
+    """HOST:PORT of a coordinator (several, joined by commas: one farm's coordinators on one PostgreSQL store, of
+    which one serves at a time): this node runs the worker role only, for it (``farmd serve --join``).
     Then ``token`` is the node's credential, ``tls_ca`` the CA its coordinator's certificate is checked
     against, and ``tls_cert``/``tls_key`` the certificate it shows."""
     node_name: str | None = None

@@ -35,7 +35,9 @@ def cli() -> None:
               "the node's credential. Prefer --token-file: a command line is visible to every user.")
 @click.option("--token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), envvar="FARM_TOKEN_FILE",
               help="Read --token from this file (or FARM_TOKEN_FILE).")
-@click.option("--join", metavar="HOST:PORT", help="Run the worker role only, for the coordinator at HOST:PORT.")
+@click.option("--join", metavar="HOST:PORT[,HOST:PORT...]",
+              help="Run the worker role only, for the coordinator at HOST:PORT (several: one farm's coordinators on "
+                   "one PostgreSQL store, whichever serves).")
 @click.option("--node-name", metavar="NAME", help="This node's name in the fleet (default: the host name).")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Serve TLS with this PEM certificate (chain); with --tls-key. With --join: the certificate "

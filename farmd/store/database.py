@@ -135,6 +135,11 @@ class Database:
         """The bytes the database takes on its disk."""
         raise NotImplementedError
 
+    async def become_active(self, on_lost: Callable[[], None]) -> None:
+        """Return once this process is the one coordinator serving the farm: at once on SQLite (its file is one
+        process's); on a server, once no other process holds the role. ``on_lost``: called if the role is lost
+        (the connection that holds it dropped), when the process must stop serving."""
+
     def on_stored(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` when another process sharing this database stored something streams read (only a
         server has other processes: SQLite's one writer wakes its own streams)."""

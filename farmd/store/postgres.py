@@ -37,6 +37,8 @@ log = logging.getLogger("farmd.store")
 
 WRITE_LOCK = 0x6661726d
 """The advisory lock every write transaction holds ("farm"): one writer at a time across coordinators."""
+ACTIVE_LOCK = 0x6661726e
+"""The advisory lock the active coordinator holds for as long as it serves: the others wait for it."""
 CHANNEL = "farm_stored"
 """What a transaction that stored trajectories or finished groups notifies, for other coordinators' streams."""
 
@@ -264,6 +266,8 @@ class PostgresDatabase(Database):
         self._write_lock = asyncio.Lock()
         self.path = path
         self._callbacks: list[Callable[[], None]] = []
+        self._url = ""
+        self._active: asyncpg.Connection | None = None
 
     @classmethod
     async def open(cls, url: str, path: Path) -> PostgresDatabase:
@@ -276,6 +280,7 @@ class PostgresDatabase(Database):
             pool = await asyncpg.create_pool(url, min_size=1, max_size=4)
             listener = await asyncpg.connect(url)
             database = cls(writer, pool, listener, path)
+            database._url = url
             await database._migrate()
             await listener.add_listener(CHANNEL, database._wake)
         except BaseException:
@@ -290,6 +295,9 @@ class PostgresDatabase(Database):
     async def close(self) -> None:
         with contextlib.suppress(asyncpg.PostgresError, OSError):
             await self._listener.close()
+        if self._active is not None:
+            with contextlib.suppress(asyncpg.PostgresError, OSError):
+                await self._active.close()
         await self._pool.close()
         await self._wdb.close()
 
@@ -348,6 +356,22 @@ class PostgresDatabase(Database):
     async def size(self) -> int:
         row = await self.one("SELECT pg_database_size(current_database())")
         return int(row[0]) if row else 0
+
+    async def become_active(self, on_lost: Callable[[], None]) -> None:
+        # A session lock on a connection of its own: the server lets go of it when that session ends, also when
+        # its process was killed (the kernel closes the socket) or its host went away (TCP keepalive).
+        conn = await asyncpg.connect(self._url, server_settings={"application_name": "farmd active"})
+        try:
+            if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", ACTIVE_LOCK):
+                log.info("another coordinator serves this farm; waiting to take over",
+                         extra={"event": "standby"})
+                await conn.execute("SELECT pg_advisory_lock($1)", ACTIVE_LOCK)
+        except BaseException:
+            await asyncio.shield(conn.close())
+            raise
+        conn.add_termination_listener(lambda _conn: on_lost())
+        self._active = conn
+        log.info("this coordinator serves the farm", extra={"event": "active"})
 
     def on_stored(self, callback: Callable[[], None]) -> None:
         self._callbacks.append(callback)
