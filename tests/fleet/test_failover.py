@@ -93,10 +93,11 @@ def test_a_killed_coordinators_farm_goes_on_under_the_other(postgres: Any, worke
 
         deadline = time.monotonic() + 180
         while _count(url, "SELECT COUNT(*) FROM trajectories") < ROLLOUTS:
-            assert time.monotonic() < deadline, "the run did not finish under the second coordinator"
+            assert time.monotonic() < deadline, ("the run did not finish under the second coordinator",
+                                                 (tmp_path / "b.log").read_text()[-3000:])
             time.sleep(0.2)
         thread.join(120)
-        assert not errors, errors
+        assert not thread.is_alive() and not errors, (len(acked), errors)
         assert _count(url, "SELECT COUNT(*) FROM trajectories") == ROLLOUTS
         assert _count(url, "SELECT COUNT(DISTINCT id) FROM trajectories") == ROLLOUTS
         # Every job of the run done (a node's canary jobs are kept for it, and never stored as trajectories).

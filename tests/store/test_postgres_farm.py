@@ -53,3 +53,32 @@ def test_a_farm_on_postgresql_runs_a_run_and_feeds_a_trainer(running_farm, postg
     with FarmClient(again.addr) as client:
         batch = next(iter(client.batches("pg-trainer", batch_size=8)))
         assert {t.id for t in batch.trajectories}.isdisjoint(seen) and len(batch.trajectories) == 2
+
+
+def test_an_atropos_queue_on_postgresql_survives_a_restart(postgres, store_backend: str,  # type: ignore[no-untyped-def]
+                                                         tmp_path: Path) -> None:
+    """Atropos's rows (registration, groups pushed and cut into batches, the step) on the server: a farmd started
+    again on the same database answers as the one before did, and serves the batch it had cut."""
+    if store_backend != "postgresql":
+        pytest.skip("tests/atropos/test_restart.py is this on SQLite")
+    import httpx
+
+    from tests.atropos.test_restart import fill, free_port, started, stopped
+    from tests.conftest import FARMD
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [FARMD, "serve", "--store", postgres.new_database(), "--listen", "127.0.0.1:0", "--workers", "0",
+           "--data", str(tmp_path / "farm"), "--atropos", f"127.0.0.1:{port}"]
+    proc = started(cmd, url)
+    before = fill(url)
+    stopped(proc)
+    proc = started(cmd, url)
+    try:
+        after = {path: httpx.get(url + path).json() for path in ("/status", "/info")}
+        batch = httpx.get(url + "/batch").json()
+    finally:
+        stopped(proc)
+    assert before["/status"] == {"current_step": 3, "queue_size": 0}
+    assert after["/status"] == before["/status"] and after["/info"] == before["/info"]
+    assert [g["tokens"][0][0] for g in batch["batch"]] == [200], "the next batch it had cut"
