@@ -36,8 +36,8 @@ _ENDPOINT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 def _endpoint_filter(dialect: Dialect, endpoint: str | None, exclude: Sequence[str]) -> tuple[str, list[str]]:
     """SQL (``AND ...``, and its arguments) that keeps the jobs of ``endpoint``'s agents only, or none of
-    ``exclude``'s. GLOB, not LIKE: an endpoint's name may hold ``_``, which LIKE reads as any character; a name
-    holds none of GLOB's (``*?[``), and ``[?]`` is the query string's literal ``?``."""
+    ``exclude``'s. A shell pattern (``Dialect.glob``), not LIKE: an endpoint's name may hold ``_``, which LIKE reads
+    as any character; a name holds none of a pattern's (``*?[``), and ``[?]`` is the query string's literal ``?``."""
     def of(name: str) -> tuple[str, list[str]]:
         if not _ENDPOINT_NAME.fullmatch(name):
             raise ValueError(f"not an endpoint name: {name!r}")

@@ -251,3 +251,13 @@ async def test_a_record_whose_text_holds_nul_is_stored_and_jams_nothing(store: S
         sorted([first.id, second.id])
     got = await store.trajectory(first.id)
     assert got is not None and got.env_version in ("v\x00", "v\ufffd") and got.reasons == ["a\x00b"]
+
+
+async def test_a_lease_for_an_endpoint_takes_its_agents_jobs_and_no_look_alikes(store: Store) -> None:
+    agents = ["openai:m@a.b-1", "openai:m@a.b-1?max_tokens=5", "openai:m@aXb-1", "openai:m@a.b-12",
+              "openai:m@x_a.b-1", "reference"]
+    await store.enqueue([("py-func", i, 1, agent, 1) for i, agent in enumerate(agents)])
+    mine = await store.lease("w", 10, 30, 0, endpoint="a.b-1")
+    assert sorted(j.agent for j in mine) == sorted(agents[:2])
+    others = await store.lease("w", 10, 30, 0, exclude=["a.b-1", "a.b-12"])
+    assert sorted(j.agent for j in others) == sorted([agents[2], agents[4], agents[5]])
