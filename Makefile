@@ -11,7 +11,7 @@ PIP := $(BIN)/pip install --disable-pip-version-check -q
 # anything that pulls an unpinned torch first would download a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: setup test test-sweeps test-fast run tour lint bench protos clean doctor browser vllm-setup
+.PHONY: setup test test-sweeps test-fast run tour lint bench protos clean doctor browser postgresql vllm-setup
 
 setup: $(STAMP)
 
@@ -53,7 +53,7 @@ protos:
 # On every core, a file's tests on one worker (they share its module fixtures); then the clocked tests, which assert
 # on time or speed, alone. JOBS=1 runs it all in one process.
 JOBS ?= auto
-test: setup browser vllm-setup
+test: setup browser postgresql vllm-setup
 	$(BIN)/python -m pytest -q --durations=15 -m "not clocked" $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
 	$(BIN)/python -m pytest -q -m clocked
 
@@ -66,6 +66,17 @@ browser:
 	      chromium chromium-driver >/dev/null; \
 	  else \
 	    echo "the console's tests need Chromium: sudo apt-get install chromium chromium-driver" >&2; exit 1; \
+	  fi; }
+
+# The store's tests run against SQLite and a real PostgreSQL server each test session starts (initdb in a
+# temporary directory, as an unprivileged user, on a free port): Debian's postgresql, installed here when missing.
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      postgresql >/dev/null; \
+	  else \
+	    echo "the store's tests need PostgreSQL: sudo apt-get install postgresql" >&2; exit 1; \
 	  fi; }
 
 # Reference sweeps over every seed they name (make test takes an eighth of them).

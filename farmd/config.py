@@ -87,6 +87,10 @@ class Credential:
 class Config:
     data_dir: Path = Path("farm-data")
     """Where the store and everything a farm keeps lives."""
+    store: str | None = field(default=None, repr=False)
+    """The store's database: None for SQLite in ``data_dir``; ``postgresql://USER@HOST/DB`` for a PostgreSQL
+    server (``--store``), ``data_dir`` still holding the secret, logs and runfile. Not shown: it may hold a
+    password."""
     listen: str = DEFAULT_LISTEN
     """HOST:PORT of the gRPC API (port 0: any free port)."""
     token: str | None = field(default=None, repr=False)
@@ -136,7 +140,8 @@ class Config:
     credential_pending_pieces: int = 4096
     """Unfinished pieces (records, package chunks) one credential's calls may hold at once, all together."""
     join: str | None = None
-    """HOST:PORT of a coordinator: this node runs the worker role only, for it (``farmd serve --join``).
+    """HOST:PORT of a coordinator (several, joined by commas: one farm's coordinators on one PostgreSQL store, of
+    which one serves at a time): this node runs the worker role only, for it (``farmd serve --join``).
     Then ``token`` is the node's credential, ``tls_ca`` the CA its coordinator's certificate is checked
     against, and ``tls_cert``/``tls_key`` the certificate it shows."""
     node_name: str | None = None
@@ -150,6 +155,10 @@ class Config:
             raise ConfigError(f"max_concurrent_calls must be a whole number of at least 1, not {calls!r}")
         if min(self.credential_streams, self.credential_pending_bytes, self.credential_pending_pieces) < 1:
             raise ConfigError("credential_streams, credential_pending_bytes and credential_pending_pieces are at least 1")
+        if self.store is not None and not (isinstance(self.store, str)
+                                           and self.store.startswith(("postgresql://", "postgres://"))):
+            raise ConfigError("store (--store) is a postgresql://USER@HOST/DB address; leave it out for SQLite "
+                              "in the data directory")
         if self.token:
             object.__setattr__(self, "credentials", _with_shared(self.credentials, self.token))
         _check_unique(self.credentials)

@@ -133,7 +133,10 @@ class Daemon:
         if gaps:
             log.warning("this host cannot isolate untrusted code; serving as coordinator only: %s", "; ".join(gaps))
         await loop.run_in_executor(None, make_data_dir_private, self.config.data_dir)
-        self.store = await Store.open(self.config.data_dir / "farm.db")
+        self.store = await Store.open(self.config.data_dir / "farm.db", self.config.store)
+        # On a shared database one coordinator serves at a time; the others wait here, and the first to get the
+        # role when the active one is gone takes over its leases and streams (the scheduler extends the leases).
+        await self.store.db.become_active(self._lost_active)
         levels = self.catalog.max_difficulty()
         key = await loop.run_in_executor(None, VerifierKey.load_or_create, self.config.data_dir)
         # Fresh seeds from the farm's keyed sequence: intake draws the seeds it checks on the same way.
@@ -365,6 +368,11 @@ class Daemon:
     def _remove_runfile(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             Path(self.config.data_dir / "farmd.json").unlink()
+
+    def _lost_active(self) -> None:
+        log.error("lost the connection that makes this the active coordinator: stopping, another takes over",
+                  extra={"event": "active_lost"})
+        self.request_stop()
 
     def request_stop(self) -> None:
         self._stopping.set()

@@ -173,3 +173,41 @@ def running_farm(tmp_path: Path):  # type: ignore[no-untyped-def]
     yield start
     for farm in farms:
         farm.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Any:
+    """A real PostgreSQL server for this test session (one per xdist worker), stopped and removed after."""
+    from tests.pg import PostgresServer
+
+    server = PostgresServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test against each backend: on ``postgresql`` every ``Store.open(path)`` it makes opens a database of
+    that session's server instead, one per path (the same path again is the same database: a restart), the
+    data directory still ``path``'s. A test marked ``sqlite_only`` reads the SQLite file itself."""
+    if request.param == "postgresql":
+        if request.node.get_closest_marker("sqlite_only"):
+            pytest.skip("reads or writes the SQLite file itself")
+        from farmd.store.store import Store
+
+        server = request.getfixturevalue("postgres")
+        databases: dict[str, str] = {}
+        opener = Store.open.__func__  # type: ignore[attr-defined]
+
+        async def open_on_server(cls: type[Store], path: Path, url: str | None = None) -> Store:
+            if url is None:
+                key = os.fspath(path)
+                if key not in databases:
+                    databases[key] = server.new_database()
+                url = databases[key]
+            return await opener(cls, path, url)
+
+        monkeypatch.setattr(Store, "open", classmethod(open_on_server))
+    return str(request.param)

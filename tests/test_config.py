@@ -197,3 +197,15 @@ def test_max_concurrent_calls_is_refused_by_the_config_when_it_is_not_a_count(tm
     with pytest.raises(ConfigError, match="max_concurrent_calls"):
         load(None, max_concurrent_calls=0)
     assert load(None, max_concurrent_calls=1).max_concurrent_calls == 1
+
+
+def test_the_store_is_sqlite_unless_a_postgresql_address_is_given(tmp_path: Path) -> None:
+    assert load().store is None
+    toml = tmp_path / "farm.toml"
+    toml.write_text('[farm]\nstore = "postgresql://farm@db.example/farm"\n')
+    assert load(toml).store == "postgresql://farm@db.example/farm"
+    assert load(toml, store="postgres://other@h/db").store == "postgres://other@h/db"  # the flag over the file
+    assert "db.example" not in repr(load(toml))  # an address may hold a password
+    for wrong in ("mysql://farm@h/db", "farm.db", ""):
+        with pytest.raises(ConfigError, match="postgresql://"):
+            load(store=wrong)

@@ -28,6 +28,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
+from farm_client.addresses import grpc_target
 from farm_client.convert import from_message
 from farm_client.record import Score, Trajectory
 from farm_client.sequences import group_advantages
@@ -170,6 +171,7 @@ def _token(token: str | None) -> str | None:
 def _channel(addr: str, ca: bytes | None, cert: bytes | None, key: bytes | None,
              server_name: str | None) -> grpc.Channel:
     """A plain channel, or TLS when there is a CA to trust or a certificate to present."""
+    addr = grpc_target(addr)
     if ca is None and cert is None and key is None:
         return grpc.insecure_channel(addr, options=_OPTIONS)
     if (cert is None) != (key is None):
@@ -183,6 +185,9 @@ def _channel(addr: str, ca: bytes | None, cert: bytes | None, key: bytes | None,
 class FarmClient:
     """``FarmClient("host:port", token=None)``; use as a context manager or call ``close()``.
 
+    Several addresses (``"A:7431,B:7431"``, or a list): the coordinators of one farm, which serve it one at a time;
+    calls go to whichever answers, and a stream opened with ``reconnect_s`` moves to another when its own goes.
+
     ``token``: the bearer token calls carry. ``tls_ca``: the CA to trust for farmd's certificate (TLS;
     without it and without a client certificate, a plain channel). ``tls_cert`` and ``tls_key``: a
     client certificate, for a farmd started with ``--tls-ca``. ``tls_server_name``: the name to check
@@ -190,13 +195,13 @@ class FarmClient:
     environment (see the module's docstring).
     """
 
-    def __init__(self, addr: str, token: str | None = None, timeout_s: float = 30.0, *, tls_ca: Pem | None = None,
+    def __init__(self, addr: str | Sequence[str], token: str | None = None, timeout_s: float = 30.0, *, tls_ca: Pem | None = None,
                  tls_cert: Pem | None = None, tls_key: Pem | None = None, tls_server_name: str | None = None) -> None:
-        self.addr = addr
+        self.addr = addr if isinstance(addr, str) else ",".join(addr)
         token = _token(token)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._timeout = timeout_s
-        self._channel = _channel(addr, _pem(tls_ca, "FARM_TLS_CA"), _pem(tls_cert, "FARM_TLS_CERT"),
+        self._channel = _channel(self.addr, _pem(tls_ca, "FARM_TLS_CA"), _pem(tls_cert, "FARM_TLS_CERT"),
                                  _pem(tls_key, "FARM_TLS_KEY"), tls_server_name)
         self._stub = farm_pb2_grpc.FarmServiceStub(self._channel)
 

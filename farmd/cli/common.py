@@ -101,8 +101,10 @@ def grpc_target(addr: str) -> str:
     """``addr`` as grpc should dial it: a host without a port gets farm's (``DEFAULT_PORT``).
 
     ``host:port``, ``[v6]:port`` and grpc's own target forms (``dns:///...``, ``unix:...``) pass
-    unchanged; a bare IPv6 address is bracketed.
+    unchanged; a bare IPv6 address is bracketed. Several, joined by commas (one farm's coordinators), each so.
     """
+    if "," in addr and not addr.startswith(("unix:", "unix-abstract:", "vsock:", "dns:", "ipv4:", "ipv6:")):
+        return ",".join(grpc_target(one.strip()) for one in addr.split(",") if one.strip())
     if addr.startswith(("unix:", "unix-abstract:", "vsock:", "dns:", "ipv4:", "ipv6:")):
         return addr
     if "://" in addr:  # a URL's scheme would be dialled as part of a host name, and fail as a DNS lookup

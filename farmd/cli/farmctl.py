@@ -48,7 +48,8 @@ _COMMANDS = {
 @click.group(cls=LazyGroup, lazy=_COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="farmctl")
 @click.option("--addr", default=None, metavar="HOST[:PORT]",
-              help=f"farmd to talk to (default {DEFAULT_LISTEN}; a HOST alone: port {DEFAULT_PORT}).")
+              help=f"farmd to talk to (default {DEFAULT_LISTEN}; a HOST alone: port {DEFAULT_PORT}; several, "
+                   "joined by commas: one farm's coordinators, whichever serves).")
 @click.option("--token", default=None, envvar="FARM_TOKEN", help="The token calls carry (or FARM_TOKEN).")
 @click.option("--token-file", type=_FILE, envvar="FARM_TOKEN_FILE",
               help="A file holding the token (or FARM_TOKEN_FILE).")

@@ -26,13 +26,18 @@ def cli() -> None:
 @cli.command()
 @click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Data directory (default ./farm-data).")
+@click.option("--store", metavar="URL", envvar="FARM_STORE",
+              help="The store on a PostgreSQL server, postgresql://USER@HOST/DB (or FARM_STORE); default: SQLite "
+                   "in the data directory, which still holds the secret, logs and runfile.")
 @click.option("--listen", metavar="HOST:PORT", help="gRPC address (default 127.0.0.1:7431; port 0: any).")
 @click.option("--workers", type=click.IntRange(min=0), help="Rollout workers (default: one per core; 0: none).")
 @click.option("--token", envvar="FARM_TOKEN", help="Shared secret every call must carry (or FARM_TOKEN); with --join, "
               "the node's credential. Prefer --token-file: a command line is visible to every user.")
 @click.option("--token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), envvar="FARM_TOKEN_FILE",
               help="Read --token from this file (or FARM_TOKEN_FILE).")
-@click.option("--join", metavar="HOST:PORT", help="Run the worker role only, for the coordinator at HOST:PORT.")
+@click.option("--join", metavar="HOST:PORT[,HOST:PORT...]",
+              help="Run the worker role only, for the coordinator at HOST:PORT (several: one farm's coordinators on "
+                   "one PostgreSQL store, whichever serves).")
 @click.option("--node-name", metavar="NAME", help="This node's name in the fleet (default: the host name).")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Serve TLS with this PEM certificate (chain); with --tls-key. With --join: the certificate "
@@ -57,7 +62,7 @@ def cli() -> None:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
               help="json: one object per line, for log pipelines.")
-def serve(data_dir: Path | None, listen: str | None, workers: int | None, token: str | None,
+def serve(data_dir: Path | None, store: str | None, listen: str | None, workers: int | None, token: str | None,
           token_file: Path | None, join: str | None, node_name: str | None,
           tls_cert: Path | None, tls_key: Path | None, tls_ca: Path | None,
           config_path: Path | None, metrics_listen: str | None, http_listen: str | None, atropos_listen: str | None,
@@ -68,7 +73,7 @@ def serve(data_dir: Path | None, listen: str | None, workers: int | None, token:
     try:
         if token_file is not None:
             token = read_token_file(token_file)
-        config = load(config_path, data_dir=data_dir, listen=listen, workers=workers, token=token, join=join,
+        config = load(config_path, data_dir=data_dir, store=store, listen=listen, workers=workers, token=token, join=join,
                       node_name=node_name,
                       tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
                       metrics_listen=metrics_listen, http_listen=http_listen, atropos_listen=atropos_listen,

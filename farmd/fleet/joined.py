@@ -21,6 +21,7 @@ from pathlib import Path
 
 import grpc
 from farm.v1 import farm_pb2, farm_pb2_grpc, intake_pb2, intake_pb2_grpc, node_pb2
+from farm_client.addresses import grpc_target
 
 from farmd import __version__
 from farmd.agents.registry import RedTeamFactory
@@ -116,7 +117,7 @@ class JoinedNode:
         policies = PolicyCache(config.data_dir / "policies", config.policy_cache_bytes, self._fetch_policy)
         await policies.open()
         assert config.join is not None
-        self.link = Link(config.join, self._hello, on_connect=self._on_connect,
+        self.link = Link(grpc_target(config.join), self._hello, on_connect=self._on_connect,
                          credentials=channel_credentials(config), token=config.token)
         self.remote = RemoteLeases(self.link, outbox, policies)
         self._link_task = loop.create_task(self.link.run(), name="node-link")

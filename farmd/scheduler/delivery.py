@@ -119,6 +119,7 @@ class Delivery:
         """Counts commits that stored trajectories: a stream notes it before it reads."""
         self._stored = asyncio.Event()
         """Set (and replaced) at each such commit: wakes every stream waiting for more."""
+        store.db.on_stored(self.stored)  # commits by another coordinator on the same database (PostgreSQL)
 
     # -- production's side ------------------------------------------------------------------------
 

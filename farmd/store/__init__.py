@@ -1,4 +1,5 @@
-"""The trajectory store and durable job queue: SQLite (WAL) through aiosqlite. All of farm's SQL is here."""
+"""The trajectory store and durable job queue: SQLite (WAL) through aiosqlite, or PostgreSQL through asyncpg.
+All of farm's SQL is here."""
 
 from farmd.errors import StoreError
 from farmd.store.activity import ActivityBucket, CurvePoint

@@ -55,9 +55,9 @@ class ActivityRecords:
     async def buckets(self, since: float, width_s: float) -> list[ActivityBucket]:
         """Per environment and ``width_s`` bucket from ``since``: counts, mean level, newest policy version
         and how many carried each flag (their current verdicts'); withdrawn ones are in none of it."""
-        bucket = "CAST((finished_at - ?) / ? AS INTEGER)"
+        bucket = self._db.sql.integer_part("(finished_at - ?) / ?")
         rows = await self._db.all(
-            f"SELECT {bucket} AS b, env, COUNT(*), SUM(status='ok' AND passed), SUM(status='error'), "
+            f"SELECT {bucket} AS b, env, COUNT(*), SUM(CASE WHEN status='ok' AND passed=1 THEN 1 ELSE 0 END), SUM(CASE WHEN status='error' THEN 1 ELSE 0 END), "
             "AVG(difficulty), MAX(policy_version) FROM trajectories "
             f"WHERE finished_at >= ? AND {_COUNTED} GROUP BY b, env ORDER BY b, env",
             (since, width_s, since, *_RED_TEAM_ARGS))
@@ -67,8 +67,8 @@ class ActivityRecords:
                for b, env, n, p, e, d, v in rows}
         flagged = await self._db.all(
             # A flags column that is not JSON (never written so) would fail the whole query: read as none.
-            f"SELECT {bucket} AS b, env, f.value, COUNT(*) FROM trajectories, json_each(CASE WHEN "
-            "json_valid(trajectories.flags) THEN trajectories.flags ELSE '[]' END) AS f "
+            f"SELECT {bucket} AS b, env, f.value, COUNT(*) FROM trajectories, "
+            f"{self._db.sql.json_values('trajectories.flags', 'f')} "
             f"WHERE finished_at >= ? AND {_COUNTED} GROUP BY b, env, f.value",
             (since, width_s, since, *_RED_TEAM_ARGS))
         for b, env, flag, n in flagged:
@@ -90,9 +90,9 @@ class ActivityRecords:
         width = max(1, -(-total // max(1, points)))
         # Numbered in stream order, so a point is a count of rollouts, however seqs interleave with others'.
         rows = await self._db.all(
-            "SELECT n / ? AS p, COUNT(*), SUM(status='ok' AND passed), AVG(difficulty), MAX(policy_version), "
+            "SELECT n / ? AS p, COUNT(*), SUM(CASE WHEN status='ok' AND passed=1 THEN 1 ELSE 0 END), AVG(difficulty), MAX(policy_version), "
             "MAX(finished_at) FROM (SELECT ROW_NUMBER() OVER (ORDER BY seq) - 1 AS n, status, passed, difficulty, "
-            f"policy_version, finished_at FROM trajectories WHERE agent = ?{env_sql}) GROUP BY p ORDER BY p",
+            f"policy_version, finished_at FROM trajectories WHERE agent = ?{env_sql}) AS ranked GROUP BY p ORDER BY p",
             (width, agent, *env_args))
         out, seen = [], 0
         for _, n, passed, level, version, at in rows:

@@ -114,10 +114,9 @@ class AtroposRecords:
                 await forget_in(db, forget)
             await db.execute("INSERT INTO state(key, value) VALUES (?,?) ON CONFLICT(key) DO UPDATE SET "
                              "value=excluded.value", (_STATE_KEY, json.dumps(state)))
-            cur = await db.execute(
+            return await db.execute(
                 f"UPDATE atropos_groups SET state='dropped' WHERE state IN ({','.join('?' * len(LIVE_STATES))})",
                 LIVE_STATES)
-            return int(cur.rowcount or 0)
 
     async def payloads(self, ids: list[int]) -> dict[int, bytes]:
         """The groups as stored (``unpack`` gives their JSON: off the event loop, a batch is megabytes), by id."""

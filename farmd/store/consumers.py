@@ -42,16 +42,14 @@ class ConsumerRecords:
         """
         column, table = ("done_seq", "groups") if _kind(kind) == "groups" else ("seq", "trajectories")
         async with self._db.write() as db:
-            async with db.execute(f"SELECT COALESCE(MAX({column}), 0) FROM {table}") as cur:
-                row = await cur.fetchone()
+            row = await db.fetchone(f"SELECT COALESCE(MAX({column}), 0) FROM {table}")
             high = int(row[0]) if row else 0
             if not 0 <= up_to <= high:
                 raise CursorError(f"cannot ack up to {up_to}: the stream has only reached {high}")
-            cur = await db.execute(
+            row = await db.fetchone(
                 "INSERT INTO consumers(name, kind, acked_seq, updated_at) VALUES (?,?,?,?) ON CONFLICT(name, kind) "
-                "DO UPDATE SET acked_seq=MAX(acked_seq, excluded.acked_seq), updated_at=excluded.updated_at "
+                f"DO UPDATE SET acked_seq={db.sql.greatest('consumers.acked_seq', 'excluded.acked_seq')}, updated_at=excluded.updated_at "
                 "RETURNING acked_seq", (consumer, kind, up_to, time.time()))
-            row = await cur.fetchone()
         return int(row[0]) if row else up_to
 
     async def consumers(self, limit: int = -1) -> list[dict[str, Any]]:

@@ -1,21 +1,28 @@
 """The database layer: the connections, the schema's migrations, and the one write transaction at a time.
 
-One aiosqlite connection (its own thread) in WAL mode writes. Every write is one ``BEGIN IMMEDIATE``
-transaction (``Database.write``), so a crash at any instant leaves either all of an operation or none of
-it; reads go through a second connection, which in WAL mode sees only committed transactions. The record
-modules (``farmd.store.jobs``, ``trajectories``, ``intake``, ...) take a ``Database``; what spans two of
-them (completing a job and storing its trajectory) is one ``write`` its caller opens and hands on.
+Two backends behind one interface. SQLite (the default, one file under the data directory): one aiosqlite
+connection (its own thread) in WAL mode writes, every write one ``BEGIN IMMEDIATE`` transaction, and reads go
+through a second connection, which in WAL mode sees only committed transactions. PostgreSQL
+(``farmd.store.postgres``): the same, on a server. Either way every write is one transaction
+(``Database.write``), so a crash at any instant leaves either all of an operation or none of it, and writes are
+one at a time (the streams' sequence numbers are taken in commit order). The record modules
+(``farmd.store.jobs``, ``trajectories``, ``intake``, ...) take a ``Database``; what spans two of them
+(completing a job and storing its trajectory) is one ``write`` its caller opens and hands on.
+
+The SQL is written once where the dialects agree; where they do not, the record modules ask ``Database.sql``
+(a ``Dialect``) for the fragment, so every difference between the two is in this layer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiosqlite
 
@@ -26,12 +33,120 @@ from farmd.store.schema import MIGRATIONS
 MAX_VARS = 10_000
 """Ids bound to one statement at most (SQLite binds at most 32766 values): longer lists go in chunks."""
 
-Connection = aiosqlite.Connection
-"""The writing connection inside a ``write`` transaction, as record modules' in-transaction steps take it."""
+
+class Dialect:
+    """SQL fragments where SQLite and PostgreSQL differ: SQLite's, overridden by ``farmd.store.postgres``."""
+
+    name = "sqlite"
+
+    def json_values(self, expr: str, alias: str, *, integers: bool = False) -> str:
+        """A FROM item named ``alias`` whose ``value`` column holds each element of the JSON array ``expr`` (text,
+        or ``integers``); a column that is not a JSON array is read as no elements, never a failed query."""
+        if expr == "?":  # a bound list farmd made itself: one parameter, bound once
+            return f"json_each(?) AS {alias}"
+        return f"json_each(CASE WHEN json_valid({expr}) THEN {expr} ELSE '[]' END) AS {alias}"
+
+    def json_array(self, expr: str) -> str:
+        """A JSON array (as text) of one element."""
+        return f"json_array({expr})"
+
+    def json_group_array(self, expr: str) -> str:
+        """The aggregate of ``expr`` as a JSON array (as text), ``[]`` for none."""
+        return f"json_group_array({expr})"
+
+    def greatest(self, a: str, b: str) -> str:
+        return f"MAX({a}, {b})"
+
+    def integer_part(self, expr: str) -> str:
+        """A number's integer part (toward zero), as an integer."""
+        return f"CAST({expr} AS INTEGER)"
+
+    def is_number(self, expr: str) -> str:
+        """Whether a value is stored as a number (SQLite keeps any type in any column)."""
+        return f"typeof({expr}) IN ('real', 'integer')"
+
+    def serial_key(self) -> str:
+        """The type of an integer key column given the next number when a row leaves it out."""
+        return "INTEGER PRIMARY KEY"
+
+    def temp(self, table: str) -> str:
+        """A temporary table of the writing connection, by the name statements reach it."""
+        return f"temp.{table}"
+
+    def glob(self, expr: str) -> str:
+        """``expr`` matches the shell pattern bound to the parameter (``*``, ``?``, ``[...]``), case sensitive."""
+        return f"{expr} GLOB ?"
+
+    def glob_pattern(self, pattern: str) -> str:
+        """A shell pattern as the parameter of ``glob`` takes it."""
+        return pattern
+
+
+class Transaction(Protocol):
+    """The write transaction ``Database.write`` opened: one atomic change's statements, in order.
+
+    What the record modules' in-transaction steps take. Results are plain values (rows, counts, a new
+    row's id), never a driver's cursor, so no step depends on the driver under it; statements are written
+    with ``?`` parameters, whichever the database."""
+
+    sql: Dialect
+
+    async def execute(self, sql: str, params: Iterable[Any] = ()) -> int:
+        """Run one statement; how many rows it changed (0 for one that changes none)."""
+
+    async def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> None: ...
+
+    async def execute_fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
+        """The rows a statement returns (a SELECT's, or an UPDATE's RETURNING)."""
+
+    async def fetchone(self, sql: str, params: Iterable[Any] = ()) -> Any: ...
+
+    async def insert(self, sql: str, params: Iterable[Any] = ()) -> int:
+        """Run one INSERT of one row into a table keyed by ``id``; the id it was given, 0 when it inserted
+        none (``ON CONFLICT DO NOTHING``)."""
 
 
 class Database:
-    """Open with ``await Database.open(path)``; close with ``await db.close()``."""
+    """A store's database: ``SqliteDatabase`` (a file) or ``farmd.store.postgres.PostgresDatabase`` (a server),
+    each opened by its ``open``. Close with ``await db.close()``."""
+
+    sql: Dialect = Dialect()
+    path: Path
+    """The data directory's database file (SQLite), or where it would be (PostgreSQL): files beside it."""
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    def write(self) -> AbstractAsyncContextManager[Transaction]:
+        raise NotImplementedError
+
+    async def all(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
+        raise NotImplementedError
+
+    async def one(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        rows = await self.all(sql, params)
+        return rows[0] if rows else None
+
+    async def blob_slice(self, table: str, column: str, key: str, rowid: int, offset: int, size: int) -> bytes:
+        """``size`` bytes of one blob (in the row whose ``key`` is ``rowid``) from ``offset``, never the whole blob."""
+        raise NotImplementedError
+
+    async def size(self) -> int:
+        """The bytes the database takes on its disk."""
+        raise NotImplementedError
+
+    async def become_active(self, on_lost: Callable[[], None]) -> None:
+        """Return once this process is the one coordinator serving the farm: at once on SQLite (its file is one
+        process's); on a server, once no other process holds the role. ``on_lost``: called if the role is lost
+        (the connection that holds it dropped), when the process must stop serving."""
+
+    def on_stored(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when another process sharing this database stored something streams read (only a
+        server has other processes: SQLite's one writer wakes its own streams)."""
+
+
+class SqliteDatabase(Database):
+    """Open with ``await SqliteDatabase.open(path)``; close with ``await db.close()``."""
 
     def __init__(self, writer: aiosqlite.Connection, reader: aiosqlite.Connection, path: Path) -> None:
         self._wdb = writer
@@ -42,7 +157,7 @@ class Database:
         self.path = path
 
     @classmethod
-    async def open(cls, path: Path) -> Database:
+    async def open(cls, path: Path) -> SqliteDatabase:
         # The file exists, private, before SQLite opens it: SQLite gives the -wal and -shm files it
         # makes the database file's mode.
         await asyncio.to_thread(make_dir, path.parent)
@@ -80,14 +195,14 @@ class Database:
             await self._wdb.executescript(f"BEGIN; {MIGRATIONS[version]}; PRAGMA user_version={version + 1}; COMMIT;")
 
     @asynccontextmanager
-    async def write(self) -> AsyncIterator[aiosqlite.Connection]:
+    async def write(self) -> AsyncIterator[Transaction]:
         """One write transaction at a time on the writing connection (aiosqlite runs statements
         in order, but would interleave two coroutines' transactions)."""
         async with self._write_lock:
             db = self._wdb
             try:
                 await db.execute("BEGIN IMMEDIATE")
-                yield db
+                yield SqliteTransaction(db)
             except BaseException:
                 # Also when the caller was cancelled: a statement already handed to the
                 # connection's thread runs anyway (a BEGIN included), so the transaction must
@@ -107,13 +222,20 @@ class Database:
         would pin every other coroutine's reads to its snapshot, which can predate a commit."""
         return list(await self._db.execute_fetchall(sql, params))
 
-    async def one(self, sql: str, params: Iterable[Any] = ()) -> Any:
-        rows = await self.all(sql, params)
-        return rows[0] if rows else None
+    async def size(self) -> int:
+        return await asyncio.to_thread(_file_bytes, self.path)
 
-    async def blob_slice(self, table: str, column: str, rowid: int, offset: int, size: int) -> bytes:
+    async def blob_slice(self, table: str, column: str, key: str, rowid: int, offset: int, size: int) -> bytes:
         """``size`` bytes of one blob from ``offset``, never the whole blob: in a thread."""
         return await asyncio.to_thread(_blob_slice, self.path, table, column, rowid, offset, size)
+
+
+def _file_bytes(path: Path) -> int:
+    total = 0
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            total += os.stat(f"{os.fspath(path)}{suffix}").st_size
+    return total
 
 
 def _blob_slice(db_path: Path, table: str, column: str, rowid: int, offset: int, size: int) -> bytes:
@@ -129,3 +251,30 @@ def _blob_slice(db_path: Path, table: str, column: str, rowid: int, offset: int,
             return b""
         blob.seek(offset)
         return blob.read(size)
+
+
+class SqliteTransaction:
+    """A ``Transaction`` on SQLite's writing connection."""
+
+    sql = Dialect()
+
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        self._conn = conn
+
+    async def execute(self, sql: str, params: Iterable[Any] = ()) -> int:
+        cur = await self._conn.execute(sql, params)
+        return max(0, cur.rowcount)
+
+    async def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> None:
+        await self._conn.executemany(sql, rows)
+
+    async def execute_fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
+        return list(await self._conn.execute_fetchall(sql, params))
+
+    async def fetchone(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        rows = await self.execute_fetchall(sql, params)
+        return rows[0] if rows else None
+
+    async def insert(self, sql: str, params: Iterable[Any] = ()) -> int:
+        cur = await self._conn.execute(sql, params)
+        return int(cur.lastrowid or 0) if cur.rowcount > 0 else 0

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from farmd.records import CANARY_PREFIX
+from farmd.store.database import Dialect
 
 WITHDRAWN_SQL = "EXISTS (SELECT 1 FROM withdrawals w WHERE w.trajectory_id = trajectories.id)"
 """A trajectory a quarantine took back: its current verdict is the withdrawn one, for good."""
@@ -44,7 +45,7 @@ class TrajectoryFilter:
     node: str | None = None
     agent: str | None = None
 
-    def sql(self) -> tuple[str, list[object]]:
+    def sql(self, dialect: Dialect) -> tuple[str, list[object]]:
         """SQL (each part starting with AND) and its parameters; every verdict field is the current verdict's."""
         parts: list[str] = []
         args: list[object] = []
@@ -56,7 +57,7 @@ class TrajectoryFilter:
                 args.append(value)
         if self.flag is not None:
             # A flags column that is not JSON (never written so) would fail the whole query: read as none.
-            parts.append(" AND EXISTS (SELECT 1 FROM json_each(CASE WHEN json_valid(trajectories.flags) THEN "
-                         "trajectories.flags ELSE '[]' END) WHERE value = ?)")
+            parts.append(f" AND EXISTS (SELECT 1 FROM {dialect.json_values('trajectories.flags', 'f')} "
+                         "WHERE f.value = ?)")
             args.append(self.flag)
         return "".join(parts), args

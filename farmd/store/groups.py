@@ -10,23 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import aiosqlite
-
 from farmd.records import VERIFIED_EXTERNAL, Trajectory
 from farmd.store.codec import INSERT_TRAJECTORY, traj_row
-from farmd.store.database import MAX_VARS
+from farmd.store.database import MAX_VARS, Transaction
 
 
-async def insert_groups(db: aiosqlite.Connection, groups: Iterable[tuple[str, int, int, str, int]],
+async def insert_groups(db: Transaction, groups: Iterable[tuple[str, int, int, str, int]],
                         source: str, run_id: int, now: float, *, canary_for: str | None = None) -> list[int]:
     """Groups and their queued jobs, inside the caller's transaction. ``canary_for``: a node's canary groups,
     their jobs leasable by that node alone (``farmd.store.nodes``)."""
     ids = []
     for env, seed, difficulty, agent, size in groups:
-        cur = await db.execute(
+        group_id = await db.insert(
             "INSERT INTO groups(env, seed, difficulty, agent, size, source, created_at, run_id, canary) "
             "VALUES (?,?,?,?,?,?,?,?,?)", (env, seed, difficulty, agent, size, source, now, run_id, canary_for))
-        group_id = int(cur.lastrowid or 0)
         await db.executemany(
             "INSERT INTO jobs(group_id, env, seed, difficulty, agent, state, source, created_at, updated_at, "
             "for_node) VALUES (?,?,?,?,?,'queued',?,?,?,?)",
@@ -35,7 +32,7 @@ async def insert_groups(db: aiosqlite.Connection, groups: Iterable[tuple[str, in
     return ids
 
 
-async def drop_cancelled(db: aiosqlite.Connection, job_ids: list[int], now: float) -> int:
+async def drop_cancelled(db: Transaction, job_ids: list[int], now: float) -> int:
     """Jobs just put back in the queue whose run was cancelled meanwhile end there, cancelled: a
     cancelled run never starts a rollout again. Returns how many."""
     if not job_ids:
@@ -53,7 +50,7 @@ async def drop_cancelled(db: aiosqlite.Connection, job_ids: list[int], now: floa
     return dropped
 
 
-async def insert_finished(db: aiosqlite.Connection, groups: list[list[Trajectory]], bodies: list[bytes],
+async def insert_finished(db: Transaction, groups: list[list[Trajectory]], bodies: list[bytes],
                           *, source: str, now: float) -> None:
     """Groups that were never run here (pushed from outside, ``source`` says by what), stored as finished farm
     groups: their jobs done, their trajectories at the end of the stream, given ids, group ids and places
@@ -84,7 +81,7 @@ async def insert_finished(db: aiosqlite.Connection, groups: list[list[Trajectory
     await finish_groups(db, [row[0] for row in group_rows])
 
 
-async def fail_job(db: aiosqlite.Connection, job_id: int, attempts: int, error: str, now: float,
+async def fail_job(db: Transaction, job_id: int, attempts: int, error: str, now: float,
                    logged: bool = False) -> None:
     if not logged:
         await db.execute("INSERT INTO failures(job_id, attempt, error, final, at) VALUES (?,?,?,1,?)",
@@ -94,12 +91,12 @@ async def fail_job(db: aiosqlite.Connection, job_id: int, attempts: int, error: 
     await finish_group_of(db, job_id)
 
 
-async def finish_group_of(db: aiosqlite.Connection, job_id: int) -> None:
+async def finish_group_of(db: Transaction, job_id: int) -> None:
     rows = await db.execute_fetchall("SELECT group_id FROM jobs WHERE id=?", (job_id,))
     await finish_groups(db, [int(r[0]) for r in rows])
 
 
-async def finish_groups(db: aiosqlite.Connection, group_ids: list[int]) -> None:
+async def finish_groups(db: Transaction, group_ids: list[int]) -> None:
     """Groups whose last job just ended get their places in the done order (whole-group streams),
     and the running total of trajectories in groups finished so far (how far a group cursor is)."""
     await db.executemany(

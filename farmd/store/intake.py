@@ -14,11 +14,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiosqlite
-
 from farmd.flags import QUARANTINED, WITHDRAWN
 from farmd.records import CANARY_PREFIX
-from farmd.store.database import Database
+from farmd.store.database import Database, Transaction
 from farmd.store.groups import finish_groups
 from farmd.store.verdicts import give
 
@@ -161,16 +159,17 @@ class IntakeRecords:
         """A new submission, checking; None if this name and version were already submitted."""
         now = time.time()
         async with self._db.write() as db:
-            cur = await db.execute(
-                "INSERT OR IGNORE INTO submissions(contributor, name, version, domain, kind, levels, digest, package, "
+            submission_id = await db.insert(
+                "INSERT INTO submissions(contributor, name, version, domain, kind, levels, digest, package, "
                 "bounty_id, state, tier, seeds, attack_budget, created_at, updated_at) "
-                "VALUES (?,?,?,?,?,?,?,?,?,'checking',1,?,?,?,?)",
+                "VALUES (?,?,?,?,?,?,?,?,?,'checking',1,?,?,?,?) ON CONFLICT DO NOTHING",
                 (contributor, name, version, domain, kind, levels, digest, package, bounty_id, seeds, attack_budget,
                  now, now))
-            if cur.rowcount == 0:
+            if not submission_id:
                 return None
-            await db.execute("INSERT OR IGNORE INTO contributors(name, created_at) VALUES (?,?)", (contributor, now))
-            return int(cur.lastrowid or 0)
+            await db.execute("INSERT INTO contributors(name, created_at) VALUES (?,?) ON CONFLICT DO NOTHING",
+                             (contributor, now))
+            return submission_id
 
     async def owner_of(self, name: str) -> str | None:
         """Who first submitted an environment called ``name``: only they may submit its versions."""
@@ -208,7 +207,7 @@ class IntakeRecords:
     async def submissions(self, *, state: str | None = None, contributor: str | None = None, before_id: int = 0,
                           limit: int = 50) -> list[SubmissionRow]:
         """Newest first, without findings or costs (``submission`` has them)."""
-        where, args = ["1"], list[object]()
+        where, args = ["1 = 1"], list[object]()
         if state:
             where.append("state = ?")
             args.append(state)
@@ -250,9 +249,8 @@ class IntakeRecords:
             args.append(time.time())
         where = "id=?" + (f" AND state IN ({','.join('?' * len(expect))})" if expect else "")
         async with self._db.write() as db:
-            cur = await db.execute(f"UPDATE submissions SET {', '.join(sets)} WHERE {where}",
-                                   (*args, submission_id, *expect))
-            return cur.rowcount > 0
+            return await db.execute(f"UPDATE submissions SET {', '.join(sets)} WHERE {where}",
+                                    (*args, submission_id, *expect)) > 0
 
     async def start_round(self, submission_id: int, seeds: int, attack_budget: int, detail: str) -> None:
         """Back to checking, from scratch, under (possibly raised) scrutiny: a new round of findings."""
@@ -294,14 +292,16 @@ class IntakeRecords:
 
     async def add_contributor(self, name: str) -> None:
         async with self._db.write() as db:
-            await db.execute("INSERT OR IGNORE INTO contributors(name, created_at) VALUES (?,?)", (name, time.time()))
+            await db.execute("INSERT INTO contributors(name, created_at) VALUES (?,?) ON CONFLICT DO NOTHING",
+                             (name, time.time()))
 
     async def credit(self, contributor: str, delta: float, reason: str, submission_id: int = 0, *,
                      tank: bool = False) -> None:
         """Append to the ledger (it is never changed); ``tank``: the reputation is lost for good."""
         now = time.time()
         async with self._db.write() as db:
-            await db.execute("INSERT OR IGNORE INTO contributors(name, created_at) VALUES (?,?)", (contributor, now))
+            await db.execute("INSERT INTO contributors(name, created_at) VALUES (?,?) ON CONFLICT DO NOTHING",
+                             (contributor, now))
             await db.execute("INSERT INTO ledger(contributor, delta, reason, submission_id, at) VALUES (?,?,?,?,?)",
                              (contributor, delta, reason, submission_id, now))
             if tank:
@@ -334,11 +334,10 @@ class IntakeRecords:
     async def add_bounty(self, *, domain: str, requirements: str, payout_min: float, payout_max: float, wanted: int,
                          min_reputation: float, posted_by: str) -> int:
         async with self._db.write() as db:
-            cur = await db.execute(
+            return await db.insert(
                 "INSERT INTO bounties(domain, requirements, payout_min, payout_max, wanted, min_reputation, posted_by, "
                 "created_at) VALUES (?,?,?,?,?,?,?,?)",
                 (domain, requirements, payout_min, payout_max, wanted, min_reputation, posted_by, time.time()))
-            return int(cur.lastrowid or 0)
 
     async def bounties(self, ids: Sequence[int] = ()) -> list[BountyRow]:
         where = f"WHERE id IN ({','.join('?' * len(ids))})" if ids else ""
@@ -356,7 +355,7 @@ class IntakeRecords:
 
     async def claim(self, bounty_id: int, contributor: str) -> None:
         async with self._db.write() as db:
-            await db.execute("INSERT OR IGNORE INTO claims(bounty_id, contributor, at) VALUES (?,?,?)",
+            await db.execute("INSERT INTO claims(bounty_id, contributor, at) VALUES (?,?,?) ON CONFLICT DO NOTHING",
                              (bounty_id, contributor, time.time()))
 
     async def claimed(self, bounty_id: int, contributor: str) -> bool:
@@ -366,9 +365,9 @@ class IntakeRecords:
     async def pay(self, submission_id: int, bounty_id: int, contributor: str, usd: float) -> bool:
         """One payout per submission; False if it was paid already."""
         async with self._db.write() as db:
-            cur = await db.execute("INSERT OR IGNORE INTO payouts(submission_id, bounty_id, contributor, usd, at) "
-                                   "VALUES (?,?,?,?,?)", (submission_id, bounty_id, contributor, usd, time.time()))
-            return cur.rowcount > 0
+            return await db.execute("INSERT INTO payouts(submission_id, bounty_id, contributor, usd, at) "
+                                    "VALUES (?,?,?,?,?) ON CONFLICT DO NOTHING",
+                                    (submission_id, bounty_id, contributor, usd, time.time())) > 0
 
     # -- the funnel as a whole ---------------------------------------------------------------------
 
@@ -391,7 +390,8 @@ class IntakeRecords:
         score (reward 0, flagged) and a withdrawal row each. Returns how many were withdrawn."""
         now = time.time()
         async with self._db.write() as db:
-            await db.execute("INSERT OR IGNORE INTO quarantined_envs(env, submission_id, reason, at) VALUES (?,?,?,?)",
+            await db.execute("INSERT INTO quarantined_envs(env, submission_id, reason, at) VALUES (?,?,?,?) "
+                             "ON CONFLICT DO NOTHING",
                              (env, submission_id, reason, now))
             await db.execute("UPDATE jobs SET state='cancelled', updated_at=? WHERE state='queued' AND env=?",
                              (now, env))
@@ -419,7 +419,7 @@ class IntakeRecords:
             (after, *envs, limit))]
 
 
-async def withdraw(db: aiosqlite.Connection, where: str, params: Sequence[object], now: float) -> int:
+async def withdraw(db: Transaction, where: str, params: Sequence[object], now: float) -> int:
     """In the caller's transaction: the trajectories matching ``where`` (over ``trajectories t``) whose
     environment is quarantined get a withdrawn verdict (reward 0, flagged), current from now on, and a withdrawal
     row, once each.
@@ -430,12 +430,11 @@ async def withdraw(db: aiosqlite.Connection, where: str, params: Sequence[object
              "(SELECT 1 FROM withdrawals w WHERE w.trajectory_id = t.id)")
     flags = json.dumps([QUARANTINED, WITHDRAWN])
     # The withdrawn verdict becomes each one's current verdict (every reader shows it), its earlier ones kept.
+    reasons = db.sql.json_array("'withdrawn: ' || q.reason")
     await give(db, now, select=(
-        "SELECT t.id, t.verifier_version || '+quarantined', 0, 0, 'ok', json_array('withdrawn: ' || q.reason), ? "
+        f"SELECT t.id, t.verifier_version || '+quarantined', 0, 0, 'ok', {reasons}, CAST(? AS TEXT) "
         f"FROM trajectories t JOIN quarantined_envs q ON q.env = t.env WHERE {where} ORDER BY t.seq", (flags, *params)))
-    before = db.total_changes
-    await db.execute(
+    return await db.execute(
         "INSERT INTO withdrawals(trajectory_id, env, reason, at) SELECT t.id, t.env, q.reason, ? FROM trajectories t "
         f"JOIN quarantined_envs q ON q.env = t.env WHERE {where} AND NOT EXISTS "
         "(SELECT 1 FROM withdrawals w WHERE w.trajectory_id = t.id) ORDER BY t.seq", (now, *params))
-    return db.total_changes - before

@@ -18,7 +18,7 @@ from typing import Any
 
 from farmd.records import Job, JobState, Trajectory
 from farmd.store.codec import INSERT_TRAJECTORY, checked_bodies, traj_row
-from farmd.store.database import MAX_VARS, Database
+from farmd.store.database import MAX_VARS, Database, Dialect
 from farmd.store.groups import drop_cancelled, fail_job, finish_groups, insert_groups
 from farmd.store.intake import withdraw
 from farmd.store.nodes import Completion, lease_identity
@@ -34,14 +34,16 @@ CONTRIBUTED_ENV_PREFIX = "contrib:"
 _ENDPOINT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
-def _endpoint_filter(endpoint: str | None, exclude: Sequence[str]) -> tuple[str, list[str]]:
+def _endpoint_filter(dialect: Dialect, endpoint: str | None, exclude: Sequence[str]) -> tuple[str, list[str]]:
     """SQL (``AND ...``, and its arguments) that keeps the jobs of ``endpoint``'s agents only, or none of
-    ``exclude``'s. GLOB, not LIKE: an endpoint's name may hold ``_``, which LIKE reads as any character; a name
-    holds none of GLOB's (``*?[``), and ``[?]`` is the query string's literal ``?``."""
+    ``exclude``'s. A shell pattern (``Dialect.glob``), not LIKE: an endpoint's name may hold ``_``, which LIKE reads
+    as any character; a name holds none of a pattern's (``*?[``), and ``[?]`` is the query string's literal ``?``."""
     def of(name: str) -> tuple[str, list[str]]:
         if not _ENDPOINT_NAME.fullmatch(name):
             raise ValueError(f"not an endpoint name: {name!r}")
-        return "(agent GLOB ? OR agent GLOB ?)", [f"openai:*@{name}", f"openai:*@{name}[?]*"]
+        glob = dialect.glob("agent")
+        return f"({glob} OR {glob})", [dialect.glob_pattern(f"openai:*@{name}"),
+                                       dialect.glob_pattern(f"openai:*@{name}[?]*")]
     if endpoint is not None:
         sql, args = of(endpoint)
         return f"AND {sql} ", args
@@ -88,9 +90,8 @@ class JobRecords:
         """A run and its groups, in one transaction. Returns (run id, group ids)."""
         now = time.time()
         async with self._db.write() as db:
-            cur = await db.execute("INSERT INTO runs(env, agent, rollouts, group_size, created_at) VALUES (?,?,?,?,?)",
-                                   (env, agent, rollouts, group_size, now))
-            run_id = int(cur.lastrowid or 0)
+            run_id = await db.insert("INSERT INTO runs(env, agent, rollouts, group_size, created_at) VALUES (?,?,?,?,?)",
+                                     (env, agent, rollouts, group_size, now))
             return run_id, await insert_groups(db, groups, "request", run_id, now)
 
     # -- runs -----------------------------------------------------------------------------------
@@ -128,10 +129,11 @@ class JobRecords:
             passed = {int(r): int(n) for r, n in await self._db.all(
                 f"SELECT run_id, COUNT(*) FROM trajectories WHERE run_id IN ({marks}) AND status='ok' AND passed=1 "
                 f"GROUP BY run_id", chunk)}
-            # SQLite gives the bare column of the row MAX chose: each run's newest job error.
+            # Each run's newest job error (numbered per run, newest first: one statement both dialects run).
             errors = {int(r): (str(e), float(at)) for r, e, at in await self._db.all(
-                f"SELECT g.run_id, j.last_error, MAX(j.updated_at) FROM jobs j JOIN groups g ON g.id = j.group_id "
-                f"WHERE g.run_id IN ({marks}) AND j.last_error IS NOT NULL GROUP BY g.run_id", chunk)}
+                "SELECT run_id, last_error, updated_at FROM (SELECT g.run_id, j.last_error, j.updated_at, ROW_NUMBER() "
+                "OVER (PARTITION BY g.run_id ORDER BY j.updated_at DESC) AS r FROM jobs j JOIN groups g ON g.id = "
+                f"j.group_id WHERE g.run_id IN ({marks}) AND j.last_error IS NOT NULL) AS newest WHERE r = 1", chunk)}
             for run_id, env, agent, rollouts, group_size, cancelled, created_at in rows:
                 jobs = counts.get(run_id, {})
                 open_jobs = jobs.get("queued", 0) + jobs.get("leased", 0)
@@ -155,8 +157,7 @@ class JobRecords:
         """Drop a run's queued jobs (rollouts already leased finish and are stored). False: no such run."""
         now = time.time()
         async with self._db.write() as db:
-            cur = await db.execute("UPDATE runs SET cancelled=1 WHERE id=?", (run_id,))
-            if cur.rowcount == 0:
+            if not await db.execute("UPDATE runs SET cancelled=1 WHERE id=?", (run_id,)):
                 return False
             await db.execute("UPDATE jobs SET state='cancelled', updated_at=? WHERE state='queued' AND group_id IN "
                              "(SELECT id FROM groups WHERE run_id=?)", (now, run_id))
@@ -173,16 +174,14 @@ class JobRecords:
         version_for = policy_version if callable(policy_version) else (lambda _agent, v=policy_version: v)
         now = time.time()
         node = owner.partition(":")[0]  # a canary's jobs go to the node it tests, and to no other
-        which, args = _endpoint_filter(endpoint, exclude)
+        which, args = _endpoint_filter(self._db.sql, endpoint, exclude)
         async with self._db.write() as db:
-            async with db.execute(
+            jobs = [_job(r) for r in await db.execute_fetchall(
                 f"UPDATE jobs SET state='leased', lease_owner=?, lease_expires=?, policy_version=0, "
                 f"attempts=attempts+1, updated_at=? WHERE id IN "
                 f"(SELECT id FROM jobs WHERE state='queued' AND not_before <= ? AND (for_node IS NULL OR for_node = ?) "
                 f"{which}ORDER BY id LIMIT ?) RETURNING {_JOB_COLUMNS}",
-                (owner, now + lease_s, now, now, node, *args, n),
-            ) as cur:
-                jobs = [_job(r) for r in await cur.fetchall()]
+                (owner, now + lease_s, now, now, node, *args, n))]
             versions = {agent: version_for(agent) for agent in {j.agent for j in jobs}}
             tagged: dict[int, list[int]] = {}
             for j in jobs:
@@ -201,10 +200,9 @@ class JobRecords:
             return 0
         marks = ",".join("?" * len(job_ids))
         async with self._db.write() as db:
-            cur = await db.execute(
+            return await db.execute(
                 f"UPDATE jobs SET lease_expires=? WHERE state='leased' AND lease_owner=? AND id IN ({marks})",
                 (time.time() + lease_s, owner, *job_ids))
-            return cur.rowcount
 
     async def expired_leases(self) -> dict[int, int]:
         """Jobs whose leases have run out, each with the attempts it has had: for the scheduler to
@@ -241,25 +239,23 @@ class JobRecords:
         """End every lease held under ``owner_prefix`` except ``keep``'s at once: a node that restarts
         knows its earlier incarnation's rollouts died with it, so they need not wait out their lease."""
         async with self._db.write() as db:
-            cur = await db.execute(
+            return await db.execute(
                 "UPDATE jobs SET lease_expires=0 WHERE state='leased' AND substr(lease_owner, 1, ?)=? "
                 "AND lease_owner != ?", (len(owner_prefix), owner_prefix, keep))
-            return cur.rowcount
 
     async def extend_all_leases(self, until: float) -> int:
         """Every lease runs at least until ``until``: a coordinator that was down cannot have heard its
         nodes' heartbeats, and their results, buffered meanwhile, must still find their leases held."""
         async with self._db.write() as db:
-            cur = await db.execute("UPDATE jobs SET lease_expires=? WHERE state='leased' AND lease_expires < ?",
-                                   (until, until))
-            return cur.rowcount
+            return await db.execute("UPDATE jobs SET lease_expires=? WHERE state='leased' AND lease_expires < ?",
+                                    (until, until))
 
     async def requeue_owner(self, owner: str) -> int:
         """Give back every lease of ``owner`` (a worker shutting down); the attempt is not counted."""
         now = time.time()
         async with self._db.write() as db:
             rows = await db.execute_fetchall(
-                "UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, attempts=MAX(0, attempts-1), "
+                "UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, attempts=CASE WHEN attempts > 0 THEN attempts-1 ELSE 0 END, "
                 "updated_at=? WHERE state='leased' AND lease_owner=? RETURNING id", (now, owner))
             ids = [int(r[0]) for r in rows]
             return len(ids) - await drop_cancelled(db, ids, now)
@@ -327,7 +323,7 @@ class JobRecords:
             if refused:
                 back = sorted(refused)
                 await db.execute(
-                    "UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, attempts=MAX(0, attempts-1), "
+                    "UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, attempts=CASE WHEN attempts > 0 THEN attempts-1 ELSE 0 END, "
                     f"last_error='its result was refused', updated_at=? WHERE id IN ({','.join('?' * len(back))})",
                     (now, *back))
                 await drop_cancelled(db, back, now)
@@ -359,9 +355,8 @@ class JobRecords:
         The scheduler decides which. None: ``owner`` does not hold the lease."""
         now = time.time()
         async with self._db.write() as db:
-            async with db.execute("SELECT attempts FROM jobs WHERE id=? AND state='leased' AND lease_owner=?",
-                                  (job_id, owner)) as cur:
-                row = await cur.fetchone()
+            row = await db.fetchone("SELECT attempts FROM jobs WHERE id=? AND state='leased' AND lease_owner=?",
+                                    (job_id, owner))
             if row is None:
                 return None
             attempts = int(row[0])

@@ -14,10 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import aiosqlite
-
 from farmd.names import FARMD
-from farmd.store.database import Database
+from farmd.store.database import Database, Transaction
 
 _COLUMNS = "kind, name, credential, claimed_at, assigned_by"
 
@@ -37,18 +35,17 @@ def _row(row: Any) -> NameRow:
     return NameRow(str(row[0]), str(row[1]), str(row[2]), float(row[3]), str(row[4]))
 
 
-async def claim_in(db: aiosqlite.Connection, kind: str, name: str, credential: str) -> NameRow:
+async def claim_in(db: Transaction, kind: str, name: str, credential: str) -> NameRow:
     """Claim ``name`` for ``credential`` inside the caller's write transaction, unless it is held: the row as it
     stands after (another credential's, if it was theirs)."""
     await db.execute("INSERT INTO names(kind, name, credential, claimed_at, assigned_by) VALUES (?,?,?,?,'') "
                      "ON CONFLICT(kind, name) DO NOTHING", (kind, name, credential, time.time()))
-    async with db.execute(f"SELECT {_COLUMNS} FROM names WHERE kind=? AND name=?", (kind, name)) as cur:
-        row = await cur.fetchone()
+    row = await db.fetchone(f"SELECT {_COLUMNS} FROM names WHERE kind=? AND name=?", (kind, name))
     assert row is not None
     return _row(row)
 
 
-async def assign_in(db: aiosqlite.Connection, kind: str, name: str, credential: str) -> None:
+async def assign_in(db: Transaction, kind: str, name: str, credential: str) -> None:
     """``name`` is ``credential``'s, whoever held it, inside the caller's write transaction: for a name made
     in that transaction (an Atropos environment id registered now), which no one can have used before it."""
     await db.execute("INSERT INTO names(kind, name, credential, claimed_at, assigned_by) VALUES (?,?,?,?,'') "
@@ -56,11 +53,10 @@ async def assign_in(db: aiosqlite.Connection, kind: str, name: str, credential: 
                      "claimed_at=excluded.claimed_at, assigned_by=''", (kind, name, credential, time.time()))
 
 
-async def forget_in(db: aiosqlite.Connection, kinds: tuple[str, ...]) -> int:
+async def forget_in(db: Transaction, kinds: tuple[str, ...]) -> int:
     """Every name of ``kinds`` let go, inside the caller's write transaction (what an Atropos reset forgets, its
     trainer registration and environment ids, it forgets with them). Returns how many."""
-    cur = await db.execute(f"DELETE FROM names WHERE kind IN ({','.join('?' * len(kinds))})", kinds)
-    return int(cur.rowcount or 0)
+    return await db.execute(f"DELETE FROM names WHERE kind IN ({','.join('?' * len(kinds))})", kinds)
 
 
 class NameRecords:
@@ -82,14 +78,12 @@ class NameRecords:
         """Give ``name`` to ``credential`` (an operator ``by`` decided so), whoever held it: the row after, and the
         credential that held it before ("" for nobody)."""
         async with self._db.write() as db:
-            async with db.execute("SELECT credential FROM names WHERE kind=? AND name=?", (kind, name)) as cur:
-                before = await cur.fetchone()
-            async with db.execute(
+            before = await db.fetchone("SELECT credential FROM names WHERE kind=? AND name=?", (kind, name))
+            row = await db.fetchone(
                     "INSERT INTO names(kind, name, credential, claimed_at, assigned_by) VALUES (?,?,?,?,?) "
                     "ON CONFLICT(kind, name) DO UPDATE SET credential=excluded.credential, "
                     f"claimed_at=excluded.claimed_at, assigned_by=excluded.assigned_by RETURNING {_COLUMNS}",
-                    (kind, name, credential, time.time(), by)) as cur:
-                row = await cur.fetchone()
+                    (kind, name, credential, time.time(), by))
         assert row is not None
         return _row(row), str(before[0]) if before is not None else ""
 

@@ -122,27 +122,27 @@ class NodeRecords:
         """Drop canary jobs still queued for ``node`` (None: for every node; a coordinator starting has no
         nodes yet, and each gets canaries of its own once it works). Returns how many."""
         async with self._db.write() as db:
-            cur = await db.execute(
+            return await db.execute(
                 "UPDATE jobs SET state='cancelled', updated_at=? WHERE state='queued' AND for_node IS NOT NULL "
-                "AND (? IS NULL OR for_node = ?)", (time.time(), node, node))
-            return int(cur.rowcount)
+                "AND (CAST(? AS TEXT) IS NULL OR for_node = ?)", (time.time(), node, node))
 
     # -- checks --------------------------------------------------------------------------------------
 
     async def record_check(self, job_id: int, node: str, kind: str, outcome: str, detail: str) -> None:
         async with self._db.write() as db:
-            await db.execute("INSERT OR REPLACE INTO node_checks(job_id, node, kind, outcome, detail, at) "
-                             "VALUES (?,?,?,?,?,?)", (job_id, node, kind, outcome, detail, time.time()))
+            await db.execute("INSERT INTO node_checks(job_id, node, kind, outcome, detail, at) VALUES (?,?,?,?,?,?) "
+                             "ON CONFLICT(job_id) DO UPDATE SET node=excluded.node, kind=excluded.kind, "
+                             "outcome=excluded.outcome, detail=excluded.detail, at=excluded.at",
+                             (job_id, node, kind, outcome, detail, time.time()))
 
     async def confirm(self, trajectory_id: int, node: str) -> bool:
         """``node``'s verdict on the trajectory was checked and found the coordinator's: it says so from now on.
         False when it no longer reads as that node's (withdrawn with its node, or never its)."""
         async with self._db.write() as db:
-            cur = await db.execute(
+            return await db.execute(
                 "UPDATE trajectories SET verified_by='coordinator' WHERE id=? AND verified_by=? AND NOT EXISTS "
                 "(SELECT 1 FROM withdrawals w WHERE w.trajectory_id = trajectories.id)",
-                (trajectory_id, verified_by_node(node)))
-            return cur.rowcount > 0
+                (trajectory_id, verified_by_node(node))) > 0
 
     async def checks(self, node: str, limit: int = 100) -> list[CheckRow]:
         """``node``'s latest checks, newest first."""
@@ -165,11 +165,12 @@ class NodeRecords:
         go back to the queue, and canary jobs waiting for it are dropped."""
         now = time.time()
         async with self._db.write() as db:
-            await db.execute("INSERT OR REPLACE INTO quarantined_nodes(name, reason, at) VALUES (?,?,?)",
+            await db.execute("INSERT INTO quarantined_nodes(name, reason, at) VALUES (?,?,?) ON CONFLICT(name) "
+                             "DO UPDATE SET reason=excluded.reason, at=excluded.at",
                              (node, reason, now))
             # One scan for its results (a quarantine is rare; an index on every trajectory's row is not).
             ids = [int(r[0]) for r in await db.execute_fetchall(
-                "SELECT id FROM trajectories WHERE verified_by = ? OR (? AND node = ? AND verified_by = 'coordinator') "
+                "SELECT id FROM trajectories WHERE verified_by = ? OR (? = 1 AND node = ? AND verified_by = 'coordinator') "
                 "ORDER BY seq", (verified_by_node(node), int(everything), node))]
             withdrawn = 0
             flags = json.dumps([QUARANTINED, WITHDRAWN])
@@ -178,20 +179,19 @@ class NodeRecords:
                 chunk = ids[start:start + 10_000]
                 marks = ",".join("?" * len(chunk))
                 await give(db, now, select=(
-                    "SELECT id, verifier_version || '+quarantined', 0, 0, 'ok', json_array(?), ? FROM trajectories t "
+                    f"SELECT id, verifier_version || '+quarantined', 0, 0, 'ok', {db.sql.json_array('CAST(? AS TEXT)')}, "
+                    "CAST(? AS TEXT) FROM trajectories t "
                     f"WHERE id IN ({marks}) AND NOT EXISTS (SELECT 1 FROM withdrawals w WHERE w.trajectory_id = t.id) "
                     "ORDER BY seq", (why, flags, *chunk)))
-                before = db.total_changes
-                await db.execute(
+                withdrawn += await db.execute(
                     "INSERT INTO withdrawals(trajectory_id, env, reason, at) SELECT t.id, t.env, ?, ? FROM trajectories t "
                     f"WHERE t.id IN ({marks}) AND NOT EXISTS (SELECT 1 FROM withdrawals w WHERE w.trajectory_id = t.id) "
                     "ORDER BY t.seq", (f"node {node} quarantined: {reason}", now, *chunk))
-                withdrawn += db.total_changes - before
                 await db.execute(f"UPDATE groups SET withheld = 1 WHERE id IN (SELECT group_id FROM trajectories "
                                  f"WHERE id IN ({marks}))", chunk)
             prefix = f"{node}:"
             held = [int(r[0]) for r in await db.execute_fetchall(
-                "UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, attempts=MAX(0, attempts-1), "
+                "UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, attempts=CASE WHEN attempts > 0 THEN attempts-1 ELSE 0 END, "
                 "last_error='its node was quarantined', updated_at=? WHERE state='leased' "
                 "AND substr(lease_owner, 1, ?) = ? RETURNING id", (now, len(prefix), prefix))]
             cancelled = {int(r[0]) for r in await db.execute_fetchall(

@@ -48,15 +48,13 @@ class PolicyRecords:
                                        (sha256,))
             if known is not None and known[6] is None and known[7] is None:  # in an older farmd's blob: no copy
                 return await self._republish(Policy(*known[:6]), name)
-            file = await content.keep()  # before the row: a row never names a file that is not there
+            file = await self.files.keep(content)  # before the row: a row never names a file that is not there
         now = time.time()
         size = content.size if content is not None else 0
         async with self._db.write() as db:
-            async with db.execute(f"SELECT {POLICY_COLUMNS} FROM policies WHERE sha256=?", (sha256,)) as cur:
-                row = await cur.fetchone()
+            row = await db.fetchone(f"SELECT {POLICY_COLUMNS} FROM policies WHERE sha256=?", (sha256,))
             if row is None:
-                async with db.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM policies") as cur:
-                    next_version = await cur.fetchone()
+                next_version = await db.fetchone("SELECT COALESCE(MAX(version), 0) + 1 FROM policies")
                 version = int(next_version[0]) if next_version else 1
                 await db.execute("INSERT INTO policies(version, sha256, size, blob, uri, created_at, file, name) "
                                  "VALUES (?,?,?,NULL,?,?,?,?)", (version, sha256, size, uri, now, file, name))
@@ -110,7 +108,7 @@ class PolicyRecords:
             return
         offset = 0
         while in_blob:
-            chunk = await self._db.blob_slice("policies", "blob", int(version), offset, chunk_bytes)
+            chunk = await self._db.blob_slice("policies", "blob", "version", int(version), offset, chunk_bytes)
             if not chunk:
                 return
             offset += len(chunk)

@@ -57,6 +57,11 @@ class PolicyUpload:
         self.size = 0
 
     @property
+    def path(self) -> Path:
+        """The temporary file the content is written to."""
+        return self._path
+
+    @property
     def sha256(self) -> str:
         return self._hash.hexdigest()
 
@@ -125,6 +130,25 @@ class PolicyFiles:
 
     async def upload(self) -> PolicyUpload:
         return await asyncio.to_thread(self._upload)
+
+    # What the store calls (``farmd.store.policies``, ``retention``): a store on PostgreSQL keeps content in the
+    # database instead (``farmd.store.policy_chunks``), behind the same four.
+
+    async def keep(self, upload: PolicyUpload) -> str:
+        """A complete upload kept as its content; returns the name the policy's row holds."""
+        return await upload.keep()
+
+    async def remove_content(self, names: list[str]) -> int:
+        """``remove``, in a thread."""
+        return await asyncio.to_thread(self.remove, names)
+
+    async def content_held(self) -> dict[str, int]:
+        """``held``, in a thread."""
+        return await asyncio.to_thread(self.held)
+
+    async def content_usage(self) -> tuple[int, int]:
+        """``usage``, in a thread."""
+        return await asyncio.to_thread(self.usage)
 
     def _upload(self) -> PolicyUpload:
         make_dir(self.folder)

@@ -15,10 +15,7 @@ by its hash, so the row need not name it). Reached as
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -129,39 +126,38 @@ class RetentionRecords:
         A read first asks whether any version could go at all: a farm that removed what it could already (every
         sweep but those after a publish) takes no write transaction, so a sweep never queues behind a flush."""
         kept = json.dumps(sorted(set(keep)))
-        unused = f"{_WITH_CONTENT} AND pinned_at IS NULL AND version NOT IN (SELECT value FROM json_each(?))"
+        kept_versions = self._db.sql.json_values("?", "k", integers=True)
+        unused = f"{_WITH_CONTENT} AND pinned_at IS NULL AND version NOT IN (SELECT k.value FROM {kept_versions})"
         if await self._db.one(f"SELECT 1 FROM policies WHERE {unused} LIMIT 1", (kept,)) is None:
             return []
         now = time.time()
-        async with self._db.write() as db, db.execute(
+        async with self._db.write() as db:
+            rows = await db.execute_fetchall(
                 f"UPDATE policies SET removed_at=?, removed_why=?, blob=NULL, file=NULL WHERE {unused} "
                 f"AND version NOT IN (SELECT DISTINCT policy_version FROM jobs WHERE state IN ('queued', 'leased')) "
-                f"RETURNING version, sha256, size", (now, why, kept)) as cur:
-            rows = await cur.fetchall()
+                f"RETURNING version, sha256, size", (now, why, kept))
         return [Removed(int(v), str(sha), int(size)) for v, sha, size in rows]
 
     async def drop_content(self, removed: list[Removed]) -> int:
         """Delete the files of versions ``remove_unused`` marked (in a thread). Returns the bytes given back."""
         if not removed:
             return 0
-        files = self._files
-        return await asyncio.to_thread(files.remove, [f"{FOLDER}/{r.sha256}" for r in removed])
+        return await self._files.remove_content([f"{FOLDER}/{r.sha256}" for r in removed])
 
     async def leftovers(self) -> list[Removed]:
         """Removed versions whose files are still there (a farmd that stopped between marking and deleting)."""
-        files = self._files
-        held = await asyncio.to_thread(files.held)
+        held = await self._files.content_held()
         if not held:
             return []
         rows = await self._db.all(
             "SELECT version, sha256, size FROM policies WHERE removed_at IS NOT NULL AND sha256 IN "
-            "(SELECT value FROM json_each(?))", (json.dumps(sorted(held)),))
+            f"(SELECT h.value FROM {self._db.sql.json_values('?', 'h')})", (json.dumps(sorted(held)),))
         return [Removed(int(v), str(sha), int(size)) for v, sha, size in rows]
 
     async def usage(self) -> DiskUsage:
         """The disk the store and the policies take now (sizes read in a thread) and the versions' counts."""
-        sizes = await asyncio.to_thread(_store_bytes, self._db.path)
-        files, policy_bytes = await asyncio.to_thread(self._files.usage)
+        sizes = await self._db.size()
+        files, policy_bytes = await self._files.content_usage()
         row = await self._db.one(
             f"SELECT COALESCE(SUM(CASE WHEN {_WITH_CONTENT} THEN 1 ELSE 0 END), 0), "
             "COALESCE(SUM(CASE WHEN removed_at IS NOT NULL THEN 1 ELSE 0 END), 0), "
@@ -170,10 +166,3 @@ class RetentionRecords:
         kept, removed, pinned, removed_bytes = (int(x) for x in row)
         return DiskUsage(time.time(), sizes, policy_bytes, files, kept, removed, pinned, removed_bytes)
 
-
-def _store_bytes(path: os.PathLike[str]) -> int:
-    total = 0
-    for suffix in ("", "-wal", "-shm"):
-        with contextlib.suppress(FileNotFoundError):
-            total += os.stat(f"{os.fspath(path)}{suffix}").st_size
-    return total

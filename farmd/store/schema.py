@@ -421,4 +421,15 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX policies_with_content ON policies(version)
         WHERE removed_at IS NULL AND (file IS NOT NULL OR blob IS NOT NULL);
     """,
+    # 16: on PostgreSQL a policy's content lives in the database, a row per chunk (``farmd.store.policy_chunks``),
+    # so every coordinator sharing the database serves every version; a row's ``file`` names it as it would name a
+    # file. SQLite keeps content in files beside the database and leaves this table empty.
+    """
+    CREATE TABLE policy_chunks (
+        sha256 TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        data BLOB NOT NULL,
+        PRIMARY KEY (sha256, n)
+    );
+    """,
 )

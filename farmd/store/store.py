@@ -16,13 +16,15 @@ from pathlib import Path
 from farmd.store.activity import ActivityRecords
 from farmd.store.atropos import AtroposRecords
 from farmd.store.consumers import ConsumerRecords
-from farmd.store.database import Database
+from farmd.store.database import Database, SqliteDatabase
 from farmd.store.intake import IntakeRecords
 from farmd.store.jobs import JobRecords
 from farmd.store.names import NameRecords
 from farmd.store.nodes import NodeRecords
 from farmd.store.policies import PolicyRecords
+from farmd.store.policy_chunks import PolicyChunks
 from farmd.store.policy_files import PolicyFiles
+from farmd.store.postgres import PostgresDatabase
 from farmd.store.retention import RetentionRecords
 from farmd.store.state import StateRecords
 from farmd.store.trajectories import TrajectoryRecords
@@ -91,7 +93,9 @@ class Store:
         self.consumed = consumers.consumed
         self.unconsumed = consumers.unconsumed
 
-        self._policies = PolicyRecords(db, PolicyFiles(db.path.parent))
+        # Content in files beside SQLite's; in the database on PostgreSQL, where every coordinator reads it.
+        files = PolicyChunks(db, db.path.parent) if isinstance(db, PostgresDatabase) else PolicyFiles(db.path.parent)
+        self._policies = PolicyRecords(db, files)
         self.retention = RetentionRecords(db, self._policies.files)
         """Which policy versions still hold content, pins, removal, and the disk the store and policies take."""
         self.policy_upload = self._policies.policy_upload
@@ -107,8 +111,13 @@ class Store:
         self.put_state = state.put_state
 
     @classmethod
-    async def open(cls, path: Path) -> Store:
-        db = await Database.open(path)
+    async def open(cls, path: Path, url: str | None = None) -> Store:
+        """The store under the data directory (``path``: its SQLite file), or on the PostgreSQL server ``url``
+        (``postgresql://...``), the data directory still holding what is not in the database."""
+        if url is not None:
+            db: Database = await PostgresDatabase.open(url, path)
+        else:
+            db = await SqliteDatabase.open(path)
         try:
             store = cls(db)
             await asyncio.to_thread(store._policies.files.sweep)

@@ -89,7 +89,7 @@ class TrajectoryRecords:
         subscribed, sub_args = subscription(agent, envs, streamed=streamed)
         if not withdrawn:
             subscribed += f" AND NOT {WITHDRAWN_SQL}"
-        narrowed, narrow_args = where.sql() if where is not None else ("", [])
+        narrowed, narrow_args = where.sql(self._db.sql) if where is not None else ("", [])
         args: list[object] = [after_seq, *sub_args, *narrow_args]
         where_sql: list[str] = [f"seq > ? {subscribed}{narrowed}"]
         if before_seq is not None:
@@ -144,7 +144,7 @@ class TrajectoryRecords:
         """How many withdrawn trajectories match (of ``env``, of run ``run_id``, narrowed by ``where``): what a
         listing or an export that leaves them out says it left out. Read from the withdrawals, not the
         trajectories: as many rows as were withdrawn."""
-        narrowed, narrow_args = where.sql() if where is not None else ("", [])
+        narrowed, narrow_args = where.sql(self._db.sql) if where is not None else ("", [])
         sql = (f"SELECT COUNT(*) FROM trajectories WHERE id IN (SELECT trajectory_id FROM withdrawals){narrowed}")
         args: list[object] = [*narrow_args]
         if env is not None:
@@ -169,9 +169,9 @@ class TrajectoryRecords:
         # make every status read show it (``farmd.domain``; its record is served as unreadable).
         bound = domain.EXTERNAL_SCORE_BOUND
         rows = await self._db.all(
-            "SELECT env, difficulty, COUNT(*), SUM(status='ok' AND passed), AVG(CASE WHEN status='ok' AND "
-            "typeof(reward) IN ('real', 'integer') AND reward BETWEEN ? AND ? THEN reward END), "
-            f"SUM(status='error') FROM trajectories WHERE substr(agent, 1, ?) != ? AND NOT {WITHDRAWN_SQL} "
+            f"SELECT env, difficulty, COUNT(*), SUM(CASE WHEN status='ok' AND passed=1 THEN 1 ELSE 0 END), AVG(CASE WHEN status='ok' AND "
+            f"{self._db.sql.is_number('reward')} AND reward BETWEEN ? AND ? THEN reward END), "
+            f"SUM(CASE WHEN status='error' THEN 1 ELSE 0 END) FROM trajectories WHERE substr(agent, 1, ?) != ? AND NOT {WITHDRAWN_SQL} "
             "GROUP BY env, difficulty ORDER BY env, difficulty",
             (-bound, bound, len(RED_TEAM_PREFIX), RED_TEAM_PREFIX))
         return [{"env": e, "difficulty": d, "trajectories": n, "passed": int(p or 0),

@@ -21,13 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiosqlite
-
 from farmd import domain
 from farmd.flags import OF_THE_ATTEMPT
 from farmd.records import Score
 from farmd.store.codec import log_unreadable, read_json
-from farmd.store.database import MAX_VARS, Database
+from farmd.store.database import MAX_VARS, Database, Transaction
 
 FIRST, CURRENT, KEPT = "first", "current", "kept"
 
@@ -37,16 +35,16 @@ VerdictRow = tuple[int, str, float, bool, str, list[str], list[str]]
 _PENDING_COLUMNS = "trajectory_id, verifier_version, reward, passed, status, reasons, flags"
 
 
-async def _pending(db: aiosqlite.Connection) -> None:
+async def _pending(db: Transaction) -> None:
     # A temporary table of the writing connection: verdicts given by a statement (a withdrawal's INSERT ... SELECT)
     # and by a list (a rescore's) go through the same three statements below.
-    await db.execute("CREATE TEMP TABLE IF NOT EXISTS pending_verdicts (n INTEGER PRIMARY KEY, trajectory_id INTEGER "
-                     "NOT NULL, verifier_version TEXT NOT NULL, reward REAL NOT NULL, passed INTEGER NOT NULL, "
-                     "status TEXT NOT NULL, reasons TEXT NOT NULL, flags TEXT NOT NULL)")
-    await db.execute("DELETE FROM temp.pending_verdicts")
+    await db.execute(f"CREATE TEMP TABLE IF NOT EXISTS pending_verdicts (n {db.sql.serial_key()}, trajectory_id "
+                     "BIGINT NOT NULL, verifier_version TEXT NOT NULL, reward DOUBLE PRECISION NOT NULL, passed BIGINT "
+                     "NOT NULL, status TEXT NOT NULL, reasons TEXT NOT NULL, flags TEXT NOT NULL)")
+    await db.execute(f"DELETE FROM {db.sql.temp('pending_verdicts')}")
 
 
-async def give(db: aiosqlite.Connection, now: float, *, rows: Sequence[VerdictRow] = (),
+async def give(db: Transaction, now: float, *, rows: Sequence[VerdictRow] = (),
                select: tuple[str, Sequence[object]] | None = None) -> int:
     """Give trajectories later verdicts, in the caller's transaction: ``rows``, or what ``select`` (a SELECT of
     ``trajectory_id, verifier_version, reward, passed, status, reasons (JSON), flags (JSON)`` and its parameters)
@@ -55,47 +53,48 @@ async def give(db: aiosqlite.Connection, now: float, *, rows: Sequence[VerdictRo
     unless the trajectory was withdrawn (for good: the score is kept, the withdrawal stays current) or the verdict
     is an error (never a score). Returns how many scores were added."""
     await _pending(db)
+    pending = db.sql.temp("pending_verdicts")
     if rows:
-        await db.executemany(f"INSERT INTO temp.pending_verdicts({_PENDING_COLUMNS}) VALUES (?,?,?,?,?,?,?)",
+        await db.executemany(f"INSERT INTO {pending}({_PENDING_COLUMNS}) VALUES (?,?,?,?,?,?,?)",
                              [(t, v, r, int(p), s, json.dumps(rs, ensure_ascii=False),
                                json.dumps(fl, ensure_ascii=False)) for t, v, r, p, s, rs, fl in rows])
     if select is not None:
         sql, params = select
-        await db.execute(f"INSERT INTO temp.pending_verdicts({_PENDING_COLUMNS}) {sql}", params)
+        await db.execute(f"INSERT INTO {pending}({_PENDING_COLUMNS}) {sql}", params)
     # The attempt's own flags go on with each verdict given to it (``farmd.flags.OF_THE_ATTEMPT``).
     kept = ", ".join(f"'{f}'" for f in OF_THE_ATTEMPT)
     await db.execute(
-        "UPDATE temp.pending_verdicts SET flags = (SELECT json_group_array(value) FROM (SELECT value FROM "
-        "json_each(pending_verdicts.flags) UNION ALL SELECT j.value FROM trajectories t, json_each(CASE WHEN "
-        "json_valid(t.flags) THEN t.flags ELSE '[]' END) j WHERE t.id = pending_verdicts.trajectory_id AND j.value "
-        f"IN ({kept}) AND j.value NOT IN (SELECT value FROM json_each(pending_verdicts.flags))))")
+        f"UPDATE {pending} SET flags = (SELECT {db.sql.json_group_array('a.value')} FROM (SELECT g.value FROM "
+        f"{db.sql.json_values('pending_verdicts.flags', 'g')} UNION ALL SELECT j.value FROM trajectories t, "
+        f"{db.sql.json_values('t.flags', 'j')} WHERE t.id = pending_verdicts.trajectory_id AND j.value "
+        f"IN ({kept}) AND j.value NOT IN (SELECT o.value FROM {db.sql.json_values('pending_verdicts.flags', 'o')})) "
+        "AS a)")
     top = await _mark(db)
-    before = db.total_changes
-    await db.execute(
-        "INSERT OR IGNORE INTO scores(trajectory_id, verifier_version, reward, passed, status, reasons, flags, "
+    added = await db.execute(
+        "INSERT INTO scores(trajectory_id, verifier_version, reward, passed, status, reasons, flags, "
         "scored_at, kind) SELECT p.trajectory_id, p.verifier_version, p.reward, p.passed, p.status, p.reasons, "
         f"p.flags, ?, CASE WHEN p.status = 'ok' AND NOT EXISTS (SELECT 1 FROM withdrawals w WHERE w.trajectory_id = "
-        f"p.trajectory_id) THEN '{CURRENT}' ELSE '{KEPT}' END FROM temp.pending_verdicts p "
-        "WHERE EXISTS (SELECT 1 FROM trajectories t WHERE t.id = p.trajectory_id) ORDER BY p.n", (now,))
-    added = db.total_changes - before
+        f"p.trajectory_id) THEN '{CURRENT}' ELSE '{KEPT}' END FROM {pending} p "
+        "WHERE EXISTS (SELECT 1 FROM trajectories t WHERE t.id = p.trajectory_id) ORDER BY p.n ON CONFLICT DO NOTHING",
+        (now,))
     if added:
         # The verdict each was stored with, kept before it is replaced (once: a later verdict finds it there).
         await db.execute(
-            "INSERT OR IGNORE INTO scores(trajectory_id, verifier_version, reward, passed, status, reasons, flags, "
+            "INSERT INTO scores(trajectory_id, verifier_version, reward, passed, status, reasons, flags, "
             f"scored_at, kind) SELECT t.id, t.verifier_version, t.reward, t.passed, t.status, t.reasons, t.flags, "
             f"t.finished_at, '{FIRST}' FROM trajectories t WHERE t.verdict_version = 0 AND t.id IN "
-            "(SELECT trajectory_id FROM scores WHERE seq > ?)", (top,))
+            "(SELECT trajectory_id FROM scores WHERE seq > ?) ON CONFLICT DO NOTHING", (top,))
         await db.execute(
             "UPDATE trajectories SET reward = s.reward, passed = s.passed, status = s.status, reasons = s.reasons, "
             "flags = s.flags, verifier_version = s.verifier_version, verdict_version = s.seq FROM "
             f"(SELECT trajectory_id, MAX(seq) AS seq FROM scores WHERE seq > ? AND kind = '{CURRENT}' "
             "GROUP BY trajectory_id) AS m JOIN scores s ON s.seq = m.seq WHERE trajectories.id = m.trajectory_id",
             (top,))
-    await db.execute("DELETE FROM temp.pending_verdicts")
+    await db.execute(f"DELETE FROM {pending}")
     return added
 
 
-async def _mark(db: aiosqlite.Connection) -> int:
+async def _mark(db: Transaction) -> int:
     rows = await db.execute_fetchall("SELECT COALESCE(MAX(seq), 0) FROM scores")
     return int(next(iter(rows))[0])
 

@@ -1,4 +1,5 @@
-"""A scheduler over a real store in a temporary directory, for the scheduler's tests."""
+"""Every test here runs against SQLite and against a real PostgreSQL server (``store_backend``); a scheduler over
+a real store for them (``farm``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ from farmd.scheduler import Scheduler, SchedulerConfig
 from farmd.store import Store
 
 
+@pytest.fixture(autouse=True)
+def _both_backends(store_backend: str) -> str:
+    return store_backend
+
+
 @pytest.fixture
-async def farm(tmp_path: Path, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+async def farm(tmp_path: Path, request: pytest.FixtureRequest, store_backend: str):  # type: ignore[no-untyped-def]
     """``(store, open_)``: ``open_(**config)`` opens a scheduler on the store over the test module's ``LEVELS``
     (environment -> levels); every one opened is stopped, and the store closed, afterwards."""
     store = await Store.open(tmp_path / "farm.db")

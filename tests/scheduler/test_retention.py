@@ -28,9 +28,13 @@ async def _chunks(data: bytes, name: str):  # type: ignore[no-untyped-def]
     yield PolicyChunk(sha256="", uri="", data=data, name=name)
 
 
-def files(store: Store) -> set[str]:
-    folder = store.path.parent / "policies"
-    return {p.name for p in folder.iterdir() if not p.name.startswith(".")} if folder.exists() else set()
+async def held(store: Store) -> dict[str, int]:
+    """Each version's content the store holds, by hash, with its size: files, or the database's chunks."""
+    return await store._policies.files.content_held()
+
+
+async def files(store: Store) -> set[str]:
+    return set(await held(store))
 
 
 async def publish(s: Scheduler, data: bytes, line: str) -> tuple[int, str]:
@@ -47,7 +51,7 @@ async def test_a_loop_of_publishes_keeps_the_newest_of_each_line_and_every_versi
         published[line].append(await publish(s, f"{line}-{i}".encode() * 1000, line))
         await s.retention.sweep()
         kept = {sha for versions in published.values() for _, sha in versions[-2:]}
-        assert files(store) == kept, f"after publish {i}"
+        assert await files(store) == kept, f"after publish {i}"
     listing = {p.version: p for p in await s.policies.listing(0, 100)}
     assert sorted(listing) == list(range(1, 13)), "every version's row stays"
     for line, versions in published.items():
@@ -70,9 +74,8 @@ async def test_a_loop_of_publishes_keeps_the_newest_of_each_line_and_every_versi
 
     usage = (await s.retention.disk()).usage
     assert (usage.kept, usage.removed, usage.pinned) == (4, 8, 0)
-    assert usage.policy_files == 4 and usage.policy_bytes == sum(
-        (store.path.parent / "policies" / sha).stat().st_size for sha in files(store))
-    assert usage.store_bytes >= store.path.stat().st_size > 0
+    assert usage.policy_files == 4 and usage.policy_bytes == sum((await held(store)).values())
+    assert usage.store_bytes > 0
 
 
 async def test_publishing_removed_content_again_brings_it_back_as_the_current_version(farm) -> None:  # type: ignore[no-untyped-def]
@@ -81,12 +84,12 @@ async def test_publishing_removed_content_again_brings_it_back_as_the_current_ve
     first = await publish(s, b"checkpoint-a", "tiny")
     second = await publish(s, b"checkpoint-b", "tiny")
     await s.retention.sweep()
-    assert files(store) == {second[1]}
+    assert await files(store) == {second[1]}
     again = await publish(s, b"checkpoint-a", "tiny")  # a trainer resumed from its checkpoint
     assert again == first and s.policies.version_for("torch:tiny") == first[0]
     assert await s.policies.content(first[1]) == b"checkpoint-a"
     await s.retention.sweep()
-    assert files(store) == {first[1]}, "the resumed version is current: version 2 goes, version 1 stays"
+    assert await files(store) == {first[1]}, "the resumed version is current: version 2 goes, version 1 stays"
     state = await store.retention.state(first[0])
     assert state is not None and state.removed_at is None and state.removed_why == "" and state.has_content
 
@@ -100,7 +103,7 @@ async def test_a_pinned_version_survives_until_it_is_unpinned(farm) -> None:  # 
     for i in range(3):
         await publish(s, f"later-{i}".encode(), "tiny")
     await s.retention.sweep()
-    assert pinned[1] in files(store) and gone[1] not in files(store)
+    assert pinned[1] in await files(store) and gone[1] not in await files(store)
     assert await s.policies.content(pinned[1]) == b"keep-me"
     with pytest.raises(FailedPrecondition) as refused:
         await s.policies.pin(gone[0], True)
@@ -109,7 +112,7 @@ async def test_a_pinned_version_survives_until_it_is_unpinned(farm) -> None:  # 
         await s.policies.pin(999, True)
     assert (await s.policies.pin(pinned[0], False)).pinned_at is None
     await s.retention.sweep()
-    assert pinned[1] not in files(store)
+    assert pinned[1] not in await files(store)
     with pytest.raises(PolicyRemoved):
         await s.policies.find(pinned[1])
 
@@ -124,14 +127,14 @@ async def test_a_leased_version_survives_until_its_jobs_end(farm) -> None:  # ty
     for i in range(4):
         await publish(s, f"v-{i}".encode(), "tiny")
     await s.retention.sweep()
-    assert files(store) == {leased_sha, (await store.latest_policy("tiny")).sha256}  # type: ignore[union-attr]
+    assert await files(store) == {leased_sha, (await store.latest_policy("tiny")).sha256}  # type: ignore[union-attr]
     assert await s.policies.content(leased_sha) == b"v-leased", "a node may still fetch what it leased"
     await s.complete("n1:1:a", [scored(j) for j in jobs[:3]])
     await s.retention.sweep()
-    assert leased_sha in files(store), "one job is still leased"
+    assert leased_sha in await files(store), "one job is still leased"
     await s.complete("n1:1:a", [scored(jobs[3])])
     await s.retention.sweep()
-    assert leased_sha not in files(store)
+    assert leased_sha not in await files(store)
     trajectories = await store.trajectories(limit=10)
     assert {t.policy_version for t in trajectories} == {leased_version}, "its trajectories keep their version"
 
@@ -185,7 +188,7 @@ async def test_a_version_chosen_for_a_lease_is_never_removed_before_its_content_
     assert len(set(read)) > 20, f"leases ran only {len(set(read))} versions: no race was exercised"
     assert s.retention.removed > 100
     await s.retention.sweep()
-    assert files(store) == {(await store.latest_policy("tiny")).sha256}  # type: ignore[union-attr]
+    assert await files(store) == {(await store.latest_policy("tiny")).sha256}  # type: ignore[union-attr]
 
 
 async def test_a_sweep_that_stopped_half_way_removes_the_files_it_left(farm) -> None:  # type: ignore[no-untyped-def]
@@ -194,11 +197,11 @@ async def test_a_sweep_that_stopped_half_way_removes_the_files_it_left(farm) -> 
     old = await publish(s, b"old", "tiny")
     new = await publish(s, b"new", "tiny")
     marked = await store.retention.remove_unused({new[0]}, "a test")  # the rows marked, the files not yet deleted
-    assert [r.version for r in marked] == [old[0]] and files(store) == {old[1], new[1]}
+    assert [r.version for r in marked] == [old[0]] and await files(store) == {old[1], new[1]}
     with pytest.raises(PolicyRemoved):
         await s.policies.content(old[1])  # marked is gone: never read as empty content
     await s.retention.sweep()
-    assert files(store) == {new[1]}
+    assert await files(store) == {new[1]}
 
 
 async def test_the_disk_figures_say_how_fast_the_store_and_the_policies_grow(farm) -> None:  # type: ignore[no-untyped-def]

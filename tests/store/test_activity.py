@@ -4,7 +4,6 @@ narrows trajectories by. A real SQLite file; finished times are moved with plain
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
 import time
 from pathlib import Path
 
@@ -40,9 +39,9 @@ def attempt(env: str = "arith", level: int = 1, agent: str = "torch:tiny", versi
                                policy_version=version, flags=list(flags), node=node)
 
 
-def finished_at(path: Path, ids: list[int], at: float) -> None:
-    with sqlite3.connect(path) as db:
-        db.executemany("UPDATE trajectories SET finished_at = ? WHERE id = ?", [(at, i) for i in ids])
+async def finished_at(store: Store, ids: list[int], at: float) -> None:
+    async with store.db.write() as db:  # whichever the database
+        await db.executemany("UPDATE trajectories SET finished_at = ? WHERE id = ?", [(at, i) for i in ids])
 
 
 async def test_activity_counts_each_environment_per_bucket_with_its_flags(store: Store, tmp_path: Path) -> None:
@@ -52,8 +51,8 @@ async def test_activity_counts_each_environment_per_bucket_with_its_flags(store:
                                                                                 flags=("timeout", "suspected_hack")))
     red = await stored(store, attempt(agent=f"{RED_TEAM_PREFIX}exploit:x", reward=1.0, flags=("red_team_exploit",)))
     failed = await stored(store, attempt(status="error", reward=0.0))
-    finished_at(tmp_path / "farm.db", [t.id for t in old], now - 50 * 60)
-    finished_at(tmp_path / "farm.db", [t.id for t in new + red + failed], now - 5 * 60)
+    await finished_at(store, [t.id for t in old], now - 50 * 60)
+    await finished_at(store, [t.id for t in new + red + failed], now - 5 * 60)
 
     since, width = now - 3600, 600.0
     buckets = {(round((b.start - since) / width), b.env): b for b in await store.activity.buckets(since, width)}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import struct
 import zlib
 from pathlib import Path
@@ -74,9 +73,9 @@ async def test_a_body_of_json_only_is_still_read(tmp_path: Path) -> None:
         body = {"v": 2, **{k: v for k, v in to_plain(sent).items()
                            if k in ("task", "messages", "turns", "sampling", "usage", "final")}}
         body["turns"][0]["completion"] = None  # its assistant message's text, as version 2 kept it
-        with sqlite3.connect(db) as conn:
-            conn.execute("UPDATE trajectories SET body=? WHERE id=?",
-                         (zlib.compress(json.dumps(body).encode(), 1), job.id))
+        async with store.db.write() as conn:  # whichever the database
+            await conn.execute("UPDATE trajectories SET body=? WHERE id=?",
+                               (zlib.compress(json.dumps(body).encode(), 1), job.id))
         got = await store.trajectory(job.id)
         assert got is not None and to_plain(got.turns) == to_plain(sent.turns)
     finally:
@@ -90,9 +89,9 @@ async def test_a_cut_body_is_an_unreadable_stub_not_a_shorter_record(tmp_path: P
         await store.enqueue([("py-func", 1, 2, "chat:m", 1)])
         (job,) = await store.lease("w", 1, 30, 0)
         await store.complete([("w", record(job.id, job.group_id, TURNS[:1]))])
-        with sqlite3.connect(db) as conn:
-            (body,) = conn.execute("SELECT body FROM trajectories WHERE id=?", (job.id,)).fetchone()
-            conn.execute("UPDATE trajectories SET body=? WHERE id=?", (body[:-4], job.id))
+        async with store.db.write() as conn:  # whichever the database
+            (body,) = await conn.fetchone("SELECT body FROM trajectories WHERE id=?", (job.id,))
+            await conn.execute("UPDATE trajectories SET body=? WHERE id=?", (body[:-4], job.id))
         got = await store.trajectory(job.id)
         assert got is not None and (got.id, got.status, got.flags, got.turns) == (job.id, "error", ["unreadable"], [])
         assert "runs past its end" in got.reasons[0]

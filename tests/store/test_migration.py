@@ -10,6 +10,8 @@ import time
 import zlib
 from pathlib import Path
 
+import pytest
+
 from farmd.records import ChatMessage, JobState, Step, Trajectory, Turn
 from farmd.store import Store
 from farmd.store.schema import MIGRATIONS
@@ -45,6 +47,7 @@ def make_old_data_dir(data: Path) -> None:
                    "VALUES (3, ?, 0, NULL, 'http://inference/v1', 1.0)", ("c" * 64,))
 
 
+@pytest.mark.sqlite_only
 async def test_an_old_data_dir_migrates_and_its_trajectories_upgrade_on_read(tmp_path: Path) -> None:
     data = tmp_path / "data"
     make_old_data_dir(data)
@@ -92,6 +95,7 @@ async def test_an_old_data_dir_migrates_and_its_trajectories_upgrade_on_read(tmp
         assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
 
 
+@pytest.mark.sqlite_only
 async def test_a_cancelled_runs_jobs_never_go_back_to_the_queue(tmp_path: Path) -> None:
     store = await Store.open(tmp_path / "farm.db")
     try:
@@ -116,6 +120,7 @@ async def test_a_cancelled_runs_jobs_never_go_back_to_the_queue(tmp_path: Path) 
         await store.close()
 
 
+@pytest.mark.sqlite_only
 async def test_a_schema_5_queue_migrates_and_its_jobs_lease_at_once(tmp_path: Path) -> None:
     """Migration 6 adds a job's backoff (``not_before``); jobs queued before it have none to wait out."""
     data = tmp_path / "data"

@@ -35,6 +35,7 @@ def umask(value: int) -> Iterator[None]:
         os.umask(old)
 
 
+@pytest.mark.sqlite_only
 async def test_content_goes_to_a_private_file_named_by_its_hash(tmp_path: Path) -> None:
     store = await Store.open(tmp_path / "farm.db")
     try:
@@ -100,6 +101,7 @@ async def test_opening_sweeps_only_what_nobody_holds(tmp_path: Path) -> None:
         await store.close()
 
 
+@pytest.mark.sqlite_only
 async def test_a_blob_an_older_farmd_stored_is_read_a_slice_at_a_time(tmp_path: Path) -> None:
     path = tmp_path / "farm.db"
     blob = os.urandom(100_003)
@@ -121,6 +123,7 @@ async def test_a_blob_an_older_farmd_stored_is_read_a_slice_at_a_time(tmp_path: 
         await store.close()
 
 
+@pytest.mark.sqlite_only
 async def test_the_database_and_its_journal_are_private(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with umask(0o022):  # what a shell usually gives: files 0644 unless their creator says otherwise

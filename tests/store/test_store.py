@@ -31,6 +31,7 @@ async def store(tmp_path: Path):  # type: ignore[no-untyped-def]
     await s.close()
 
 
+@pytest.mark.sqlite_only
 async def test_schema_is_migrated_once_and_refuses_the_future(tmp_path: Path) -> None:
     path = tmp_path / "farm.db"
     s = await Store.open(path)
@@ -180,6 +181,7 @@ async def test_a_writer_cancelled_anywhere_leaves_no_transaction_open(store: Sto
     assert counts["queued"] % 2 == 1 and counts["queued"] >= 2 * finished + 1, counts
 
 
+@pytest.mark.sqlite_only
 async def test_cursors_named_like_group_cursors_are_split_by_the_migration(tmp_path: Path) -> None:
     """A farm from before cursors had kinds: "NAME#groups" rows become NAME's group cursor, and finished
     groups learn how many trajectories were finished up to them."""
@@ -236,3 +238,26 @@ async def test_a_completed_job_is_stored_under_its_lease_never_what_its_record_s
     assert (again.id, again.attempts) == (jobs[1].id, 1)
     done = await store.complete_leases([("w2", forged[1])], refuse_mismatch=True)
     assert (done.stored, done.refused) == ([jobs[1].id], {})
+
+
+async def test_a_record_whose_text_holds_nul_is_stored_and_jams_nothing(store: Store) -> None:
+    """PostgreSQL's text refuses NUL: a record holding one would fail the transaction that completes its batch,
+    and every retry of it. It is stored (as U+FFFD there), and so is the rest of its batch."""
+    await store.enqueue([("py-func", 1, 1, "reference", 2)])
+    first, second = await store.lease("w", 2, 30, 0)
+    odd = dataclasses.replace(traj(first.id, first.group_id), env_version="v\x00", verifier_version="x\x00",
+                              node="n\x00", reasons=["a\x00b"])
+    assert sorted(await store.complete([("w", odd), ("w", traj(second.id, second.group_id))])) == \
+        sorted([first.id, second.id])
+    got = await store.trajectory(first.id)
+    assert got is not None and got.env_version in ("v\x00", "v\ufffd") and got.reasons == ["a\x00b"]
+
+
+async def test_a_lease_for_an_endpoint_takes_its_agents_jobs_and_no_look_alikes(store: Store) -> None:
+    agents = ["openai:m@a.b-1", "openai:m@a.b-1?max_tokens=5", "openai:m@aXb-1", "openai:m@a.b-12",
+              "openai:m@x_a.b-1", "reference"]
+    await store.enqueue([("py-func", i, 1, agent, 1) for i, agent in enumerate(agents)])
+    mine = await store.lease("w", 10, 30, 0, endpoint="a.b-1")
+    assert sorted(j.agent for j in mine) == sorted(agents[:2])
+    others = await store.lease("w", 10, 30, 0, exclude=["a.b-1", "a.b-12"])
+    assert sorted(j.agent for j in others) == sorted([agents[2], agents[4], agents[5]])

@@ -196,6 +196,7 @@ async def test_an_unreadable_record_is_still_a_stub_whatever_its_verdicts(store:
     assert {c.trajectory_id for c in await store.verdicts.changed(0, 10)} == {a.id, b.id}
 
 
+@pytest.mark.sqlite_only
 def test_an_older_stores_later_scores_and_withdrawals_become_current_verdicts(tmp_path: Path) -> None:
     """A data dir of schema 13 (scores keyed by verifier version, the first verdict in the row for ever) migrates:
     each trajectory's newest score is its current verdict, a withdrawal stays current after a later rescore, and
