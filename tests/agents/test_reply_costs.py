@@ -17,7 +17,7 @@ from farm_client import FarmClient
 
 from tests.probe import LoopProbe
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.clocked]  # they bound how long farmd's loop is held
 
 STALL_S = 0.5
 """The longest a health check may wait on farmd's loop while the replies are read: 0.03-0.2 s here (two cores
