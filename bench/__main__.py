@@ -14,6 +14,7 @@ from bench import (
     atropos_bench,
     farm_bench,
     fleet_bench,
+    fleet_sim_bench,
     kernel_speed_bench,
     loop_bench,
     sandbox_bench,
@@ -25,8 +26,8 @@ from bench import (
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="farm's benchmarks")
-    parser.add_argument("--only", choices=("sandbox", "verifier", "kernel-speed", "farm", "store", "loop", "fleet", "atropos",
-                                                 "vllm"), help="run one part")
+    parser.add_argument("--only", choices=("sandbox", "verifier", "kernel-speed", "farm", "store", "loop", "fleet",
+                                           "fleet-sim", "atropos", "vllm"), help="run one part")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument("--n", type=int, default=60, help="repetitions of each latency figure")
     parser.add_argument("--boxes", type=int, default=200, help="programs per throughput figure")
@@ -49,6 +50,7 @@ def main() -> None:
     parser.add_argument("--vllm-rounds", type=int, default=7, help="rounds of each, alternating (medians)")
     parser.add_argument("--vllm-loop-minutes", type=float, default=4.0,
                         help="budget of the vLLM loop and of the tiny loop beside it (0: no loops)")
+    fleet_sim_bench.main_args(parser)
     args = parser.parse_args()
     console = Console(stderr=args.json, highlight=False)
     out: dict[str, object] = {}
@@ -68,6 +70,8 @@ def main() -> None:
             out["loop"] = loop_bench.measure(args.loop_minutes, progress)
         if args.only in (None, "fleet"):
             out["fleet"] = fleet_bench.measure(args.fleet_repeats, progress)
+        if args.only in (None, "fleet-sim"):
+            out["fleet_sim"] = fleet_sim_bench.run(args, progress)
         if args.only in (None, "atropos"):
             out["atropos"] = atropos_bench.measure(args.atropos_groups, args.atropos_rounds, progress)
         if args.only in (None, "vllm"):
@@ -91,6 +95,8 @@ def main() -> None:
         loop_bench.render(out["loop"], console)  # type: ignore[arg-type]
     if "fleet" in out:
         fleet_bench.render(out["fleet"], console)  # type: ignore[arg-type]
+    if "fleet_sim" in out:
+        fleet_sim_bench.render(out["fleet_sim"], console)  # type: ignore[arg-type]
     if "atropos" in out:
         atropos_bench.render(out["atropos"], console)  # type: ignore[arg-type]
     if "vllm" in out:

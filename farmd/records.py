@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any, TypeVar, get_args, get_origin, get_type_hints
 
@@ -159,12 +159,38 @@ def to_plain(record: Any) -> Any:
 
 def from_plain(cls: type[R], data: Mapping[str, Any]) -> R:
     """The record ``to_plain`` made; a field missing from ``data`` takes its default (older records)."""
-    hints = _hints(cls)
-    kwargs = {}
-    for f in fields(cls):  # type: ignore[arg-type]
-        if f.name in data:
-            kwargs[f.name] = _value(hints[f.name], data[f.name])
-    return cls(**kwargs)
+    return cls(**{name: convert(data[name]) for name, convert in _plan(cls) if name in data})
+
+
+_PLANS: dict[type, tuple[tuple[str, Callable[[Any], Any]], ...]] = {}
+
+
+def _plan(cls: type) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
+    """Each field of ``cls`` with what turns its plain value into the field's, worked out once per
+    class: a store reads every trajectory it streams this way, and asking the type of every value of every
+    record, each time, was most of what a read cost."""
+    plan = _PLANS.get(cls)
+    if plan is None:
+        hints = _hints(cls)
+        plan = _PLANS[cls] = tuple((f.name, _converter(hints[f.name])) for f in fields(cls))
+    return plan
+
+
+def _converter(hint: Any) -> Callable[[Any], Any]:
+    """What turns a plain value into a ``hint``-typed field's, with the questions about ``hint`` answered now."""
+    if get_origin(hint) is list:
+        (item,) = get_args(hint)
+        if item in _SCALARS:  # token ids, logprobs, reasons: copied whole, not item by item
+            return lambda v: None if v is None else list(v)
+        each = _converter(item)
+        return lambda v: None if v is None else [each(x) for x in v]
+    if isinstance(hint, type) and is_dataclass(hint):
+        return lambda v: None if v is None else from_plain(hint, v)
+    return _same
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 R = TypeVar("R")
@@ -180,20 +206,6 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 _SCALARS = frozenset({int, float, str, bool})
-
-
-def _value(hint: Any, value: Any) -> Any:
-    if value is None:
-        return None
-    origin = get_origin(hint)
-    if origin is list:
-        (item,) = get_args(hint)
-        if item in _SCALARS:  # token ids, logprobs, reasons: copied whole, not item by item
-            return list(value)
-        return [_value(item, v) for v in value]
-    if isinstance(hint, type) and is_dataclass(hint):
-        return from_plain(hint, value)
-    return value
 
 
 class _Sealer:

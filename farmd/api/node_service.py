@@ -70,6 +70,17 @@ def _trajectory(data: bytes, job_id: int, node: str) -> Trajectory:
     return domain.check(dataclasses.replace(trajectory, node=node).sealed(), external=False)
 
 
+def _trajectories(whole: list[tuple[int, str, bytes]], node: str) -> list[Trajectory | Exception]:
+    """``_trajectory`` for each record of one message, in one thread hop: each record's own failure its own."""
+    out: list[Trajectory | Exception] = []
+    for job_id, _, data in whole:
+        try:
+            out.append(_trajectory(data, job_id, node))
+        except Exception as exc:
+            out.append(exc)
+    return out
+
+
 def _outside_vocab(trajectory: Trajectory, vocab: int) -> str | None:
     """The first token id of ``trajectory`` its policy's vocabulary (``vocab`` tokens) does not hold, named; None."""
     found = domain.problems(trajectory, vocab=vocab, external=False)
@@ -275,11 +286,11 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
         items: list[tuple[str, Trajectory]] = []
         handled: list[int] = []
         unreadable: dict[int, str] = {}
-        for job_id, owner, data in whole:
+        parsed = await asyncio.to_thread(_trajectories, whole, node.name) if whole else []
+        for (job_id, owner, _), trajectory in zip(whole, parsed, strict=True):
             handled.append(job_id)
-            try:
-                trajectory = await asyncio.to_thread(_trajectory, data, job_id, node.name)
-            except Exception as exc:  # its lease runs out and the job runs again: a bad record is never stored
+            if isinstance(trajectory, Exception):  # its lease runs out and the job runs again: never stored
+                exc = trajectory
                 unreadable[job_id] = _text(f"the record cannot be stored: {exc}", 1000)
                 log.warning("node %s sent a record for job %d that cannot be read: %s", node.name, job_id,
                             _text(str(exc), 300), extra={"event": "bad_result", "node": node.name, "job": job_id})

@@ -25,6 +25,7 @@ went elsewhere is dropped by the store, which stores a job only for the owner ho
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import random
@@ -147,6 +148,13 @@ class Node:
     quarantined_at: float | None = None
     closer: Callable[[], None] | None = None
     """Ends its stream (set by the API while the stream is open): a quarantine does not wait for it to call."""
+    freed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set (and replaced) when jobs leave ``in_flight``: what a lease for slots the node has freed, but whose
+    results are still on their way, waits on."""
+
+    def free(self) -> None:
+        self.freed.set()
+        self.freed = asyncio.Event()
 
     @property
     def name(self) -> str:
@@ -278,10 +286,18 @@ class Nodes:
         if len(exclude) > MAX_EXCLUDED:
             raise ValueError(f"at most {MAX_EXCLUDED} endpoints excluded, not {len(exclude)}")
         node.model_jobs &= node.in_flight
+        asked = n
         if endpoint is None:
             n = min(n, node.hello.capacity - len(node.in_flight - node.model_jobs))
         else:
             n = min(n, MAX_MODEL_JOBS - len(node.model_jobs))
+        if n <= 0 and endpoint is None and wait_s > 0 and self.current(node):
+            # A node asks for the slots its finished rollouts freed as soon as they finish, and their results reach
+            # here just after: the lease waits for them (up to its wait) rather than coming back empty and asked
+            # again and again.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(node.freed.wait(), min(wait_s, MAX_LEASE_WAIT_S))
+            n = min(asked, node.hello.capacity - len(node.in_flight - node.model_jobs))
         if n <= 0 or not self.current(node):
             return []
         jobs = await self._scheduler.lease(node.hello.owner, n, endpoint=endpoint, exclude=exclude)
@@ -340,6 +356,7 @@ class Nodes:
         held = await self._scheduler.heartbeat(node.hello.owner, job_ids)
         # What it says it runs is what it holds: a lease it lost while slow stops counting against it.
         node.in_flight &= set(job_ids)
+        node.free()
         return held
 
     async def complete(self, node: Node, items: list[tuple[str, Trajectory]]) -> list[int]:
@@ -366,6 +383,7 @@ class Nodes:
                  for owner, t in items]
         done = await self._scheduler.complete_for(items, refuse_mismatch=True) if items else Completion()
         node.in_flight.difference_update(t.id for _, t in items)
+        node.free()
         node.done += len(done.stored)
         if done.refused:
             await self._refused(node, done.refused)
@@ -478,11 +496,13 @@ class Nodes:
         self._seen(node)
         node.in_flight.discard(job_id)
         node.failed += 1
+        node.free()
         return await self._scheduler.fail(node.hello.owner, job_id, error, transient=transient)
 
     async def release(self, node: Node) -> int:
         self._seen(node)
         node.in_flight.clear()
+        node.free()
         return await self._scheduler.release(node.hello.owner)
 
     async def recover(self, node: Node) -> int:

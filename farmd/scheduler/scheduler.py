@@ -26,11 +26,13 @@ from typing import Any
 from farmd.flags import WITHDRAWN
 from farmd.metrics import Metrics
 from farmd.records import RED_TEAM_PREFIX, VERIFIED_LOCAL, Job, JobState, Score, Trajectory
+from farmd.scheduler.commits import GroupCommit, GroupLease
 from farmd.scheduler.config import SchedulerConfig
 from farmd.scheduler.delivery import ConsumerStatus, Delivery
 from farmd.scheduler.policies import Policies
 from farmd.scheduler.retention import Disk, Retention
 from farmd.store import JobFailure, Store
+from farmd.store.jobs import LeaseAsk
 from farmd.store.nodes import Completion
 from farmd.taskbank import BankConfig, BankStatus, SeedSequence, TaskBank, TaskKey
 from farmd.tasks import cancel_and_wait
@@ -128,6 +130,10 @@ class Scheduler:
         self.counters: dict[str, int] = {"completed": 0, "failed": 0, "retried": 0, "requeued": 0, "enqueued": 0,
                                          "canaries": 0}
         self.canaries: CanaryPlan | None = None
+        self.commits = GroupCommit(self._store_completed, self._completed)
+        """Reports of finished jobs that arrive together are stored in one transaction (``complete_for``)."""
+        self.leases = GroupLease(self._lease_many)
+        """Lease requests that arrive together are served in one transaction (``lease``)."""
 
     @classmethod
     async def open(cls, store: Store, max_difficulty: dict[str, int], config: SchedulerConfig | None = None,
@@ -155,6 +161,8 @@ class Scheduler:
         await self.retention.start()
 
     async def stop(self) -> None:
+        await self.leases.stop()
+        await self.commits.stop()
         await self.retention.stop()
         await cancel_and_wait(self._task)
         await self._observe_finished()
@@ -241,9 +249,12 @@ class Scheduler:
 
     async def lease(self, owner: str, n: int, *, endpoint: str | None = None, exclude: Sequence[str] = ()
                     ) -> list[Job]:
-        """Up to ``n`` jobs for ``owner``: of ``endpoint``'s agents only, or of none of ``exclude``'s."""
-        return await self.store.lease(owner, n, self.config.lease_s, self.policies.version_for, endpoint=endpoint,
-                                      exclude=exclude)
+        """Up to ``n`` jobs for ``owner``: of ``endpoint``'s agents only, or of none of ``exclude``'s. Requests that
+        arrive together are served in one transaction (``GroupLease``), each in its turn."""
+        return await self.leases.lease(LeaseAsk(owner, n, endpoint, tuple(exclude)))
+
+    async def _lease_many(self, asks: list[LeaseAsk]) -> list[list[Job]]:
+        return await self.store.lease_many(asks, self.config.lease_s, self.policies.version_for)
 
     def work_queued(self) -> None:
         """Jobs may have become leasable (requeued elsewhere than here): wake parked leases."""
@@ -271,8 +282,15 @@ class Scheduler:
     async def complete_for(self, items: list[tuple[str, Trajectory]], *, refuse_mismatch: bool = False
                            ) -> Completion:
         """Store (lease owner, trajectory) pairs: each only while its owner holds the job's lease, under the
-        lease's identity (``refuse_mismatch``: a record that disagrees with it is refused, its job requeued)."""
-        done = await self.store.complete_leases(items, refuse_mismatch=refuse_mismatch)
+        lease's identity (``refuse_mismatch``: a record that disagrees with it is refused, its job requeued).
+        Reports that arrive together share one transaction (``GroupCommit``); each is told of its own."""
+        return await self.commits.submit(items, refuse_mismatch)
+
+    async def _store_completed(self, items: list[tuple[str, Trajectory]], refuse_mismatch: bool) -> Completion:
+        return await self.store.complete_leases(items, refuse_mismatch=refuse_mismatch)
+
+    def _completed(self, items: list[tuple[str, Trajectory]], done: Completion) -> None:
+        """After each transaction of completions: counted, and the streams woken once."""
         self.counters["completed"] += len(done.reported)
         if self.metrics is not None:
             kept = set(done.stored)
@@ -281,7 +299,6 @@ class Scheduler:
             self.delivery.stored()
         if done.refused:
             self._work_queued()
-        return done
 
     async def fail(self, owner: str, job_id: int, error: str, *, transient: bool = True) -> JobState | None:
         """An infrastructure failure of ``owner``'s job: retried after a backoff while it has attempts

@@ -68,6 +68,16 @@ class JobFailure:
     at: float
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeaseAsk:
+    """One worker's lease request (``JobRecords.lease``' arguments), as ``lease_many`` takes many."""
+
+    owner: str
+    n: int
+    endpoint: str | None = None
+    exclude: tuple[str, ...] = ()
+
+
 def _job(row: Any) -> Job:
     return Job(id=row[0], group_id=row[1], env=row[2], seed=row[3], difficulty=row[4], agent=row[5],
                state=JobState(row[6]), attempts=row[7], lease_owner=row[8], lease_expires=row[9],
@@ -171,28 +181,39 @@ class JobRecords:
         ``lease_s``, each tagged with the policy version it runs: ``policy_version(its agent spec)``, or
         ``policy_version`` itself for every job (0: none). ``endpoint``: only jobs of agents ``openai:MODEL@`` that
         endpoint; ``exclude``: no jobs of these endpoints (a worker's endpoints each have their own cap)."""
+        (jobs,) = await self.lease_many([LeaseAsk(owner, n, endpoint, tuple(exclude))], lease_s, policy_version)
+        return jobs
+
+    async def lease_many(self, asks: Sequence[LeaseAsk], lease_s: float, policy_version: int | Callable[[str], int]
+                         ) -> list[list[Job]]:
+        """``lease`` for each of ``asks`` in turn, in one transaction (many nodes asking at once pay one). An ask
+        whose endpoint is not an endpoint's name fails the whole: ValueError, before anything is written."""
         version_for = policy_version if callable(policy_version) else (lambda _agent, v=policy_version: v)
+        filters = [_endpoint_filter(self._db.sql, ask.endpoint, ask.exclude) for ask in asks]
         now = time.time()
-        node = owner.partition(":")[0]  # a canary's jobs go to the node it tests, and to no other
-        which, args = _endpoint_filter(self._db.sql, endpoint, exclude)
+        out: list[list[Job]] = []
         async with self._db.write() as db:
-            jobs = [_job(r) for r in await db.execute_fetchall(
-                f"UPDATE jobs SET state='leased', lease_owner=?, lease_expires=?, policy_version=0, "
-                f"attempts=attempts+1, updated_at=? WHERE id IN "
-                f"(SELECT id FROM jobs WHERE state='queued' AND not_before <= ? AND (for_node IS NULL OR for_node = ?) "
-                f"{which}ORDER BY id LIMIT ?) RETURNING {_JOB_COLUMNS}",
-                (owner, now + lease_s, now, now, node, *args, n))]
-            versions = {agent: version_for(agent) for agent in {j.agent for j in jobs}}
-            tagged: dict[int, list[int]] = {}
-            for j in jobs:
-                if versions[j.agent]:
-                    tagged.setdefault(versions[j.agent], []).append(j.id)
-            for version, ids in tagged.items():
-                for start in range(0, len(ids), MAX_VARS):
-                    chunk = ids[start:start + MAX_VARS]
-                    await db.execute(f"UPDATE jobs SET policy_version=? WHERE id IN ({','.join('?' * len(chunk))})",
-                                     (version, *chunk))
-        return sorted((dataclasses.replace(j, policy_version=versions[j.agent]) for j in jobs), key=lambda j: j.id)
+            for ask, (which, args) in zip(asks, filters, strict=True):
+                node = ask.owner.partition(":")[0]  # a canary's jobs go to the node it tests, and to no other
+                jobs = [_job(r) for r in await db.execute_fetchall(
+                    f"UPDATE jobs SET state='leased', lease_owner=?, lease_expires=?, policy_version=0, "
+                    f"attempts=attempts+1, updated_at=? WHERE id IN "
+                    f"(SELECT id FROM jobs WHERE state='queued' AND not_before <= ? AND (for_node IS NULL OR for_node = ?) "
+                    f"{which}ORDER BY id LIMIT ?) RETURNING {_JOB_COLUMNS}",
+                    (ask.owner, now + lease_s, now, now, node, *args, ask.n))]
+                versions = {agent: version_for(agent) for agent in {j.agent for j in jobs}}
+                tagged: dict[int, list[int]] = {}
+                for j in jobs:
+                    if versions[j.agent]:
+                        tagged.setdefault(versions[j.agent], []).append(j.id)
+                for version, ids in tagged.items():
+                    for start in range(0, len(ids), MAX_VARS):
+                        chunk = ids[start:start + MAX_VARS]
+                        await db.execute(f"UPDATE jobs SET policy_version=? WHERE id IN ({','.join('?' * len(chunk))})",
+                                         (version, *chunk))
+                out.append(sorted((dataclasses.replace(j, policy_version=versions[j.agent]) for j in jobs),
+                                  key=lambda j: j.id))
+        return out
 
     async def extend(self, owner: str, job_ids: list[int], lease_s: float) -> int:
         """Extend ``owner``'s leases (a heartbeat). Returns how many are still its own."""
@@ -288,33 +309,33 @@ class JobRecords:
                       extra={"event": "refused_trajectory", "trajectory": tid})
             del latest[tid]
         now = time.time()
-        by_owner: dict[str, list[int]] = {}
-        for tid, (owner, _) in latest.items():
-            by_owner.setdefault(owner, []).append(tid)
+        ids = sorted(latest)
         refused: dict[int, str] = {}
         bound: dict[int, Trajectory] = {}
         canaries: dict[int, Trajectory] = {}
         async with self._db.write() as db:
             top = await db.execute_fetchall("SELECT COALESCE(MAX(version), 0) FROM policies")
             newest = int(next(iter(top))[0])
-            for owner, ids in by_owner.items():  # one worker's batch: usually one statement
-                for start in range(0, len(ids), MAX_VARS):
-                    chunk = ids[start:start + MAX_VARS]
-                    marks = ",".join("?" * len(chunk))
-                    rows = await db.execute_fetchall(
-                        f"SELECT j.id, j.group_id, g.run_id, j.env, j.seed, j.difficulty, j.agent, j.policy_version, "
-                        f"j.for_node FROM jobs j JOIN groups g ON g.id = j.group_id WHERE j.state='leased' "
-                        f"AND j.lease_owner=? AND j.id IN ({marks})", (owner, *chunk))
-                    for job in rows:
-                        tid = int(job[0])
-                        traj, why = lease_identity(latest[tid][1], job, newest)
-                        if why and refuse_mismatch:
-                            refused[tid] = why
-                            continue
-                        if why:  # the farm's own worker: a bug, not a lie; its lease decides
-                            log.error("job %d's record disagrees with its lease (%s): stored as its lease's", tid,
-                                      why, extra={"event": "record_mismatch", "job": tid})
-                        (canaries if job[8] is not None else bound)[tid] = traj
+            # Every owner's at once (a batch holds many nodes' reports): a row counts only for the owner holding it.
+            for start in range(0, len(ids), MAX_VARS):
+                chunk = ids[start:start + MAX_VARS]
+                marks = ",".join("?" * len(chunk))
+                rows = await db.execute_fetchall(
+                    f"SELECT j.id, j.group_id, g.run_id, j.env, j.seed, j.difficulty, j.agent, j.policy_version, "
+                    f"j.for_node, j.lease_owner FROM jobs j JOIN groups g ON g.id = j.group_id "
+                    f"WHERE j.state='leased' AND j.id IN ({marks})", chunk)
+                for job in rows:
+                    tid = int(job[0])
+                    if job[9] != latest[tid][0]:
+                        continue
+                    traj, why = lease_identity(latest[tid][1], job, newest)
+                    if why and refuse_mismatch:
+                        refused[tid] = why
+                        continue
+                    if why:  # the farm's own worker: a bug, not a lie; its lease decides
+                        log.error("job %d's record disagrees with its lease (%s): stored as its lease's", tid, why,
+                                  extra={"event": "record_mismatch", "job": tid})
+                    (canaries if job[8] is not None else bound)[tid] = traj
             done = sorted({*bound, *canaries})
             for start in range(0, len(done), MAX_VARS):
                 chunk = done[start:start + MAX_VARS]

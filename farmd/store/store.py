@@ -56,6 +56,7 @@ class Store:
         self.runs = jobs.runs
         self.cancel_run = jobs.cancel_run
         self.lease = jobs.lease
+        self.lease_many = jobs.lease_many
         self.extend = jobs.extend
         self.expired_leases = jobs.expired_leases
         self.requeue_expired = jobs.requeue_expired

@@ -105,3 +105,17 @@ async def test_an_idle_nodes_lease_waits_for_work_and_wakes_as_soon_as_it_is_que
     await scheduler.submit("rg:chain_sum", "reference", 2)
     jobs = await asyncio.wait_for(waiting, 2.0)
     assert len(jobs) == 2 and asyncio.get_running_loop().time() - queued_at < 1.0
+
+
+async def test_a_lease_for_slots_whose_results_are_on_their_way_waits_for_them(fleet) -> None:  # type: ignore[no-untyped-def]
+    scheduler, nodes = fleet
+    await scheduler.submit("rg:chain_sum", "reference", 8)
+    node = nodes.join(hello("n", capacity=2))
+    held = await nodes.lease(node, 2)
+    asking = asyncio.get_running_loop().create_task(nodes.lease(node, 2, wait_s=1.0))
+    await asyncio.sleep(0.1)
+    assert not asking.done(), "its slots are held here until their results come: it waits, not comes back empty"
+    assert await nodes.complete(node, [(node.hello.owner, result(held[0]))]) == [held[0].id]
+    got = await asyncio.wait_for(asking, 1.0)
+    assert len(got) == 1, "the slot its result freed, at once"
+    assert await nodes.lease(node, 2, wait_s=0.2) == [], "a node that is full and asks anyway waits its wait out"
