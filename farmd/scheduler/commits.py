@@ -87,13 +87,7 @@ class GroupCommit:
     async def stop(self) -> None:
         """Let what is being written finish (its callers are told), then refuse nothing: a later ``submit`` starts
         a writer again. Cancelled only if the stop itself is."""
-        task = self._task
-        if task is not None and not task.done():
-            try:
-                await asyncio.shield(task)
-            except asyncio.CancelledError:
-                await cancel_and_wait(task)
-                raise
+        await _let_finish(self._task)
 
     async def _run(self) -> None:
         while self._waiting:
@@ -173,13 +167,8 @@ class GroupLease:
         return await future
 
     async def stop(self) -> None:
-        task = self._task
-        if task is not None and not task.done():
-            try:
-                await asyncio.shield(task)
-            except asyncio.CancelledError:
-                await cancel_and_wait(task)
-                raise
+        """As ``GroupCommit.stop``: what is being leased finishes, its callers told."""
+        await _let_finish(self._task)
 
     async def _run(self) -> None:
         while self._waiting:
@@ -211,3 +200,13 @@ class GroupLease:
         for asked, jobs in zip(batch, leased, strict=True):
             if not asked.done.done():
                 asked.done.set_result(jobs)
+
+
+async def _let_finish(task: asyncio.Task[None] | None) -> None:
+    """Wait for a batch writer's ``task`` to end by itself; cancel it (and wait) only if the waiting is cancelled."""
+    if task is not None and not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await cancel_and_wait(task)
+            raise
