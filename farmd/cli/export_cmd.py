@@ -22,6 +22,7 @@ import datetime
 import functools
 import json
 import os
+import tempfile
 import types
 import typing
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -46,6 +47,7 @@ from farmd.cli.common import (
 )
 from farmd.cli.remote_cmd import client, say_withdrawn_left_out
 from farmd.cli.shown import text
+from farmd.errors import StoreError
 from farmd.records import Trajectory
 
 if TYPE_CHECKING:
@@ -324,19 +326,56 @@ def served(t: Trajectory) -> Trajectory:
     return from_message(wire, Trajectory)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoreSource:
+    """Where ``--data`` / ``--store`` say a farm's stored trajectories are, read without farmd."""
+
+    data_dir: Path | None
+    url: str | None
+
+    @property
+    def given(self) -> bool:
+        return self.data_dir is not None or self.url is not None
+
+
+def store_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--data`` and ``--store``: read the store itself, not farmd. Not FARM_STORE, which farmd serve takes: a
+    variable set for farmd would quietly turn every farmctl export into a read of the database."""
+    command = click.option("--store", "store_url", metavar="URL", callback=_postgresql_url,
+                           help="Read the farm's PostgreSQL store (postgresql://USER@HOST/DB, as farmd serve --store) "
+                                "instead of asking farmd; a running farm's too.")(command)
+    return click.option("--data", "data_dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
+                        help="Read a stopped farm's data directory (its SQLite farm.db) instead of asking "
+                             "farmd.")(command)
+
+
+def _postgresql_url(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not value.startswith(("postgresql://", "postgres://")):
+        raise click.BadParameter("a postgresql://USER@HOST/DB address (a SQLite farm is read with --data)")
+    return value
+
+
 @contextlib.asynccontextmanager
-async def opened_store(data_dir: Path) -> AsyncIterator[Any]:
-    """The store of a stopped farm's data directory (opening it migrates an older one, as farmd would)."""
+async def opened_store(source: StoreSource) -> AsyncIterator[Any]:
+    """The store a source names (opening it migrates an older one, as farmd would). On PostgreSQL the data
+    directory holds nothing a reader needs, so without ``--data`` an empty one stands in."""
     from farmd.store import Store
 
-    path = data_dir / "farm.db"
-    if not path.exists():
-        fail(f"{data_dir} holds no farm.db", EXIT_FAILED)
-    store = await Store.open(path)
-    try:
-        yield store
-    finally:
-        await store.close()
+    with contextlib.ExitStack() as stack:
+        data_dir = source.data_dir
+        if data_dir is None:
+            data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="farmctl-store-")))
+        path = data_dir / "farm.db"
+        if source.url is None and not path.exists():
+            fail(f"{data_dir} holds no farm.db", EXIT_FAILED)
+        try:
+            store = await Store.open(path, source.url)
+        except StoreError as exc:
+            fail(str(exc), EXIT_FAILED)
+        try:
+            yield store
+        finally:
+            await store.close()
 
 
 _BY_EXTENSION = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
@@ -355,8 +394,8 @@ def format_for(out_path: Path, asked: str | None) -> str:
     return asked
 
 
-async def export_store(data_dir: Path, sink: Sink, env: str, include_withdrawn: bool) -> None:
-    async with opened_store(data_dir) as store:
+async def export_store(source: StoreSource, sink: Sink, env: str, include_withdrawn: bool) -> None:
+    async with opened_store(source) as store:
         # As farmd answers a listing: the mark before the first page, and what was left out.
         sink.verdict_mark = await store.verdicts.mark()
         if not include_withdrawn:
@@ -374,8 +413,7 @@ async def export_store(data_dir: Path, sink: Sink, env: str, include_withdrawn: 
 @click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default=None,
               help="Default: from --out's extension (.parquet, .pq; .jsonl, .ndjson, .json), else jsonl.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), required=True)
-@click.option("--data", "data_dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
-              help="Read a stopped farm's data directory instead of asking farmd.")
+@store_options
 @click.option("--env", "env_name", default="", help="Only this environment.")
 @click.option("--view", type=click.Choice(["record", "flat"]), default="record", show_default=True,
               help="record: every field; flat: prompt/completion/reward rows for SFT and DPO tools.")
@@ -383,9 +421,9 @@ async def export_store(data_dir: Path, sink: Sink, env: str, include_withdrawn: 
               help="Withdrawn trajectories too (a quarantine took them back): reward 0, passed false, flagged.")
 @json_option
 @click.pass_obj
-def export(state: CliState, fmt: str | None, out_path: Path, data_dir: Path | None, env_name: str, view: str,
-           include_withdrawn: bool, as_json: bool) -> None:
-    """Write every stored trajectory to a file, a page at a time, the same from farmd or from --data.
+def export(state: CliState, fmt: str | None, out_path: Path, data_dir: Path | None, store_url: str | None,
+           env_name: str, view: str, include_withdrawn: bool, as_json: bool) -> None:
+    """Write every stored trajectory to a file, a page at a time, the same from farmd, --data or --store.
 
     \b
     Every row holds its trajectory's current verdict: a rescore's, or a
@@ -417,9 +455,10 @@ def export(state: CliState, fmt: str | None, out_path: Path, data_dir: Path | No
     """
     fmt = format_for(out_path, fmt)
     sink = Sink(out_path, fmt, view)
+    source = StoreSource(data_dir, store_url)
     with sink:
-        if data_dir is not None:
-            run_async(export_store(data_dir, sink, env_name, include_withdrawn))
+        if source.given:
+            run_async(export_store(source, sink, env_name, include_withdrawn))
         else:
             export_farmd(state, sink, env_name, include_withdrawn)
     say_withdrawn_left_out(sink.withdrawn_left_out, "--include-withdrawn exports them")
@@ -509,8 +548,8 @@ def changes_since(manifest: Manifest, changes: Iterator[Any]) -> list[dict[str, 
     return out
 
 
-async def _store_changes(data_dir: Path, after: int) -> list[Any]:
-    async with opened_store(data_dir) as store:
+async def _store_changes(source: StoreSource, after: int) -> list[Any]:
+    async with opened_store(source) as store:
         found: list[Any] = []
         while page := await store.verdicts.changed(after, STORE_PAGE):
             found += page
@@ -521,17 +560,17 @@ async def _store_changes(data_dir: Path, after: int) -> list[Any]:
 @click.command("withdrawn")
 @click.option("--since", "since", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help=f"The manifest an export wrote beside its file (OUT{MANIFEST_SUFFIX}).")
-@click.option("--data", "data_dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
-              help="Read a stopped farm's data directory instead of asking farmd.")
+@store_options
 @json_option
 @click.pass_obj
-def withdrawn(state: CliState, since: Path, data_dir: Path | None, as_json: bool) -> None:
+def withdrawn(state: CliState, since: Path, data_dir: Path | None, store_url: str | None, as_json: bool) -> None:
     """Which trajectories of an export were withdrawn or rescored since it was made: each one's id, the verdict
     exported, the verdict it holds now and why. Drop those rows from a dataset made of the export ("changed"
     false: a later verdict that gives the same reward, such as a node's verdict the farm checked)."""
     manifest = read_manifest(since)
-    if data_dir is not None:
-        changes: Iterator[Any] = iter(run_async(_store_changes(data_dir, manifest.verdict_mark)))
+    source = StoreSource(data_dir, store_url)
+    if source.given:
+        changes: Iterator[Any] = iter(run_async(_store_changes(source, manifest.verdict_mark)))
         entries = changes_since(manifest, changes)
     else:
         with client(state) as c:

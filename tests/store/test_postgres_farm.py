@@ -45,6 +45,19 @@ def test_a_farm_on_postgresql_runs_a_run_and_feeds_a_trainer(running_farm, postg
     assert sorted(seen) == sorted(set(seen)) and len(seen) == 6
     assert _psql(postgres, url, "SELECT acked_seq FROM consumers WHERE name = 'pg-trainer'") == "6"
 
+    # Read from the database itself, as --data reads a SQLite farm: the same rows farmd exports, and a manifest
+    # that withdrawn --store reads against the same database.
+    out = tmp_path / "pg.jsonl"
+    via_store = json.loads(farm.farmctl("export", "--store", url, "--out", str(out), "--json").stdout)
+    assert via_store["exported"] == 6
+    assert sorted(json.loads(line)["id"] for line in out.read_text().splitlines()) == sorted(seen)
+    via_farmd = tmp_path / "farmd.jsonl"
+    farm.farmctl("export", "--out", str(via_farmd))
+    assert sorted(out.read_text().splitlines()) == sorted(via_farmd.read_text().splitlines())
+    changed = json.loads(farm.farmctl("withdrawn", "--since", f"{out}.manifest.json", "--store", url,
+                                      "--json").stdout)
+    assert changed["exported"] == 6 and changed["withdrawn"] == 0
+
     # The same farm again on the same database: what was acked is not sent again; a new run's rollouts are.
     assert farm.stop() == 0
     again = running_farm("--store", url, "--workers", "2", data_dir=farm.data_dir)
