@@ -72,6 +72,8 @@ log = logging.getLogger("farmd.daemon")
 
 _MAX_SEND_BYTES = 64 * 1024 * 1024
 _INTAKE_BOXES = 3
+FARM_KEY_STATE = "verifier_key"
+"""The farm's verifier key in a shared database's saved state (hex): the database is the farm, so its key is there."""
 """Boxes a coordinator without workers keeps for checking submissions (a check runs a few at once)."""
 
 
@@ -138,7 +140,7 @@ class Daemon:
         # role when the active one is gone takes over its leases and streams (the scheduler extends the leases).
         await self.store.db.become_active(self._lost_active)
         levels = self.catalog.max_difficulty()
-        key = await loop.run_in_executor(None, VerifierKey.load_or_create, self.config.data_dir)
+        key = await self._farm_key()
         # Fresh seeds from the farm's keyed sequence: intake draws the seeds it checks on the same way.
         self.scheduler = await Scheduler.open(
             self.store, levels, self.config.scheduler, self.metrics, bank_config=self.config.taskbank,
@@ -368,6 +370,22 @@ class Daemon:
     def _remove_runfile(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             Path(self.config.data_dir / "farmd.json").unlink()
+
+    async def _farm_key(self) -> VerifierKey:
+        """The data directory's key on SQLite. On a shared database the farm's key is the database's, so every
+        coordinator of the farm derives the same hidden inputs and welcomes nodes with the same key, with no file to
+        copy between their hosts; the first coordinator's key becomes the farm's. Only the active coordinator gets
+        here, so two never race to set it."""
+        assert self.store is not None
+        loop = asyncio.get_running_loop()
+        if self.config.store is None:
+            return await loop.run_in_executor(None, VerifierKey.load_or_create, self.config.data_dir)
+        stored = await self.store.get_state(FARM_KEY_STATE)
+        if stored is None:
+            key = await loop.run_in_executor(None, VerifierKey.load_or_create, self.config.data_dir)
+            await self.store.put_state(FARM_KEY_STATE, key.material().hex())
+            return key
+        return await loop.run_in_executor(None, VerifierKey.adopt, self.config.data_dir, bytes.fromhex(stored))
 
     def _lost_active(self) -> None:
         log.error("lost the connection that makes this the active coordinator: stopping, another takes over",

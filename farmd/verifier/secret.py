@@ -17,6 +17,7 @@ import secrets
 import stat
 from pathlib import Path
 
+from farmd.errors import ConfigError
 from farmd.private import FILE_MODE, make_dir
 
 log = logging.getLogger("farmd.verifier")
@@ -34,19 +35,37 @@ class VerifierKey:
     @classmethod
     def load_or_create(cls, data_dir: Path) -> VerifierKey:
         """The key of a farm's data directory, created (0600) on first use."""
-        path = data_dir / KEY_FILE
+        found = cls._load(data_dir / KEY_FILE)
+        return found if found is not None else cls._write(data_dir, secrets.token_bytes(_KEY_BYTES))
+
+    @classmethod
+    def adopt(cls, data_dir: Path, key: bytes) -> VerifierKey:
+        """The farm's ``key`` (a shared database's), kept in ``data_dir`` too for the tools that read it there. A
+        different key already there is refused: hidden inputs derived from it would not be the farm's."""
+        found = cls._load(data_dir / KEY_FILE)
+        if found is None:
+            return cls._write(data_dir, key)
+        if not hmac.compare_digest(found._key, key):
+            raise ConfigError(f"{data_dir / KEY_FILE} is not this farm's verifier key (its database holds the farm's): "
+                              f"move it away and farmd keeps the farm's there")
+        return found
+
+    @classmethod
+    def _load(cls, path: Path) -> VerifierKey | None:
         try:
             key = path.read_bytes()
         except FileNotFoundError:
-            pass
-        else:
-            loose = stat.S_IMODE(os.stat(path).st_mode)
-            if loose & ~FILE_MODE:  # a key others could read makes every hidden test public
-                os.chmod(path, FILE_MODE)
-                log.warning("%s was mode %o: now %o", path, loose, FILE_MODE)
-            return cls(key)
+            return None
+        loose = stat.S_IMODE(os.stat(path).st_mode)
+        if loose & ~FILE_MODE:  # a key others could read makes every hidden test public
+            os.chmod(path, FILE_MODE)
+            log.warning("%s was mode %o: now %o", path, loose, FILE_MODE)
+        return cls(key)
+
+    @classmethod
+    def _write(cls, data_dir: Path, key: bytes) -> VerifierKey:
         make_dir(data_dir)
-        key = secrets.token_bytes(_KEY_BYTES)
+        path = data_dir / KEY_FILE
         tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:

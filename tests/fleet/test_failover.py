@@ -6,7 +6,6 @@ is sent to it again."""
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import threading
@@ -45,9 +44,9 @@ def test_a_killed_coordinators_farm_goes_on_under_the_other(postgres: Any, worke
     port_a, port_b = free_port(), free_port()
     both = f"127.0.0.1:{port_a},127.0.0.1:{port_b}"
     first = RunningFarm(tmp_path / "a", "--store", url, "--workers", "0", listen=f"127.0.0.1:{port_a}")
-    # The second coordinator of the same farm: its verifier key is the farm's (an operator copies it).
+    # The second coordinator of the same farm, on a data directory of its own with no key in it: the farm's key is
+    # the database's, which it takes when it becomes the active one.
     (tmp_path / "b").mkdir(mode=0o700)
-    shutil.copy2(tmp_path / "a" / KEY_FILE, tmp_path / "b" / KEY_FILE)
     log_b = open(tmp_path / "b.log", "ab")  # noqa: SIM115 (closed below)
     second = subprocess.Popen([FARMD, "serve", "--store", url, "--workers", "0", "--listen", f"127.0.0.1:{port_b}",
                                "--data", str(tmp_path / "b")], stdout=log_b, stderr=subprocess.STDOUT)
@@ -90,6 +89,7 @@ def test_a_killed_coordinators_farm_goes_on_under_the_other(postgres: Any, worke
             assert time.monotonic() - killed_at < 15, "no rollout was stored within 15 s of the kill"
             time.sleep(0.1)
         assert _runfile_pid(tmp_path / "b") == second.pid, "the second coordinator serves now"
+        assert (tmp_path / "b" / KEY_FILE).read_bytes() == (tmp_path / "a" / KEY_FILE).read_bytes()
 
         deadline = time.monotonic() + 180
         while _count(url, "SELECT COUNT(*) FROM trajectories") < ROLLOUTS:

@@ -95,3 +95,32 @@ def test_an_atropos_queue_on_postgresql_survives_a_restart(postgres, store_backe
     assert before["/status"] == {"current_step": 3, "queue_size": 0}
     assert after["/status"] == before["/status"] and after["/info"] == before["/info"]
     assert [g["tokens"][0][0] for g in batch["batch"]] == [200], "the next batch it had cut"
+
+
+def test_the_farms_verifier_key_is_its_databases(running_farm, postgres, store_backend: str,  # type: ignore[no-untyped-def]
+                                                 tmp_path: Path) -> None:
+    """Every coordinator of a farm on PostgreSQL derives hidden inputs with one key, the database's: a data directory
+    without one is given it, and one holding another key is refused before it serves (its hidden tests would not be
+    the farm's, and nodes it welcomed would verify with the wrong key)."""
+    if store_backend != "postgresql":
+        pytest.skip("a SQLite farm's key is its data directory's")
+    from farmd.verifier.secret import KEY_FILE
+    from tests.conftest import FARMD
+
+    url = postgres.new_database()
+    farm = running_farm("--store", url, "--workers", "0")
+    key = (farm.data_dir / KEY_FILE).read_bytes()
+    assert farm.stop() == 0
+    assert _psql(postgres, url, "SELECT value FROM state WHERE key = 'verifier_key'") == f'"{key.hex()}"'
+
+    again = running_farm("--store", url, "--workers", "0", data_dir=tmp_path / "fresh")
+    assert (again.data_dir / KEY_FILE).read_bytes() == key
+    assert again.stop() == 0
+
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+    (other / KEY_FILE).write_bytes(b"another farm's key, 32 bytes...")
+    refused = subprocess.run([FARMD, "serve", "--store", url, "--listen", "127.0.0.1:0", "--workers", "0",
+                              "--data", str(other)], capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0
+    assert "is not this farm's verifier key" in refused.stderr, refused.stderr[-2000:]
