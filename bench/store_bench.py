@@ -214,8 +214,8 @@ async def _farm_read(db: Path, n: int) -> dict[str, float]:
         grouped = done = 0
         t0 = time.perf_counter()
         while groups := await store.finished_groups(done, PAGE // GROUP):
-            grouped += len(await store.group_trajectories([g["id"] for g in groups]))
-            done = groups[-1]["done_seq"]
+            grouped += len(await store.group_trajectories([g.id for g in groups]))
+            done = groups[-1].done_seq
         grouped_s = time.perf_counter() - t0
     finally:
         await store.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -89,7 +90,7 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
                            for c in node.isolation],
                 workers=node.workers, max_boxes=node.max_boxes, policy_version=self._scheduler.policy_version,
                 queue=history.queue_pb(pulse.queue), throughput_per_s=pulse.throughput_per_s,
-                pass_rates=[farm_pb2.PassRate(**row) for row in farm.pass_rates],
+                pass_rates=[farm_pb2.PassRate(**dataclasses.asdict(row)) for row in farm.pass_rates],
                 bank=[_bank_pb(name, entry) for name, entry in [*pulse.bank.envs.items(), ("", pulse.bank.totals)]],
                 consumers=[_consumer_pb(c) for c in pulse.consumers], streams=pulse.streams,
                 last_seq=pulse.last_seq, counters=pulse.counters,

@@ -303,12 +303,13 @@ def progress(total: int) -> Iterator[Callable[[int], None]]:
         yield advance
 
 
-def _total(pass_rates: list[dict[str, Any]], env: str) -> int:
-    return sum(int(r["trajectories"]) for r in pass_rates if not env or r["env"] == env)
+def _total(pass_rates: list[tuple[str, int]], env: str) -> int:
+    """Trajectories to export, from (env, trajectories) rows: the progress bar's total."""
+    return sum(n for e, n in pass_rates if not env or e == env)
 
 
 def export_farmd(state: CliState, sink: Sink, env: str, include_withdrawn: bool) -> None:
-    with client(state) as c, progress(_total(c.status()["pass_rates"], env)) as advance:
+    with client(state) as c, progress(_total([(r["env"], int(r["trajectories"])) for r in c.status()["pass_rates"]], env)) as advance:
         for page in c.trajectory_pages(env=env, full=True, include_withdrawn=include_withdrawn):
             sink.verdict_mark, sink.withdrawn_left_out = page.verdict_mark, page.withdrawn_left_out
             sink.write(page)
@@ -400,7 +401,7 @@ async def export_store(source: StoreSource, sink: Sink, env: str, include_withdr
         sink.verdict_mark = await store.verdicts.mark()
         if not include_withdrawn:
             sink.withdrawn_left_out = await store.withdrawn_count(env=env or None)
-        with progress(_total(await store.pass_rates(), env)) as advance:
+        with progress(_total([(r.env, r.trajectories) for r in await store.pass_rates()], env)) as advance:
             after = 0
             while page := await store.trajectories(after_seq=after, limit=STORE_PAGE, env=env or None,
                                                    withdrawn=include_withdrawn):

@@ -25,10 +25,9 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from farmd.records import Trajectory
-from farmd.store import Store
+from farmd.store import FinishedGroup, Store
 
 TRAJECTORIES = "trajectories"
 GROUPS = "groups"
@@ -228,17 +227,17 @@ class Delivery:
                             ) -> tuple[list[Trajectory], int]:
         groups = await self.store.finished_groups(after, max(1, size // 2), agent=agent, envs=envs,
                                                    streamed=True)
-        picked: list[dict[str, Any]] = []
+        picked: list[FinishedGroup] = []
         total = 0
         for g in groups:  # whole groups only: stop before one would overflow the batch (but take at least one)
-            if picked and total + g["size"] > size:
+            if picked and total + g.size > size:
                 break
             picked.append(g)
-            total += g["size"]
+            total += g.size
         if not picked:
             return [], after
-        trajectories = await self.store.group_trajectories([g["id"] for g in picked], body)
-        return trajectories, picked[-1]["done_seq"]
+        trajectories = await self.store.group_trajectories([g.id for g in picked], body)
+        return trajectories, picked[-1].done_seq
 
     @staticmethod
     def _start_clock(state: _Consumer) -> None:

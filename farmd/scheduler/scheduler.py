@@ -21,7 +21,6 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from farmd.flags import WITHDRAWN
 from farmd.metrics import Metrics
@@ -31,7 +30,7 @@ from farmd.scheduler.config import SchedulerConfig
 from farmd.scheduler.delivery import ConsumerStatus, Delivery
 from farmd.scheduler.policies import Policies
 from farmd.scheduler.retention import Disk, Retention
-from farmd.store import JobFailure, Store
+from farmd.store import JobFailure, PassRate, Store
 from farmd.store.jobs import LeaseAsk
 from farmd.store.nodes import Completion
 from farmd.taskbank import BankConfig, BankStatus, SeedSequence, TaskBank, TaskKey
@@ -94,7 +93,7 @@ class FarmStatus:
     """The pulse, and what costs a read of every stored trajectory (``Scheduler.status``)."""
 
     pulse: FarmPulse
-    pass_rates: list[dict[str, Any]]
+    pass_rates: list[PassRate]
     """By environment and level (``Store.pass_rates``)."""
     disk: Disk
     """The disk the store and the policies take, and how fast it grows."""
@@ -411,11 +410,11 @@ class Scheduler:
             if not groups:
                 return seen
             for g in groups:
-                self._bank_cursor = g["done_seq"]
-                if g["rewards"] and g["env"] in self.bank.envs and self.bank_follows(g["agent"]):
+                self._bank_cursor = g.done_seq
+                if g.rewards and g.env in self.bank.envs and self.bank_follows(g.agent):
                     with contextlib.suppress(ValueError):
-                        self.bank.observe(TaskKey(g["env"], g["seed"], g["difficulty"]),
-                                          [min(1.0, max(0.0, r)) for r in g["rewards"]], g["policy_version"])
+                        self.bank.observe(TaskKey(g.env, g.seed, g.difficulty),
+                                          [min(1.0, max(0.0, r)) for r in g.rewards], g.policy_version)
                     seen += 1
 
     async def _amend_verdicts(self) -> int:

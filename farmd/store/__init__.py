@@ -6,5 +6,7 @@ from farmd.store.activity import ActivityBucket, CurvePoint
 from farmd.store.filters import TrajectoryFilter
 from farmd.store.jobs import JobFailure
 from farmd.store.store import Store
+from farmd.store.trajectories import FinishedGroup, PassRate
 
-__all__ = ["ActivityBucket", "CurvePoint", "JobFailure", "Store", "StoreError", "TrajectoryFilter"]
+__all__ = ["ActivityBucket", "CurvePoint", "FinishedGroup", "JobFailure", "PassRate", "Store", "StoreError",
+           "TrajectoryFilter"]

@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from farmd import domain
 from farmd.flags import UNREADABLE, WITHDRAWN
@@ -26,6 +25,35 @@ from farmd.text import valid_tree
 log = logging.getLogger("farmd.store")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class FinishedGroup:
+    """A group as it finished (``finished_groups``): what the task bank learns from and whole-group streams cut."""
+
+    id: int
+    done_seq: int
+    env: str
+    seed: int
+    difficulty: int
+    agent: str
+    size: int
+    rewards: list[float]
+    """Of its trajectories' current verdicts that count (none withdrawn, none in error, each in its domain)."""
+    policy_version: int
+    """The newest version among those rewards' trajectories (0: none)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PassRate:
+    """One environment at one level, by each trajectory's current verdict (``pass_rates``)."""
+
+    env: str
+    difficulty: int
+    trajectories: int
+    passed: int
+    mean_reward: float | None
+    errors: int
+
+
 class TrajectoryRecords:
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -35,7 +63,7 @@ class TrajectoryRecords:
 
     async def finished_groups(self, after: int, limit: int, *, agent: str | None = None,
                               envs: Sequence[str] = (), streamed: bool = False, as_of: int | None = None
-                              ) -> list[dict[str, Any]]:
+                              ) -> list[FinishedGroup]:
         """Groups that ended after done position ``after``, in the order they ended, with their rewards (of their
         current verdicts, none withdrawn; ``as_of`` a verdict mark: of the verdicts they held at that mark, what a
         reader keeping up with ``store.verdicts.changed`` from there must count); only ``agent``'s and only those of
@@ -62,9 +90,9 @@ class TrajectoryRecords:
             # nothing here; its record is served as unreadable (``read_trajectory``).
             if domain.reward_problem(reward, False, "ok", external=True) is None and isinstance(version, int):
                 rewards.setdefault(gid, []).append((float(reward), int(version)))
-        return [{"id": gid, "done_seq": done, "env": env, "seed": seed, "difficulty": difficulty, "agent": agent,
-                 "size": size, "rewards": [r for r, _ in rewards.get(gid, [])],
-                 "policy_version": max((v for _, v in rewards.get(gid, [])), default=0)}
+        return [FinishedGroup(id=gid, done_seq=done, env=env, seed=seed, difficulty=difficulty, agent=agent, size=size,
+                              rewards=[r for r, _ in rewards.get(gid, [])],
+                              policy_version=max((v for _, v in rewards.get(gid, [])), default=0))
                 for gid, done, env, seed, difficulty, agent, size in groups]
 
     # -- trajectories ---------------------------------------------------------------------------
@@ -160,7 +188,7 @@ class TrajectoryRecords:
         row = await self._db.one("SELECT COALESCE(MAX(seq), 0) FROM trajectories")
         return int(row[0]) if row else 0
 
-    async def pass_rates(self) -> list[dict[str, Any]]:
+    async def pass_rates(self) -> list[PassRate]:
         """Per environment and level, by each trajectory's current verdict: trajectories, passed, mean reward,
         errors (never scores); withdrawn ones left out (a quarantine took them back: their verdicts say nothing of
         the policy, and their withdrawn 0 would read as it failing), and a red team's attempts (wrong on purpose,
@@ -174,8 +202,8 @@ class TrajectoryRecords:
             f"SUM(CASE WHEN status='error' THEN 1 ELSE 0 END) FROM trajectories WHERE substr(agent, 1, ?) != ? AND NOT {WITHDRAWN_SQL} "
             "GROUP BY env, difficulty ORDER BY env, difficulty",
             (-bound, bound, len(RED_TEAM_PREFIX), RED_TEAM_PREFIX))
-        return [{"env": e, "difficulty": d, "trajectories": n, "passed": int(p or 0),
-                 "mean_reward": float(r) if r is not None else None, "errors": int(err or 0)}
+        return [PassRate(env=e, difficulty=d, trajectories=n, passed=int(p or 0),
+                         mean_reward=float(r) if r is not None else None, errors=int(err or 0))
                 for e, d, n, p, r, err in rows]
 
     async def finished_since(self, since: float) -> int:
@@ -206,10 +234,10 @@ class TrajectoryRecords:
             return await give(db, now, rows=[(t, v, r, p, s, valid_tree(rs)[0], valid_tree(fl)[0])
                                              for t, v, r, p, s, rs, fl in rows])
 
-    async def scores(self, traj_id: int) -> list[dict[str, Any]]:
-        """Every verdict ``traj_id`` was given, the first included, as plain values."""
+    async def scores(self, traj_id: int) -> list[Score]:
+        """Every verdict ``traj_id`` was given, the first included."""
         found = await self.trajectory(traj_id)
-        return [dataclasses.asdict(s) for s in found.scores] if found is not None else []
+        return list(found.scores) if found is not None else []
 
     async def scored_versions(self, env: str) -> dict[int, set[str]]:
         """Per trajectory of ``env``, the verifier versions a later verdict scored it under (the verdict it was

@@ -94,9 +94,9 @@ async def test_canaries_are_queued_beside_a_versions_jobs_on_its_seeds_and_kept_
         streamed = await store.trajectories(streamed=True, limit=100)
         assert streamed and not [t for t in streamed if t.agent.startswith(CANARY_PREFIX)], "never to a trainer"
         groups = await store.finished_groups(0, 100, streamed=True)
-        assert groups and not [g for g in groups if g["agent"].startswith(CANARY_PREFIX)]
-        rates = {r["env"]: r for r in await store.pass_rates()}
-        assert rates[ENV]["trajectories"] == 8 and rates[ENV]["passed"] == 8, "nor in pass rates"
+        assert groups and not [g for g in groups if g.agent.startswith(CANARY_PREFIX)]
+        rates = {r.env: r for r in await store.pass_rates()}
+        assert rates[ENV].trajectories == 8 and rates[ENV].passed == 8, "nor in pass rates"
         found = await store.intake.canary_results(0, await store.last_seq())
         assert len(found) == 3 and all(r.reward == 1.0 for r in found), "what the funnel reads"
     finally:

@@ -91,7 +91,7 @@ async def test_a_quarantine_withdraws_trajectories_from_streams_and_cancels_queu
     streamed = await store.trajectories(streamed=True)
     assert {t.env for t in streamed} == {"py-func"}
     assert {t.env for t in await store.trajectories()} == {ENV, "py-func"}  # kept for operators
-    assert [g["env"] for g in await store.finished_groups(0, 10, streamed=True)] == ["py-func"]
+    assert [g.env for g in await store.finished_groups(0, 10, streamed=True)] == ["py-func"]
     told = await store.intake.withdrawals(0)
     assert sorted(w.trajectory_id for w in told) == sorted(j.id for j in ours)
     assert await store.intake.withdrawals(told[-1].seq) == []
@@ -100,7 +100,7 @@ async def test_a_quarantine_withdraws_trajectories_from_streams_and_cancels_queu
     [score] = [s for s in record.scores if s.verifier_version.endswith("+quarantined")]
     assert score.reward == 0 and not score.passed and "withdrawn" in score.flags
     assert (await store.job_counts()).get("cancelled") == 1
-    assert queued not in [g["id"] for g in await store.finished_groups(0, 10, streamed=True)]
+    assert queued not in [g.id for g in await store.finished_groups(0, 10, streamed=True)]
 
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from farmd.errors import CursorError
 from farmd.records import JobState, Step, Trajectory
-from farmd.store import Store, StoreError
+from farmd.store import PassRate, Store, StoreError
 from farmd.store.schema import MIGRATIONS
 
 
@@ -92,7 +92,7 @@ async def test_failures_are_retried_then_recorded_apart(store: Store) -> None:
     assert await store.fail("w", job.id, "sandbox died again", final=True) is JobState.FAILED
     assert len(await store.failures()) == 2
     done = await store.finished_groups(0, 10)
-    assert len(done) == 1 and done[0]["rewards"] == []
+    assert len(done) == 1 and done[0].rewards == []
 
 
 async def test_groups_end_in_the_order_they_finish(store: Store) -> None:
@@ -103,11 +103,11 @@ async def test_groups_end_in_the_order_they_finish(store: Store) -> None:
         by_group[j.group_id].append(j)
     await store.complete([("w", traj(by_group[g1][0].id, g1, 1.0))])
     await store.complete([("w", traj(by_group[g2][0].id, g2, 0.0))])
-    assert [g["id"] for g in await store.finished_groups(0, 10)] == [g2]  # g1 still has a job out
+    assert [g.id for g in await store.finished_groups(0, 10)] == [g2]  # g1 still has a job out
     await store.complete([("w", traj(by_group[g1][1].id, g1, 0.0))])
     done = await store.finished_groups(0, 10)
-    assert [(g["id"], g["done_seq"], g["rewards"]) for g in done] == [(g2, 1, [0.0]), (g1, 2, [1.0, 0.0])]
-    assert [g["id"] for g in await store.finished_groups(1, 10)] == [g1]
+    assert [(g.id, g.done_seq, g.rewards) for g in done] == [(g2, 1, [0.0]), (g1, 2, [1.0, 0.0])]
+    assert [g.id for g in await store.finished_groups(1, 10)] == [g1]
 
 
 async def test_consumers_scores_policies_state(store: Store) -> None:
@@ -129,7 +129,7 @@ async def test_consumers_scores_policies_state(store: Store) -> None:
     assert await store.add_scores([row]) == 1
     assert await store.add_scores([(job.id, "2", 1.0, True, "ok", [], [])]) == 0  # never overwritten
     # The later verdict is current (what every reader shows); the first stays in the history, as verdict 0.
-    assert [(s["reward"], s["verdict_version"] > 0) for s in await store.scores(job.id)] == [(1.0, False), (0.0, True)]
+    assert [(s.reward, s.verdict_version > 0) for s in await store.scores(job.id)] == [(1.0, False), (0.0, True)]
     current = await store.trajectory(job.id)
     assert current is not None and (current.reward, current.flags, current.verifier_version) == \
         (0.0, ["suspected_hack"], "2") and current.verdict_version == current.scores[-1].verdict_version
@@ -156,8 +156,7 @@ async def test_everything_survives_a_reopen(tmp_path: Path) -> None:
         assert await s.last_seq() == 1
         rates = await s.pass_rates()
         # Stored under its lease's level (1), whatever the record said (2).
-        assert rates == [{"env": "py-func", "difficulty": 1, "trajectories": 1, "passed": 1, "mean_reward": 1.0,
-                          "errors": 0}]
+        assert rates == [PassRate(env="py-func", difficulty=1, trajectories=1, passed=1, mean_reward=1.0, errors=0)]
         assert await s.finished_since(time.time() - 60) == 1
     finally:
         await s.close()

@@ -59,7 +59,7 @@ async def test_a_rescore_is_every_readers_verdict_and_the_first_stays_in_the_his
     assert ids(await store.trajectories(where=TrajectoryFilter(flag="suspected_hack"))) == {a.id}
     # Pass rates count each by its current verdict.
     (rate,) = await store.pass_rates()
-    assert (rate["trajectories"], rate["passed"]) == (3, 2)
+    assert (rate.trajectories, rate.passed) == (3, 2)
     # A version that scored it keeps its score: the same version again changes nothing.
     mark = await store.verdicts.mark()
     assert await store.add_scores([(a.id, "2", 1.0, True, "ok", [], [])]) == 0
@@ -104,7 +104,7 @@ async def test_a_withdrawal_is_current_for_good_and_listings_leave_it_out_unless
     assert {t.id for t in await store.trajectories()} == {t.id for t in made}
     assert await store.withdrawn_count() == 3 and await store.withdrawn_count(env="py-func") == 0
     assert await store.withdrawn_count(where=TrajectoryFilter(min_reward=0.5)) == 0, "narrowed by the verdict shown"
-    assert [r["env"] for r in await store.pass_rates()] == ["py-func"], "no pass rate counts a withdrawn verdict"
+    assert [r.env for r in await store.pass_rates()] == ["py-func"], "no pass rate counts a withdrawn verdict"
 
     # Sticky: a later rescore is kept, and never makes it live again; a second quarantine adds nothing.
     assert await store.add_scores([(ours[1].id, "3", 1.0, True, "ok", ["rescored"], [])]) == 1
@@ -163,8 +163,8 @@ async def test_what_changed_since_a_mark_and_what_each_held_then(store: Store) -
     assert await store.verdicts.at([a.id, b.id, c.id], await store.verdicts.mark()) == {}, "nothing changed since now"
 
     # The task bank reads finished groups as of its mark.
-    then = {g["id"]: g["rewards"] for g in await store.finished_groups(0, 10, as_of=mark)}
-    now = {g["id"]: g["rewards"] for g in await store.finished_groups(0, 10)}
+    then = {g.id: g.rewards for g in await store.finished_groups(0, 10, as_of=mark)}
+    now = {g.id: g.rewards for g in await store.finished_groups(0, 10)}
     assert (then[b.group_id], now[b.group_id]) == ([0.0], [1.0])
     assert (then[a.group_id], now[a.group_id]) == ([1.0], []), "a withdrawn verdict counts for nothing"
 
