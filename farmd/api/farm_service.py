@@ -37,7 +37,7 @@ from farmd.scheduler.history import History
 from farmd.scheduler.nodes import Nodes, NodeStatus
 from farmd.scheduler.policies import LINE_NAME
 from farmd.scheduler.retention import Disk
-from farmd.store import JobFailure, Store, StoreError
+from farmd.store import JobFailure, RunSummary, Store, StoreError
 from farmd.store.names import NameRow
 from farmd.store.retention import PolicyState
 from farmd.taskbank import Standing
@@ -149,7 +149,7 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
             more = len(runs) > size
             runs = runs[:size]
             return farm_pb2.ListRunsResponse(runs=[run_pb(r) for r in runs],
-                                             next_page_token=make_token("runs", runs[-1]["id"]) if more else "",
+                                             next_page_token=make_token("runs", runs[-1].id) if more else "",
                                              capped=request.page_size > size and more)
         return await guarded(context, call)
 
@@ -400,16 +400,16 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
         return await guarded(context, call)
 
 
-def run_pb(run: dict[str, Any]) -> farm_pb2.Run:
+def run_pb(run: RunSummary) -> farm_pb2.Run:
     message = farm_pb2.Run(
-        id=run["id"], env=run["env"], agent=run["agent"], rollouts=run["rollouts"], group_size=run["group_size"],
-        group_ids=run["group_ids"], state=farm_pb2.RunState.Value(f"RUN_STATE_{run['state'].upper()}"),
-        jobs=run["jobs"], done=run["done"], failed=run["failed"], cancelled=run["cancelled"], passed=run["passed"])
-    message.created_at.FromNanoseconds(round(run["created_at"] * 1e9))
-    if run["finished_at"]:
-        message.finished_at.FromNanoseconds(round(run["finished_at"] * 1e9))
-    if run["last_error"]:
-        message.last_error.CopyFrom(failure_status(run["last_error"]))
+        id=run.id, env=run.env, agent=run.agent, rollouts=run.rollouts, group_size=run.group_size,
+        group_ids=run.group_ids, state=farm_pb2.RunState.Value(f"RUN_STATE_{run.state.upper()}"),
+        jobs=run.jobs, done=run.done, failed=run.failed, cancelled=run.cancelled, passed=run.passed)
+    message.created_at.FromNanoseconds(round(run.created_at * 1e9))
+    if run.finished_at:
+        message.finished_at.FromNanoseconds(round(run.finished_at * 1e9))
+    if run.last_error:
+        message.last_error.CopyFrom(failure_status(run.last_error))
     return message
 
 

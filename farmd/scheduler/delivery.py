@@ -269,11 +269,11 @@ class Delivery:
         stored = await self.store.last_seq()
         out: list[ConsumerStatus] = []
         rows = await self.store.consumers(limit)
-        listed = {(r["name"], r["kind"]) for r in rows}
+        listed = {(r.name, r.kind) for r in rows}
         rows += [r for key in self._consumers if key not in listed
                  for r in await self.store.consumers_named(*key)]
         for row in rows:
-            key = (row["name"], row["kind"])
+            key = (row.name, row.kind)
             state = self._consumers.get(key, _Consumer())
             if state.streams <= 0:
                 condition = "closed"
@@ -282,9 +282,9 @@ class Delivery:
             else:
                 condition = "consuming"
             out.append(ConsumerStatus(
-                name=row["name"], whole_groups=row["kind"] == GROUPS, cursor=row["acked"],
-                lag=stored - await self.store.consumed(row["kind"], row["acked"]), streams=state.streams,
-                state=condition, acked_at=row["updated_at"], staleness=state.staleness))
+                name=row.name, whole_groups=row.kind == GROUPS, cursor=row.acked,
+                lag=stored - await self.store.consumed(row.kind, row.acked), streams=state.streams,
+                state=condition, acked_at=row.updated_at, staleness=state.staleness))
         known = {(c.name, GROUPS if c.whole_groups else TRAJECTORIES) for c in out}
         for (name, kind), state in self._consumers.items():  # streaming, but never acked yet
             if (name, kind) not in known and state.streams > 0:

@@ -3,6 +3,7 @@ been acknowledged, never moved backwards nor past what was stored."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -21,8 +22,18 @@ def _kind(kind: str) -> str:
     return kind
 
 
-def _consumer_rows(rows: list[Any]) -> list[dict[str, Any]]:
-    return [{"name": n, "kind": k, "acked": int(a), "updated_at": float(t)} for n, k, a, t in rows]
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cursor:
+    """A consumer's cursor as acked: its name, what it counts (``kind``), where it stands, when it last moved."""
+
+    name: str
+    kind: str
+    acked: int
+    updated_at: float
+
+
+def _consumer_rows(rows: list[Any]) -> list[Cursor]:
+    return [Cursor(name=n, kind=k, acked=int(a), updated_at=float(t)) for n, k, a, t in rows]
 
 
 class ConsumerRecords:
@@ -52,12 +63,12 @@ class ConsumerRecords:
                 "RETURNING acked_seq", (consumer, kind, up_to, time.time()))
         return int(row[0]) if row else up_to
 
-    async def consumers(self, limit: int = -1) -> list[dict[str, Any]]:
+    async def consumers(self, limit: int = -1) -> list[Cursor]:
         """Cursors that were acked (the ``limit`` that moved last; -1: all): name, kind, position, when it moved."""
         return _consumer_rows(await self._db.all("SELECT name, kind, acked_seq, updated_at FROM consumers "
                                                  "ORDER BY updated_at DESC, name, kind LIMIT ?", (limit,)))
 
-    async def consumers_named(self, name: str, kind: str) -> list[dict[str, Any]]:
+    async def consumers_named(self, name: str, kind: str) -> list[Cursor]:
         """``consumers()``'s row for one cursor, if it was ever acked."""
         return _consumer_rows(await self._db.all(
             "SELECT name, kind, acked_seq, updated_at FROM consumers WHERE name=? AND kind=?", (name, _kind(kind))))

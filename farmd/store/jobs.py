@@ -54,6 +54,30 @@ def _endpoint_filter(dialect: Dialect, endpoint: str | None, exclude: Sequence[s
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class RunSummary:
+    """A run as queued, and how far its jobs have come (``run``, ``runs``)."""
+
+    id: int
+    env: str
+    agent: str
+    rollouts: int
+    group_size: int
+    group_ids: list[int]
+    state: str
+    """running, succeeded, failed or cancelled."""
+    jobs: int
+    done: int
+    failed: int
+    cancelled: int
+    passed: int
+    created_at: float
+    finished_at: float
+    """When its last job ended (0: a job is still queued or leased)."""
+    last_error: str
+    """Its newest job error, as the job keeps it ("": none)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class JobFailure:
     """One failed attempt at a job: an infrastructure failure, never a score."""
 
@@ -106,18 +130,18 @@ class JobRecords:
 
     # -- runs -----------------------------------------------------------------------------------
 
-    async def run(self, run_id: int) -> dict[str, Any] | None:
-        """A run as queued, and how far its jobs have come (``state``: running, succeeded, failed, cancelled)."""
+    async def run(self, run_id: int) -> RunSummary | None:
+        """A run as queued, and how far its jobs have come."""
         found = await self._runs([run_id])
         return found[0] if found else None
 
-    async def runs(self, before_id: int = 0, limit: int = 50) -> list[dict[str, Any]]:
+    async def runs(self, before_id: int = 0, limit: int = 50) -> list[RunSummary]:
         """Runs newest first, starting below ``before_id`` (0: from the newest)."""
         ids = await self._db.all("SELECT id FROM runs WHERE (? = 0 OR id < ?) ORDER BY id DESC LIMIT ?",
                                  (before_id, before_id, limit))
         return await self._runs([int(r[0]) for r in ids])
 
-    async def _runs(self, run_ids: list[int]) -> list[dict[str, Any]]:
+    async def _runs(self, run_ids: list[int]) -> list[RunSummary]:
         """``run`` for many runs in a handful of queries (a page of runs is not a query per run)."""
         out = []
         for start in range(0, len(run_ids), MAX_VARS):
@@ -153,15 +177,14 @@ class JobRecords:
                     state = "running"
                 else:
                     state = "failed" if jobs.get("failed", 0) else "succeeded"
-                out.append({"id": run_id, "env": env, "agent": agent, "rollouts": rollouts, "group_size": group_size,
-                            "group_ids": groups.get(run_id, []), "state": state, "jobs": sum(jobs.values()),
-                            "done": jobs.get("done", 0), "failed": jobs.get("failed", 0),
-                            "cancelled": jobs.get("cancelled", 0), "passed": passed.get(run_id, 0),
-                            "created_at": created_at,
-                            "finished_at": ended.get(run_id, 0.0) if not open_jobs else 0.0,
-                            "last_error": errors.get(run_id, ("", 0.0))[0]})
+                out.append(RunSummary(
+                    id=run_id, env=env, agent=agent, rollouts=rollouts, group_size=group_size,
+                    group_ids=groups.get(run_id, []), state=state, jobs=sum(jobs.values()), done=jobs.get("done", 0),
+                    failed=jobs.get("failed", 0), cancelled=jobs.get("cancelled", 0), passed=passed.get(run_id, 0),
+                    created_at=created_at, finished_at=ended.get(run_id, 0.0) if not open_jobs else 0.0,
+                    last_error=errors.get(run_id, ("", 0.0))[0]))
         order = {run_id: i for i, run_id in enumerate(run_ids)}
-        return sorted(out, key=lambda r: order[r["id"]])
+        return sorted(out, key=lambda r: order[r.id])
 
     async def cancel_run(self, run_id: int) -> bool:
         """Drop a run's queued jobs (rollouts already leased finish and are stored). False: no such run."""

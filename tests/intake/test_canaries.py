@@ -87,7 +87,7 @@ async def test_canaries_are_queued_beside_a_versions_jobs_on_its_seeds_and_kept_
         assert {(j.seed, j.difficulty) for j in canaries} <= {(j.seed, j.difficulty) for j in ours}, "the bank's tasks"
         assert {j.seed for j in ours} == {seeds.nth(ENV, 1, n) for n in range(2)}, "the bank's keyed seeds"
         assert all(j.source == "canary" for j in canaries) and len({j.group_id for j in canaries}) == 3
-        assert (await store.run(run))["rollouts"] == 8, "a run counts its own jobs only"
+        assert (await store.run(run)).rollouts == 8, "a run counts its own jobs only"
         assert scheduler.counters["canaries"] == 3
         stored = await scheduler.complete("w:1:a", [scored(j, 1.0 if j in canaries else 0.5) for j in jobs])
         assert len(stored) == len(jobs)

@@ -88,7 +88,7 @@ async def test_an_old_data_dir_migrates_and_its_trajectories_upgrade_on_read(tmp
         got = await store.trajectory(job.id)
         assert got is not None and got.run_id == run_id and got.turns == [turn] and got.seq == 3
         run = await store.run(run_id)
-        assert run is not None and (run["state"], run["done"], run["passed"]) == ("succeeded", 1, 1)
+        assert run is not None and (run.state, run.done, run.passed) == ("succeeded", 1, 1)
     finally:
         await store.close()
     with sqlite3.connect(data / "farm.db") as db:
@@ -103,18 +103,20 @@ async def test_a_cancelled_runs_jobs_never_go_back_to_the_queue(tmp_path: Path) 
                                                                                 for s in range(4)])
         failing, expiring, handed_back, _ = await store.lease("w", 3, 0.01, 0) + [None]
         assert await store.cancel_run(run_id)
-        assert (await store.run(run_id) or {})["cancelled"] == 1  # the one still queued
+        run = await store.run(run_id)
+        assert run is not None and run.cancelled == 1  # the one still queued
         # Each way a running job could go back to the queue ends it instead.
         assert await store.fail("w", failing.id, "endpoint down", final=False) == JobState.CANCELLED
         await store.extend("w", [handed_back.id], 60)
         await asyncio.sleep(0.05)  # `expiring`'s lease runs out
         expired = await store.expired_leases()
         assert await store.requeue_expired({job_id: False for job_id in expired}) == (0, 0)
-        assert (await store.run(run_id) or {})["cancelled"] == 3 and expiring is not None
+        run = await store.run(run_id)
+        assert run is not None and run.cancelled == 3 and expiring is not None
         assert await store.requeue_owner("w") == 0
         assert await store.lease("w2", 10, 30, 0) == []
         run = await store.run(run_id)
-        assert run is not None and (run["state"], run["cancelled"], run["jobs"]) == ("cancelled", 4, 4)
+        assert run is not None and (run.state, run.cancelled, run.jobs) == ("cancelled", 4, 4)
         assert len(await store.finished_groups(0, 10)) == 4, "whole-group streams are not held back"
     finally:
         await store.close()

@@ -118,7 +118,7 @@ async def test_consumers_scores_policies_state(store: Store) -> None:
     await store.complete([("w", traj(j.id)) for j in jobs])
     assert await store.ack("trainer", "trajectories", 5) == 5
     assert await store.ack("trainer", "trajectories", 3) == 5  # never backwards
-    assert [(c["name"], c["kind"], c["acked"]) for c in await store.consumers()] == [("trainer", "trajectories", 5)]
+    assert [(c.name, c.kind, c.acked) for c in await store.consumers()] == [("trainer", "trajectories", 5)]
     assert await store.ack("trainer", "groups", 1) == 1
     with pytest.raises(CursorError):
         await store.ack("trainer", "groups", 2)
@@ -208,7 +208,7 @@ async def test_cursors_named_like_group_cursors_are_split_by_the_migration(tmp_p
                          "'n', 0)", (tid, tid, group))
     store = await Store.open(db)
     try:
-        cursors = {(c["name"], c["kind"]): c["acked"] for c in await store.consumers()}
+        cursors = {(c.name, c.kind): c.acked for c in await store.consumers()}
         assert cursors == {("grpo", "trajectories"): 4, ("grpo", "groups"): 1, ("x#groups", "groups"): 2}
         assert [await store.consumed("groups", n) for n in (0, 1, 2)] == [0, 3, 5]
     finally:
