@@ -29,7 +29,7 @@ from farmd.api.names import NameGuard
 from farmd.errors import BadRequest, BudgetExhausted, FailedPrecondition, FarmError, Refused
 from farmd.names import NODE
 from farmd.records import NODE_NAME, JobState, Trajectory
-from farmd.scheduler.nodes import MAX_CHECKS, MAX_FACT_CHARS, MAX_FACTS, Hello, Node, Nodes
+from farmd.scheduler.nodes import MAX_CHECKS, MAX_FACT_CHARS, MAX_FACTS, Hello, IsolationCheck, Node, Nodes
 from farmd.store.nodes import Completion
 from farmd.text import bounded
 
@@ -53,8 +53,8 @@ def _hello(message: node_pb2.NodeHello, address: str) -> Hello:
     return Hello(
         name=_text(message.name, 100), owner=_text(message.owner, 300), capacity=message.capacity,
         version=_text(message.version, 64), address=_text(address, 200),
-        isolation=tuple({"name": _text(c.name, 100), "ok": c.ok, "detail": _text(c.detail, 1000),
-                         "fix": _text(c.fix, 1000)} for c in message.isolation),
+        isolation=tuple(IsolationCheck(name=_text(c.name, 100), ok=c.ok, detail=_text(c.detail, 1000), fix=_text(c.fix, 1000))
+                        for c in message.isolation),
         facts={_text(k, 64): _text(v, MAX_FACT_CHARS) for k, v in message.facts.items()})
 
 

@@ -33,7 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from farmd.errors import BadRequest, Conflict, FailedPrecondition, NotFound
 from farmd.records import KNOWN_ANSWER_AGENT, NODE_NAME, Job, JobState, Trajectory, verified_by_node
@@ -66,6 +66,16 @@ _CANARY_AGENTS = ("reference", "random")
 
 
 @dataclass(frozen=True, slots=True)
+class IsolationCheck:
+    """One check of a node's host as its hello reports it (``farmctl doctor``'s, bounded by the API)."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Hello:
     """What a node says when it joins (parsed and bounded by the API)."""
 
@@ -74,8 +84,8 @@ class Hello:
     capacity: int
     version: str
     address: str
-    isolation: tuple[dict[str, Any], ...]
-    """``{"name", "ok", "detail", "fix"}`` per check, as ``farmctl doctor`` reports them."""
+    isolation: tuple[IsolationCheck, ...]
+    """Its host's checks, as ``farmctl doctor`` reports them."""
     facts: dict[str, str] = field(default_factory=dict)
 
 
@@ -162,7 +172,7 @@ class Node:
 
     @property
     def isolation_ok(self) -> bool:
-        return bool(self.hello.isolation) and all(c.get("ok") for c in self.hello.isolation)
+        return bool(self.hello.isolation) and all(c.ok for c in self.hello.isolation)
 
     def owns(self, owner: str) -> bool:
         return owner.startswith(f"{self.name}:")
@@ -235,9 +245,9 @@ class Nodes:
         if held is not None and held.state == "connected":
             raise Conflict(f"a node named {hello.name!r} is connected already (from {held.hello.address}); "
                            f"give each node its own --node-name")
-        gaps = [c for c in hello.isolation if not c.get("ok")]
+        gaps = [c for c in hello.isolation if not c.ok]
         if gaps or not hello.isolation:
-            report = "; ".join(f"{c.get('name')}: {c.get('detail')}" + (f" (fix: {c['fix']})" if c.get("fix") else "")
+            report = "; ".join(f"{c.name}: {c.detail}" + (f" (fix: {c.fix})" if c.fix else "")
                                for c in gaps) or "it sent no isolation report"
             log.warning("refused node %s: its host cannot isolate untrusted code: %s", hello.name, report,
                         extra={"event": "node_refused", "node": hello.name})

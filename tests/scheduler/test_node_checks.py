@@ -21,17 +21,17 @@ from farmd.sandbox import Sandbox
 from farmd.scheduler import Scheduler, SchedulerConfig
 from farmd.scheduler.checks import answer_disagreement, verdict_disagreement
 from farmd.scheduler.config import REVERIFY_FIRST_FLOOR, REVERIFY_SHARE_FLOOR
-from farmd.scheduler.nodes import Hello, Nodes
+from farmd.scheduler.nodes import Hello, IsolationCheck, Nodes
 from farmd.store import Store
 from farmd.verifier import VerifierKey
 
 CHAIN = "rg:chain_sum"
-OK = ({"name": "bwrap", "ok": True, "detail": "", "fix": ""},)
+OK = (IsolationCheck(name="bwrap", ok=True, detail=""),)
 
 
 def hello(name: str, capacity: int = 4096) -> Hello:
     return Hello(name=name, owner=f"{name}:1:aa", capacity=capacity, version="0", address="ipv4:10.0.0.2:1",
-                 isolation=OK)  # type: ignore[arg-type]
+                 isolation=OK)
 
 
 def honest(job: Job) -> Trajectory:

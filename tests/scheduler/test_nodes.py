@@ -11,16 +11,16 @@ import pytest
 from farmd.errors import BadRequest, Conflict, FailedPrecondition
 from farmd.records import Job, Trajectory
 from farmd.scheduler import Scheduler, SchedulerConfig
-from farmd.scheduler.nodes import Hello, Nodes
+from farmd.scheduler.nodes import Hello, IsolationCheck, Nodes
 from farmd.store import Store
 
 LEVELS = {"rg:chain_sum": 5}
-OK = ({"name": "bwrap", "ok": True, "detail": "", "fix": ""},)
+OK = (IsolationCheck(name="bwrap", ok=True, detail=""),)
 
 
-def hello(name: str, capacity: int = 2, isolation: tuple[dict[str, object], ...] = OK) -> Hello:
+def hello(name: str, capacity: int = 2, isolation: tuple[IsolationCheck, ...] = OK) -> Hello:
     return Hello(name=name, owner=f"{name}:1:aa", capacity=capacity, version="0", address="ipv4:10.0.0.2:1",
-                 isolation=isolation)  # type: ignore[arg-type]
+                 isolation=isolation)
 
 
 def result(job: Job) -> Trajectory:
@@ -50,7 +50,7 @@ async def test_who_may_join(fleet) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(BadRequest):
         nodes.join(hello("b", capacity=0))
     with pytest.raises(FailedPrecondition, match="cannot isolate") as refused:
-        nodes.join(hello("c", isolation=({"name": "seccomp", "ok": False, "detail": "none", "fix": "x"},)))
+        nodes.join(hello("c", isolation=(IsolationCheck(name="seccomp", ok=False, detail="none", fix="x"),)))
     assert refused.value.reason == "NODE_CANNOT_ISOLATE"
     node = nodes._nodes["a"]
     nodes.leave(node)
