@@ -245,6 +245,23 @@ class Scheduler:
         env = cfg.demand_envs[self._rng.randrange(len(cfg.demand_envs))]
         await self.submit(env, cfg.demand_agent, want, source="demand")
 
+    # -- judged for trainers that sample themselves (the Verify API) -------------------------------
+
+    async def draw_tasks(self, env: str, n: int, difficulty: int = 0) -> list[TaskKey]:
+        """``n`` tasks of ``env`` as the bank serves them to runs: its picks (``difficulty`` 0), or fresh tasks at
+        ``difficulty``. Each is a draw the bank counts, as a run's would be."""
+        async with self._submit_lock:  # the bank hands out fresh seeds: one caller at a time
+            return self.bank.fresh(env, n, difficulty) if difficulty else self.bank.sample(env, n, self._rng)
+
+    async def store_judged(self, groups: list[list[Trajectory]], bodies: list[bytes]) -> None:
+        """Completions the farm judged for a caller, stored as finished groups (``Store.store_finished``): the
+        streams are woken, and the bank reads them as it reads every finished group."""
+        await self.store.store_finished(groups, bodies, source="verify")
+        self.counters["verified"] = self.counters.get("verified", 0) + sum(len(g) for g in groups)
+        if self.metrics is not None:
+            self.metrics.stored_trajectories(t for g in groups for t in g)
+        self.delivery.stored()
+
     # -- leases (the interface local and remote workers share) ------------------------------------
 
     async def lease(self, owner: str, n: int, *, endpoint: str | None = None, exclude: Sequence[str] = ()
