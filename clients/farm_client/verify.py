@@ -26,7 +26,7 @@ MAX_COMPLETION_CHARS = 256 * 1024
 """The farm's bound on one completion."""
 MAX_SAMPLED = 1024
 """Tasks one SampleTasks call draws at most (``sample_tasks`` asks as often as it needs)."""
-_RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+_RETRIED = (grpc.StatusCode.UNAVAILABLE,)
 
 
 @dataclass(frozen=True)
@@ -137,8 +137,9 @@ def verdicts(reply: farm_pb2.VerifyResponse, error_dict: Callable[[Any], dict[st
 
 
 def retrying(call: Callable[[], Any], retries: int, backoff_s: float) -> Any:
-    """``call()``, tried again after a backoff while the farm says it could not judge now (UNAVAILABLE) or is
-    full (RESOURCE_EXHAUSTED), ``retries`` times; then its error is raised."""
+    """``call()``, tried again after a backoff while the farm says it could not judge now, or cannot be reached
+    (UNAVAILABLE), ``retries`` times; then its error is raised. Anything else is raised at once: a request the farm
+    refused is refused again."""
     for attempt in range(retries + 1):
         try:
             return call()
