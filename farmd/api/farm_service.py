@@ -46,7 +46,6 @@ from farmd.scheduler.nodes import Nodes, NodeStatus
 from farmd.scheduler.policies import LINE_NAME
 from farmd.scheduler.retention import Disk
 from farmd.store import JobFailure, Store, StoreError
-from farmd.store.codec import pack_body
 from farmd.store.names import NameRow
 from farmd.store.retention import PolicyState
 from farmd.taskbank import Standing
@@ -431,14 +430,8 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
             # Another credential's completions under this name would be its agent's trajectories, in its streams.
             await self._names.use(VERIFY_AGENT, request.agent, context)
             judged = await self._judges.judge(agent, items)
-            groups: dict[TaskRef, list[Any]] = {}
-            for j in judged:
-                if j.record is not None:
-                    groups.setdefault(j.ref, []).append(j.record)
-            if groups:
-                records = [t for g in groups.values() for t in g]
-                bodies = await asyncio.to_thread(lambda: [pack_body(t) for t in records])
-                await self._scheduler.store_judged(list(groups.values()), bodies)  # gives each its id and group
+            # Stored together, a group per task: each record is given its id and group here.
+            await self._scheduler.store_judged([j.record for j in judged if j.record is not None])
             return farm_pb2.VerifyResponse(agent=agent, results=[_verify_result(j) for j in judged])
         return await guarded(context, call)
 

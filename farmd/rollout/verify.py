@@ -112,7 +112,8 @@ class Judges:
     async def pose(self, ref: TaskRef) -> Posed:
         """``ref``'s task as a model is shown it (its public face only)."""
         env = self.environment(ref)
-        task = await self._make(env, ref)
+        async with self._slots:  # a contributed environment makes its tasks in boxes: as many at once as judges
+            task = await self._make(env, ref)
         return Posed(ref=ref, task=task, system=SUBMISSION_SYSTEM, prompt=task_text(task))
 
     async def _make(self, env: Environment, ref: TaskRef) -> Task:
