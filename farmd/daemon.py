@@ -54,6 +54,7 @@ from farmd.offload import OFFLOAD
 from farmd.private import make_data_dir_private, write_file
 from farmd.rollout import Worker
 from farmd.rollout.reverify import Rechecker
+from farmd.rollout.verify import Judges
 from farmd.sandbox import Sandbox, check_host
 from farmd.sandbox.host import missing
 from farmd.scheduler import Scheduler
@@ -201,7 +202,8 @@ class Daemon:
         budgets = self._budgets
         service = FarmService(node, self.store, self.scheduler, ctx, endpoints=self.config.endpoints, budgets=budgets,
                               max_policy_bytes=self.config.max_policy_bytes, nodes=self.nodes, envs=self.catalog.get,
-                              history=self.history, names=names)
+                              history=self.history, names=names,
+                              judges=Judges(own, self.catalog.get, node.name, max(1, self.workers or _INTAKE_BOXES)))
         intake = IntakeService(self.funnel, self.config.credentials, budgets)
         farm_pb2_grpc.add_FarmServiceServicer_to_server(service, server)
         intake_pb2_grpc.add_IntakeServiceServicer_to_server(intake, server)

@@ -24,6 +24,7 @@ POLICY_LINE = "policy-line"
 ATROPOS_TRAINER = "atropos-trainer"
 ATROPOS_ENV = "atropos-env"
 ATROPOS_NAME = "atropos-name"
+VERIFY_AGENT = "verify-agent"
 
 KINDS: dict[str, str] = {
     NODE: "node name",
@@ -32,6 +33,7 @@ KINDS: dict[str, str] = {
     ATROPOS_TRAINER: "Atropos trainer registration",
     ATROPOS_ENV: "Atropos environment id",
     ATROPOS_NAME: "Atropos environment name",
+    VERIFY_AGENT: "verify agent",
 }
 """Each kind, as a refusal names it."""
 
@@ -58,13 +60,15 @@ def check(kind: str, name: str) -> str:
           POLICY_LINE: lambda: bool(NODE_NAME.fullmatch(name)),  # the same shape as a node's (``LINE_NAME``)
           ATROPOS_TRAINER: lambda: name == TRAINER,
           ATROPOS_ENV: lambda: bool(_ENV_ID.fullmatch(name)),
-          ATROPOS_NAME: lambda: bool(_ATROPOS_NAME.fullmatch(name))}[kind]()
+          ATROPOS_NAME: lambda: bool(_ATROPOS_NAME.fullmatch(name)),
+          VERIFY_AGENT: lambda: bool(NODE_NAME.fullmatch(name))}[kind]()
     if not ok:
         shape = {NODE: "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
                  CONSUMER: f"1-{MAX_CONSUMER_CHARS} characters, no spaces at either end",
                  POLICY_LINE: "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
                  ATROPOS_TRAINER: f"{TRAINER!r}", ATROPOS_ENV: "an environment id, a number from 0",
-                 ATROPOS_NAME: "'atropos:' and 1-64 letters, digits, '.', '_' or '-'"}[kind]
+                 ATROPOS_NAME: "'atropos:' and 1-64 letters, digits, '.', '_' or '-'",
+                 VERIFY_AGENT: "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"}[kind]
         raise BadRequest(f"a {KINDS[kind]} is {shape}, not {name[:100]!r}")
     return name
 

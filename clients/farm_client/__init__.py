@@ -8,14 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 from farm_client.client import Batch, FarmClient, Listing, VerdictChange, Withdrawal, advantages
 from farm_client.sequences import UntokenizedError, group_advantages, token_rows
+from farm_client.verify import SampledTask, Verdict
 
 if TYPE_CHECKING:
     from farm_client.tensors import FarmDataset, TensorBatch, collate, token_logprobs
 
 _TORCH_NAMES = frozenset({"FarmDataset", "TensorBatch", "collate", "token_logprobs"})
 
-__all__ = ["Batch", "FarmClient", "FarmDataset", "Listing", "TensorBatch", "UntokenizedError", "VerdictChange",
-           "Withdrawal", "advantages", "collate", "group_advantages", "token_logprobs", "token_rows"]
+__all__ = ["Batch", "FarmClient", "FarmDataset", "Listing", "SampledTask", "TensorBatch", "UntokenizedError", "Verdict",
+           "VerdictChange", "Withdrawal", "advantages", "collate", "group_advantages", "token_logprobs", "token_rows"]
 
 
 def __getattr__(name: str) -> Any:

@@ -32,6 +32,7 @@ from farm_client.addresses import grpc_target
 from farm_client.convert import from_message
 from farm_client.record import Score, Trajectory
 from farm_client.sequences import group_advantages
+from farm_client.verify import SampledTask, Verdict
 
 _CHUNK = 1 << 20
 _RETRY_S = 0.2
@@ -340,6 +341,43 @@ class FarmClient:
         """Let a quarantined node join again (an operator's call): why it had been quarantined."""
         reply = self._stub.ClearNode(farm_pb2.ClearNodeRequest(name=name), metadata=self._metadata)
         return {"name": name, "cleared": reply.cleared, "reason": reply.reason}
+
+    # -- tasks and verdicts for a trainer that samples itself (farm_client.verify, farm_client.trl) ----
+
+    def sample_tasks(self, env: str, n: int, *, difficulty: int = 0) -> list[SampledTask]:
+        """``n`` tasks of ``env`` drawn from the task bank as it serves them (its picks; with ``difficulty``, fresh
+        tasks at that level), each with its prompt as a model is shown it and its reference."""
+        from farm_client import verify
+
+        out: list[SampledTask] = []
+        while len(out) < n:
+            reply = self._stub.SampleTasks(
+                farm_pb2.SampleTasksRequest(env=env, count=min(n - len(out), verify.MAX_SAMPLED), difficulty=difficulty),
+                metadata=self._metadata, timeout=self._timeout)
+            out += verify.sampled(reply)
+        return out
+
+    def verify(self, agent: str, tasks: Sequence[Any], completions: Sequence[str], *, retries: int = 3,
+               backoff_s: float = 0.5) -> list[Verdict]:
+        """Each completion of the task beside it (a ``SampledTask``, or anything with ``env``, ``seed`` and
+        ``difficulty``) judged by the farm and stored as a trajectory of agent ``verify:AGENT``; the verdicts in
+        order. Items of one task are stored as one group where they fit one call. A task the farm cannot make
+        comes back as that item's ``error``; a judge that could not judge is tried again ``retries`` times, then
+        its ``grpc.RpcError`` (UNAVAILABLE) is raised: never a reward of 0."""
+        from farm_client import verify
+
+        if len(tasks) != len(completions):
+            raise ValueError(f"{len(tasks)} tasks and {len(completions)} completions: one completion per task")
+        refs = [verify.task_ref(t) for t in tasks]
+        out: list[Verdict | None] = [None] * len(refs)
+        for indices in verify.calls(refs, completions):
+            message = verify.request(agent, refs, completions, indices)
+            reply = verify.retrying(lambda m=message: self._stub.Verify(m, metadata=self._metadata,  # type: ignore[misc]
+                                                                         timeout=max(self._timeout, 300.0)),
+                                    retries, backoff_s)
+            for i, v in zip(indices, verify.verdicts(reply, error_dict), strict=True):
+                out[i] = v
+        return [v for v in out if v is not None]
 
     # -- the trainer's side -----------------------------------------------------------------------
 

@@ -59,6 +59,9 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = MappingProxyType({
     f"{_FARM}ReassignName": frozenset({OPERATOR}),
     f"{_FARM}ClearNode": frozenset({OPERATOR}),
     f"{_FARM}ListVerdictChanges": frozenset({OPERATOR, TRAINER}),
+    # A trainer that samples itself draws tasks and has completions judged and stored under its own agent name.
+    f"{_FARM}SampleTasks": frozenset({OPERATOR, TRAINER}),
+    f"{_FARM}Verify": frozenset({OPERATOR, TRAINER}),
     f"{_NODE_SERVICE}Work": frozenset({NODE}),
     # What a contributor sees of others' work is narrowed by the service itself (their own submissions).
     f"{_INTAKE}Submit": frozenset({OPERATOR, CONTRIBUTOR}),

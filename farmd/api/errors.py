@@ -123,6 +123,15 @@ def failure_status(error: str) -> Status:
     return status
 
 
+def error_status(exc: FarmError) -> Status:
+    """``exc`` as a ``google.rpc.Status`` carried in a reply (one item's error among others that succeeded): the
+    code and reason it would end a call with."""
+    code, reason = status_for(exc)
+    status = Status(code=code.value[0], message=clean_detail(str(exc)))
+    status.details.add().Pack(ErrorInfo(reason=reason, domain=DOMAIN))
+    return status
+
+
 def _error_class(name: str) -> type[BaseException] | None:
     pending: list[type[BaseException]] = [FarmError]
     while pending:

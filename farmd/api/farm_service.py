@@ -10,14 +10,14 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import grpc
-from farm.v1 import farm_pb2, farm_pb2_grpc
+from farm.v1 import farm_pb2, farm_pb2_grpc, trajectory_pb2
 
 from farmd import domain
 from farmd.agents import NamedEndpoint
 from farmd.agents.registry import MAX_SPEC_CHARS, check_spec
 from farmd.api import history
 from farmd.api.budget import Budgets, Share
-from farmd.api.errors import failure_status, guarded, guarded_stream
+from farmd.api.errors import error_status, failure_status, guarded, guarded_stream
 from farmd.api.limits import POLICY_CHUNK_BYTES
 from farmd.api.names import NameGuard
 from farmd.api.paging import make_token, page_size, read_token
@@ -25,12 +25,21 @@ from farmd.api.trajectories import batch_messages, fitting, fitting_changes, tra
 from farmd.atropos.records import is_atropos_env
 from farmd.envs import VerifyContext, get
 from farmd.envs.catalog import EnvLookup
-from farmd.errors import BadRequest, FailedPrecondition, NotFound, Refused
+from farmd.errors import BadRequest, FailedPrecondition, NotFound, Refused, TaskBankError
 from farmd.flags import QUARANTINED, WITHDRAWN
-from farmd.names import CONSUMER, POLICY_LINE
+from farmd.names import CONSUMER, POLICY_LINE, VERIFY_AGENT
 from farmd.node import NodeInfo
 from farmd.records import NODE_NAME
 from farmd.rollout import rescore
+from farmd.rollout.verify import (
+    MAX_COMPLETION_CHARS,
+    MAX_ITEMS,
+    MAX_SAMPLED,
+    Judged,
+    Judges,
+    TaskRef,
+    agent_name,
+)
 from farmd.scheduler import PolicyChunk, Scheduler
 from farmd.scheduler.delivery import ConsumerStatus, Subscription
 from farmd.scheduler.history import History
@@ -59,7 +68,9 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
                  *, max_policy_bytes: int = MAX_POLICY_BYTES, endpoints: tuple[NamedEndpoint, ...] = (),
                  nodes: Nodes | None = None, envs: EnvLookup = get, history: History | None = None,
                  names: NameGuard | None = None,
-                 budgets: Budgets | None = None) -> None:
+                 budgets: Budgets | None = None, judges: Judges | None = None) -> None:
+        self._judges = judges or Judges(verify_ctx, envs, node.name, max(1, node.workers))
+        """Completions trainers send to be judged (Verify), in boxes of their own, a bounded number at once."""
         self._names = names or NameGuard(store, ())
         """Consumer names bound to the credential that made them (none bound on a farm without credentials)."""
         self._budgets = budgets or Budgets()
@@ -387,6 +398,44 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
                                             verifier_version=done.verifier_version)
         return await guarded(context, call)
 
+    async def SampleTasks(self, request: farm_pb2.SampleTasksRequest,
+                          context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.SampleTasksResponse:
+        async def call() -> farm_pb2.SampleTasksResponse:
+            if not 1 <= request.count <= MAX_SAMPLED:
+                raise BadRequest(f"count must be 1..{MAX_SAMPLED}, got {request.count}")
+            # The environment, and a level asked for, checked before the bank hands out a seed for them.
+            self._judges.environment(TaskRef(request.env, 0, request.difficulty or 1))
+            try:
+                keys = await self._scheduler.draw_tasks(request.env, request.count, request.difficulty)
+            except TaskBankError as exc:  # an environment the bank does not follow (yet)
+                raise BadRequest(str(exc)) from exc
+            posed = await asyncio.gather(*(self._judges.pose(TaskRef(k.env, k.seed, k.difficulty)) for k in keys))
+            return farm_pb2.SampleTasksResponse(tasks=[farm_pb2.SampledTask(
+                task=farm_pb2.TaskRef(env=p.ref.env, seed=p.ref.seed, difficulty=p.ref.difficulty),
+                env_version=p.task.env_version, system=p.system, prompt=p.prompt, kind=trajectory_pb2.TASK_KIND_SUBMISSION,
+                entry_point=p.task.entry_point or "", answer_format=p.task.answer_format or "") for p in posed])
+        return await guarded(context, call)
+
+    async def Verify(self, request: farm_pb2.VerifyRequest,
+                     context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.VerifyResponse:
+        async def call() -> farm_pb2.VerifyResponse:
+            agent = agent_name(request.agent)
+            if not 1 <= len(request.items) <= MAX_ITEMS:
+                raise BadRequest(f"a call judges 1..{MAX_ITEMS} completions, got {len(request.items)}")
+            items = []
+            for i, item in enumerate(request.items):
+                if len(item.completion) > MAX_COMPLETION_CHARS:
+                    raise BadRequest(f"item {i}: a completion is at most {MAX_COMPLETION_CHARS} characters, got "
+                                     f"{len(item.completion)}")
+                items.append((TaskRef(item.task.env, item.task.seed, item.task.difficulty), item.completion))
+            # Another credential's completions under this name would be its agent's trajectories, in its streams.
+            await self._names.use(VERIFY_AGENT, request.agent, context)
+            judged = await self._judges.judge(agent, items)
+            # Stored together, a group per task: each record is given its id and group here.
+            await self._scheduler.store_judged([j.record for j in judged if j.record is not None])
+            return farm_pb2.VerifyResponse(agent=agent, results=[_verify_result(j) for j in judged])
+        return await guarded(context, call)
+
     async def ClearNode(self, request: farm_pb2.ClearNodeRequest,
                         context: grpc.aio.ServicerContext[Any, Any]) -> farm_pb2.ClearNodeResponse:
         async def call() -> farm_pb2.ClearNodeResponse:
@@ -398,6 +447,24 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
             reason = await self._nodes.clear(request.name)
             return farm_pb2.ClearNodeResponse(cleared=True, reason=reason)
         return await guarded(context, call)
+
+
+def _verify_result(j: Judged) -> farm_pb2.VerifyResult:
+    ref = farm_pb2.TaskRef(env=j.ref.env, seed=j.ref.seed, difficulty=j.ref.difficulty)
+    if j.record is None:
+        assert j.error is not None
+        return farm_pb2.VerifyResult(task=ref, error=error_status(j.error))
+    t = j.record
+    return farm_pb2.VerifyResult(task=ref, verdict=farm_pb2.VerifyVerdict(
+        reward=t.reward, passed=t.passed, flags=[_flag_pb(f) for f in t.flags], reasons=t.reasons,
+        verifier_version=t.verifier_version, trajectory_id=t.id, group_id=t.group_id))
+
+
+def _flag_pb(flag: str) -> trajectory_pb2.Flag.ValueType:
+    try:
+        return trajectory_pb2.Flag.Value(f"FLAG_{flag.upper()}")
+    except ValueError:  # every flag farm raises is in the enum (``farmd.flags.ALL``); no verdict is lost for one
+        return trajectory_pb2.FLAG_UNSPECIFIED
 
 
 def run_pb(run: RunSummary) -> farm_pb2.Run:

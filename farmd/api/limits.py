@@ -50,6 +50,7 @@ MAX_MESSAGE_BYTES = POLICY_CHUNK_BYTES + DEFAULT_MESSAGE_BYTES
 _MESSAGE_LIMITS = {
     "/farm.v1.FarmService/PublishPolicy": MAX_MESSAGE_BYTES,
     "/farm.v1.NodeService/Work": MAX_MESSAGE_BYTES,  # a node's results, in pieces of at most this
+    "/farm.v1.FarmService/Verify": MAX_MESSAGE_BYTES,  # completions to judge: farm_client splits larger batches
 }
 
 MAX_OPEN_CALLS = 16

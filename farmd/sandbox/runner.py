@@ -332,6 +332,11 @@ class Sandbox:
             await run.done
         finally:
             run.stop()
+        if run.exit is None and run.started_at is None:
+            # The program never started (the init tells the host before it becomes the program): bwrap or the init
+            # ended first, as on a host that cannot build boxes now. The host's failure, never the program's doing.
+            raise SandboxError(f"box {box.box_id}: it ended before its program started (bwrap exit status "
+                               f"{run.bwrap_status})")
         try:
             return run.result(requested_at)
         except OSError as exc:

@@ -31,6 +31,7 @@ from farmd.scheduler.delivery import ConsumerStatus, Delivery
 from farmd.scheduler.policies import Policies
 from farmd.scheduler.retention import Disk, Retention
 from farmd.store import JobFailure, PassRate, Store
+from farmd.store.codec import pack_body
 from farmd.store.jobs import LeaseAsk
 from farmd.store.nodes import Completion
 from farmd.taskbank import BankConfig, BankStatus, SeedSequence, TaskBank, TaskKey
@@ -243,6 +244,31 @@ class Scheduler:
             return
         env = cfg.demand_envs[self._rng.randrange(len(cfg.demand_envs))]
         await self.submit(env, cfg.demand_agent, want, source="demand")
+
+    # -- judged for trainers that sample themselves (the Verify API) -------------------------------
+
+    async def draw_tasks(self, env: str, n: int, difficulty: int = 0) -> list[TaskKey]:
+        """``n`` tasks of ``env`` as the bank serves them to runs: its picks (``difficulty`` 0), or fresh tasks at
+        ``difficulty``. Each is a draw the bank counts, as a run's would be."""
+        async with self._submit_lock:  # the bank hands out fresh seeds: one caller at a time
+            return self.bank.fresh(env, n, difficulty) if difficulty else self.bank.sample(env, n, self._rng)
+
+    async def store_judged(self, records: Sequence[Trajectory]) -> None:
+        """Completions the farm judged for a caller, stored in one transaction as finished groups, one per task
+        (env, seed, difficulty) in the order they first appear (``Store.store_finished``; each record is given its
+        id and group): the streams are woken, and the bank reads them as it reads every finished group."""
+        by_task: dict[tuple[str, int, int], list[Trajectory]] = {}
+        for t in records:
+            by_task.setdefault((t.env, t.seed, t.difficulty), []).append(t)
+        if not by_task:
+            return
+        groups = list(by_task.values())
+        bodies = await asyncio.to_thread(lambda: [pack_body(t) for g in groups for t in g])  # ms per record
+        await self.store.store_finished(groups, bodies, source="verify")
+        self.counters["verified"] = self.counters.get("verified", 0) + sum(len(g) for g in groups)
+        if self.metrics is not None:
+            self.metrics.stored_trajectories(t for g in groups for t in g)
+        self.delivery.stored()
 
     # -- leases (the interface local and remote workers share) ------------------------------------
 

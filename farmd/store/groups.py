@@ -51,10 +51,12 @@ async def drop_cancelled(db: Transaction, job_ids: list[int], now: float) -> int
 
 
 async def insert_finished(db: Transaction, groups: list[list[Trajectory]], bodies: list[bytes],
-                          *, source: str, now: float) -> None:
+                          *, source: str, now: float, verified_by: str = VERIFIED_EXTERNAL) -> None:
     """Groups that were never run here (pushed from outside, ``source`` says by what), stored as finished farm
     groups: their jobs done, their trajectories at the end of the stream, given ids, group ids and places
-    here. Inside the caller's transaction; ``bodies`` are the trajectories' ``pack_body``, in order."""
+    here. Inside the caller's transaction; ``bodies`` are the trajectories' ``pack_body``, in order.
+    ``verified_by``: whose verdicts they hold (an Atropos environment's own scores, or the farm's, for
+    completions a trainer sent to be judged)."""
     tops = await db.execute_fetchall("SELECT (SELECT COALESCE(MAX(id), 0) FROM groups), "
                                      "(SELECT COALESCE(MAX(id), 0) FROM jobs), "
                                      "(SELECT COALESCE(MAX(seq), 0) FROM trajectories)")
@@ -70,7 +72,7 @@ async def insert_finished(db: Transaction, groups: list[list[Trajectory]], bodie
             seq += 1
             t.id, t.group_id, t.seq, t.run_id = job_id, group_id, seq, 0
             t.finished_at = t.finished_at or now
-            t.verified_by = VERIFIED_EXTERNAL
+            t.verified_by = verified_by
             job_rows.append((job_id, group_id, t.env, t.seed, t.difficulty, t.agent, source, now, now))
             traj_rows.append(traj_row(t, next(body)))
     await db.executemany("INSERT INTO groups(id, env, seed, difficulty, agent, size, source, created_at, run_id) "

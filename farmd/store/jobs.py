@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from farmd.records import Job, JobState, Trajectory
+from farmd.records import VERIFIED_LOCAL, Job, JobState, Trajectory
 from farmd.store.codec import INSERT_TRAJECTORY, checked_bodies, traj_row
 from farmd.store.database import MAX_VARS, Database, Dialect
-from farmd.store.groups import drop_cancelled, fail_job, finish_groups, insert_groups
+from farmd.store.groups import drop_cancelled, fail_job, finish_groups, insert_finished, insert_groups
 from farmd.store.intake import withdraw
 from farmd.store.nodes import Completion, lease_identity
 
@@ -127,6 +127,13 @@ class JobRecords:
             run_id = await db.insert("INSERT INTO runs(env, agent, rollouts, group_size, created_at) VALUES (?,?,?,?,?)",
                                      (env, agent, rollouts, group_size, now))
             return run_id, await insert_groups(db, groups, "request", run_id, now)
+
+    async def store_finished(self, groups: list[list[Trajectory]], bodies: list[bytes], *, source: str) -> None:
+        """Groups judged here that no job of the queue ran (completions a trainer sent to be verified), stored as
+        finished groups in one transaction: their trajectories given ids and places in the stream, verdicts the
+        farm's own (``verified_by`` local). ``bodies``: the trajectories' ``pack_body``, in order."""
+        async with self._db.write() as db:
+            await insert_finished(db, groups, bodies, source=source, now=time.time(), verified_by=VERIFIED_LOCAL)
 
     # -- runs -----------------------------------------------------------------------------------
 

@@ -71,6 +71,7 @@ class Store:
         self.open_job_counts = jobs.open_job_counts
         self.group_progress = jobs.group_progress
         self.failures = jobs.failures
+        self.store_finished = jobs.store_finished
 
         trajectories = TrajectoryRecords(db)
         self.finished_groups = trajectories.finished_groups

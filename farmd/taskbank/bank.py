@@ -310,6 +310,16 @@ class TaskBank:
         st.sampled_total += n
         return out
 
+    def fresh(self, env: str, n: int, difficulty: int) -> list[TaskKey]:
+        """``n`` fresh tasks of ``env`` at ``difficulty``, never handed out before (the same sequence ``sample``'s
+        fresh picks come from): for a caller that asks for a level rather than the bank's picks."""
+        st = self._env(env)
+        if not 1 <= difficulty <= st.max_difficulty:
+            raise TaskBankError(f"{env}: difficulty must be 1..{st.max_difficulty}, got {difficulty}")
+        out = [_fresh(st, env, difficulty, self.seeds) for _ in range(max(0, n))]
+        st.sampled_total += len(out)
+        return out
+
     def _uniform(self, st: _EnvState, env: str, n: int, rng: random.Random) -> list[TaskKey]:
         out = [_fresh(st, env, rng.randint(1, st.max_difficulty), self.seeds) for _ in range(n)]
         st.sampled_total += n

@@ -59,6 +59,16 @@ class RunningNode(RunningFarm):
     def text(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def wait_for(self, words: str, timeout_s: float = 60) -> None:
+        """Until the node's log says ``words`` while it runs (a loaded machine starts it slowly: no fixed sleep)."""
+        deadline = time.monotonic() + timeout_s
+        while words not in self.text():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"node {self.name} exited {self.proc.returncode}: {self.text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"node {self.name} never said {words!r}: {self.text()[-3000:]}")
+            time.sleep(0.1)
+
     def exited(self, timeout_s: float = 30) -> int:
         """Wait for the node to exit by itself (refused); its exit code."""
         try:

