@@ -93,6 +93,8 @@ class Fleet:
     slots: int
     rollout_s: float
     spread: float = 0.5
+    lease_apart: bool = False
+    """Nodes never ask for jobs with their results (as nodes from before ``ResultsRequest.lease``)."""
     """Each rollout takes ``rollout_s`` times a uniform draw in [1 - spread, 1 + spread]."""
 
     @property
@@ -197,7 +199,7 @@ def trial(root: Path, fleet: Fleet, *, share: float, warmup_s: float, window_s: 
                 [sys.executable, "-m", "bench.sim_nodes", "--addr", coord.addr, "--nodes", str(fleet.nodes),
                  "--slots", str(fleet.slots), "--rollout-s", str(fleet.rollout_s), "--spread", str(fleet.spread),
                  "--seconds", str(seconds),
-                 "--prefix", f"sim-{label}"],
+                 "--prefix", f"sim-{label}", *(["--lease-apart"] if fleet.lease_apart else [])],
                 stdout=subprocess.PIPE, stderr=sim_log, text=True, env=farmd_env())
             try:
                 assert sim.stdout is not None
@@ -384,10 +386,13 @@ def main_args(parser: Any) -> None:
     parser.add_argument("--sim-warmup-s", type=float, default=10.0, help="fleet-sim: seconds before the window")
     parser.add_argument("--sim-window-s", type=float, default=20.0, help="fleet-sim: seconds timed")
     parser.add_argument("--sim-repeats", type=int, default=1, help="fleet-sim: trials of each kind (medians)")
+    parser.add_argument("--sim-lease-apart", action="store_true",
+                        help="fleet-sim: nodes lease only with lease requests, never with their results (older nodes)")
     parser.add_argument("--sim-no-checks-apart", action="store_true",
                         help="fleet-sim: skip the run with every result checked")
 
 
 def run(args: Any, progress: Progress) -> dict[str, Any]:
-    return measure(Fleet(args.sim_nodes, args.sim_slots, args.sim_rollout_s, args.sim_spread), args.sim_repeats, args.sim_warmup_s,
+    return measure(Fleet(args.sim_nodes, args.sim_slots, args.sim_rollout_s, args.sim_spread, args.sim_lease_apart),
+                   args.sim_repeats, args.sim_warmup_s,
                    args.sim_window_s, progress, checks_apart=not args.sim_no_checks_apart)
