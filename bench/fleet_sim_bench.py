@@ -60,7 +60,7 @@ README_MS = 6.5
 """The README's figure before issue 26 (issue 11's fleet bench: one-slot nodes, py-func)."""
 BASELINES = [
     {"what": "branch point 1238a19 of issue 26's coordinator work (same bench)", "ms": 1.97, "per_s": 384.0},
-    {"what": "branch point 3ed30f8 of the second round (same bench)", "ms": 1.46, "per_s": 530.0},
+    {"what": "branch point 3ed30f8 of the second round (same bench, two runs)", "ms": 1.49, "per_s": 553.0},
 ]
 """This bench at earlier commits, same defaults, on this 2-core VM (2026-12-02), SQLite. At 1238a19 its trainer took
 14 rollouts/s of the 384 stored and its checks of nodes ran 20 in the window (the writer was the bottleneck), so its
