@@ -110,7 +110,7 @@ lint: setup
 	$(BIN)/buf lint protos
 	$(BIN)/lint-imports
 
-bench: setup vllm-setup
+bench: setup vllm-setup postgresql
 	$(BIN)/python -m bench
 
 clean:

@@ -122,8 +122,12 @@ class SimNode:
     """One node: its link, and a worker with the real one's cadence whose rollouts are waits."""
 
     def __init__(self, addr: str, name: str, slots: int, rollout_s: float, records: Records, tally: Tally,
-                 token: str | None, spread: float = 0.5) -> None:
+                 token: str | None, spread: float = 0.5, lease_with_results: bool = True) -> None:
         self.name = name
+        self._with_results = lease_with_results
+        """Ask for jobs with each batch of results (``ResultsRequest.lease``), and with a lease of its own only when
+        nothing is on its way; else as an older node, always with a lease of its own."""
+        self._sending = False
         self.owner = f"{name}:{os.getpid()}:{random.getrandbits(32):08x}"
         self._slots = slots
         self._rollout_s = rollout_s
@@ -178,13 +182,12 @@ class SimNode:
         idle = _IDLE_MIN_S
         while not self._stopping:
             free = self._slots - len(self._running)
-            if free <= 0:
+            if free <= 0 or (self._with_results and (self._done or self._sending)):  # they ask for it
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             jobs = await self._lease(free)
-            for job in jobs:
-                self._running[job.id] = asyncio.get_running_loop().create_task(self._rollout(job))
+            self._start(jobs)
             if jobs:
                 idle = _IDLE_MIN_S
                 continue
@@ -204,16 +207,24 @@ class SimNode:
             return []
         tally = self._tally
         tally.lease_calls += 1
-        jobs = [Job(id=j.id, group_id=j.group_id, env=j.env, seed=j.seed, difficulty=j.difficulty, agent=j.agent,
-                    state=JobState.LEASED, attempts=j.attempts, lease_owner=self.owner,
-                    policy_version=j.policy_version, source=j.source or "request") for j in reply.leased.jobs]
-        tally.leased += len(jobs)
+        jobs = self._jobs(reply.leased)
         if jobs:
             if len(tally.lease_s) < _LATENCIES_KEPT:
                 tally.lease_s.append(time.perf_counter() - t0)
         else:
             tally.empty_leases += 1
         return jobs
+
+    def _jobs(self, leased: node_pb2.LeaseReply) -> list[Job]:
+        jobs = [Job(id=j.id, group_id=j.group_id, env=j.env, seed=j.seed, difficulty=j.difficulty, agent=j.agent,
+                    state=JobState.LEASED, attempts=j.attempts, lease_owner=self.owner,
+                    policy_version=j.policy_version, source=j.source or "request") for j in leased.jobs]
+        self._tally.leased += len(jobs)
+        return jobs
+
+    def _start(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self._running[job.id] = asyncio.get_running_loop().create_task(self._rollout(job))
 
     async def _rollout(self, job: Job) -> None:
         started = time.time()
@@ -232,7 +243,8 @@ class SimNode:
                 self._flush_now.set()
         finally:
             self._running.pop(job.id, None)
-            self._wake.set()
+            if not self._with_results or not self._done:
+                self._wake.set()
 
     async def _flush_loop(self) -> None:
         while not self._stopping:
@@ -241,14 +253,23 @@ class SimNode:
             self._flush_now.clear()
             if self._done:
                 batch, self._done = self._done, []
-                await self._send(batch)
+                self._sending = True
+                try:
+                    await self._send(batch)
+                finally:
+                    self._sending = False
+                    self._wake.set()  # slots the reply did not fill: leased by a lease of its own
 
     async def _send(self, batch: list[tuple[int, bytes]]) -> None:
         parts = [node_pb2.ResultPart(job_id=job_id, owner=self.owner, data=data, last=True) for job_id, data in batch]
+        request = node_pb2.ResultsRequest(parts=parts)
+        free = self._slots - len(self._running)
+        if self._with_results and free > 0:
+            request.lease.n = free
         tally = self._tally
         t0 = time.perf_counter()
         try:
-            reply = await self.link.request(results=node_pb2.ResultsRequest(parts=parts))
+            reply = await self.link.request(results=request)
         except (LinkDown, RequestFailed) as exc:  # a real node keeps them in its outbox; here they are counted lost
             self._error(f"results: {exc}")
             return
@@ -258,6 +279,7 @@ class SimNode:
         if len(tally.result_s) < _LATENCIES_KEPT:
             tally.result_s.append(time.perf_counter() - t0)
         results = reply.results
+        self._start(self._jobs(results.leased))
         tally.stored += len(results.stored)
         tally.handled += len(results.handled)
         tally.finished.extend([now] * len(results.stored))
@@ -293,11 +315,11 @@ def _quantiles(values: list[float]) -> dict[str, float | None]:
 
 async def simulate(addr: str, nodes: int, slots: int, rollout_s: float, seconds: float, *, prefix: str = "sim",
                    token: str | None = None, join_over_s: float = 2.0, spread: float = 0.5,
-                   join_timeout_s: float = 60.0) -> dict[str, Any]:
+                   join_timeout_s: float = 60.0, lease_with_results: bool = True) -> dict[str, Any]:
     """Join ``nodes`` nodes (spread over ``join_over_s``), run them ``seconds`` from the last welcome, stop
     them (their leases released); what they did. SIGTERM or SIGINT stops them early."""
     records, tally = Records(), Tally()
-    fleet = [SimNode(addr, f"{prefix}-{i:04d}", slots, rollout_s, records, tally, token, spread)
+    fleet = [SimNode(addr, f"{prefix}-{i:04d}", slots, rollout_s, records, tally, token, spread, lease_with_results)
              for i in range(nodes)]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -324,7 +346,11 @@ async def simulate(addr: str, nodes: int, slots: int, rollout_s: float, seconds:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), seconds)
     stopping_at = time.time()
-    await asyncio.gather(*(n.stop() for n in fleet))
+    stopping = asyncio.gather(*(n.stop() for n in fleet))
+    try:  # what the nodes did is counted already: a link slow to close must not keep it from being said
+        await asyncio.wait_for(stopping, 60)
+    except TimeoutError:
+        print("the simulated nodes had not all stopped within 60 s", file=sys.stderr, flush=True)
     return {
         "event": "ended", "nodes": nodes, "slots": slots, "rollout_s": rollout_s, "spread": spread, "started_at": t0,
         "joined_at": joined_at, "stopping_at": stopping_at, "ended_at": time.time(), "cpu_s": _cpu_s() - cpu0,
@@ -355,11 +381,21 @@ def main() -> None:
                         help="each rollout takes ROLLOUT_S times a uniform draw in [1 - SPREAD, 1 + SPREAD]")
     parser.add_argument("--seconds", type=float, default=60.0, help="from the last node's welcome to the stop")
     parser.add_argument("--prefix", default="sim", help="node names are PREFIX-0000, PREFIX-0001, ...")
+    parser.add_argument("--lease-apart", action="store_true",
+                        help="never ask for jobs with results (as a node from before ResultsRequest.lease)")
     args = parser.parse_args()
-    report = uvloop.run(simulate(args.addr, args.nodes, args.slots, args.rollout_s, args.seconds,
-                                 prefix=args.prefix, token=os.environ.get("FARM_TOKEN"), spread=args.spread))
-    print(json.dumps(report), flush=True)
-    sys.exit(0)
+
+    async def run() -> None:
+        report = await simulate(args.addr, args.nodes, args.slots, args.rollout_s, args.seconds,
+                                prefix=args.prefix, token=os.environ.get("FARM_TOKEN"), spread=args.spread,
+                                lease_with_results=not args.lease_apart)
+        print(json.dumps(report), flush=True)
+        sys.stderr.flush()
+        # Said, and every node released its leases: nothing is left to wait for (a channel slow to close would
+        # hold the loop's shutdown, and the bench waiting on this process, for nothing).
+        os._exit(0)
+
+    uvloop.run(run())
 
 
 if __name__ == "__main__":

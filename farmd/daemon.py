@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -233,6 +234,10 @@ class Daemon:
         console_addr = await self._start_console({"FarmService": service, "IntakeService": intake})
         atropos_addr = await self._start_atropos()
         self._write_runfile(f"{host}:{self.port}", metrics_addr, console_addr, atropos_addr)
+        # What is loaded by now (modules, the API, the catalog) lives as long as the daemon: kept out of the cyclic
+        # collector's way, whose full collections would walk all of it again and again (in a fleet's coordinator,
+        # about a tenth of the event loop's busy time went there).
+        gc.freeze()
         log.info("farmd listening on %s:%d (workers=%d, data=%s)", host, self.port, self.workers,
                  self.config.data_dir, extra={"event": "listening", "addr": f"{host}:{self.port}",
                                               "metrics": metrics_addr, "console": console_addr,

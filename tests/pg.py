@@ -82,6 +82,11 @@ class PostgresServer:
         return subprocess.run([str(bindir() / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port), "-U", USER],
                               capture_output=True, timeout=10).returncode == 0
 
+    @property
+    def pid(self) -> int | None:
+        """The postmaster's (its backends are its children); None before ``start``."""
+        return self._proc.pid if self._proc is not None else None
+
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{database}"
 

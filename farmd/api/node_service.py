@@ -243,20 +243,11 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
         kind = request.WhichOneof("kind")
         nodes = self._nodes
         if kind == "lease":
-            ask = request.lease
             try:
-                jobs = await nodes.lease(node, ask.n, ask.wait_s, endpoint=ask.endpoint or None,
-                                         exclude=tuple(ask.exclude_endpoints))  # capped at its free capacity there
+                leased = await self._lease(node, request.lease, request.lease.wait_s)
             except ValueError as exc:  # not an endpoint's name
                 return node_pb2.WorkResponse(error=f"a lease request: {exc}"[:500])
-            leased = []
-            for job in jobs:
-                sha = await nodes.policy_sha256(job.policy_version) if job.policy_version else ""
-                leased.append(node_pb2.LeasedJob(
-                    id=job.id, group_id=job.group_id, env=job.env, seed=job.seed, difficulty=job.difficulty,
-                    agent=job.agent, attempts=job.attempts, policy_version=job.policy_version, policy_sha256=sha,
-                    source=job.source))
-            return node_pb2.WorkResponse(leased=node_pb2.LeaseReply(jobs=leased))
+            return node_pb2.WorkResponse(leased=leased)
         if kind == "heartbeat":
             beat = request.heartbeat
             if len(beat.job_ids) > MAX_JOB_IDS or len(beat.policies) > 1024:
@@ -275,6 +266,20 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
         if kind == "recover":
             return node_pb2.WorkResponse(count=node_pb2.CountReply(count=await nodes.recover(node)))
         raise BadRequest(f"a node may not send {kind or 'an empty message'} here")
+
+    async def _lease(self, node: Node, ask: node_pb2.LeaseRequest, wait_s: float) -> node_pb2.LeaseReply:
+        """Up to ``ask.n`` jobs for ``node``, capped at its free capacity (``Nodes.lease``), as the wire has them.
+        ValueError for an endpoint that is not an endpoint's name."""
+        jobs = await self._nodes.lease(node, ask.n, wait_s, endpoint=ask.endpoint or None,
+                                       exclude=tuple(ask.exclude_endpoints))
+        leased = []
+        for job in jobs:
+            sha = await self._nodes.policy_sha256(job.policy_version) if job.policy_version else ""
+            leased.append(node_pb2.LeasedJob(
+                id=job.id, group_id=job.group_id, env=job.env, seed=job.seed, difficulty=job.difficulty,
+                agent=job.agent, attempts=job.attempts, policy_version=job.policy_version, policy_sha256=sha,
+                source=job.source))
+        return node_pb2.LeaseReply(jobs=leased)
 
     async def _results(self, node: Node, results: node_pb2.ResultsRequest, parts: _Parts
                        ) -> node_pb2.WorkResponse:
@@ -307,6 +312,17 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
         # Told why (the node drops them from its outbox), not counted towards its quarantine: what one record
         # holds decides nothing beyond that record; lying about a lease or a verdict is what quarantines.
         refused = {**unreadable, **completed.refused}
-        return node_pb2.WorkResponse(results=node_pb2.ResultsReply(
+        reply = node_pb2.ResultsReply(
             stored=completed.reported, handled=handled,
-            refused=[node_pb2.Refusal(job_id=job, reason=_text(why, 1000)) for job, why in refused.items()]))
+            refused=[node_pb2.Refusal(job_id=job, reason=_text(why, 1000)) for job, why in refused.items()])
+        if results.HasField("lease") and not node.quarantine_reason:
+            # Asked with the results (after them: the slots they held are free now), never waiting for work: the
+            # reply to what the node finished is not held up. A lease that cannot be had is no failed report.
+            try:
+                reply.leased.CopyFrom(await self._lease(node, results.lease, 0.0))
+            except ValueError as exc:
+                log.info("node %s: the lease sent with its results was not served: %s", node.name, exc,
+                         extra={"event": "bad_lease", "node": node.name})
+            except Exception:
+                log.exception("node %s: the lease sent with its results failed", node.name)
+        return node_pb2.WorkResponse(results=reply)

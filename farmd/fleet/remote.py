@@ -62,7 +62,7 @@ class RemoteLeases:
         self._outbox = outbox
         self._policies = policies
         self._recovered = False
-        self.counters = {"sent": 0, "stored": 0, "resent": 0, "refused": 0}
+        self.counters = {"sent": 0, "stored": 0, "resent": 0, "refused": 0, "leased_with_results": 0}
 
     async def _connected(self) -> bool:
         if self._link.connected.is_set():
@@ -83,8 +83,11 @@ class RemoteLeases:
         except (LinkDown, RequestFailed) as exc:
             log.debug("no lease: %s", exc)
             return []
+        return self._jobs(owner, reply.leased)
+
+    def _jobs(self, owner: str, reply: node_pb2.LeaseReply) -> list[Job]:
         jobs = []
-        for leased in reply.leased.jobs:
+        for leased in reply.jobs:
             self._policies.learn(leased.policy_version, leased.policy_sha256)
             jobs.append(Job(id=leased.id, group_id=leased.group_id, env=leased.env, seed=leased.seed,
                             difficulty=leased.difficulty, agent=leased.agent, state=JobState.LEASED,
@@ -101,22 +104,42 @@ class RemoteLeases:
         return int(reply.heartbeat.held)
 
     async def complete(self, owner: str, trajectories: list[Trajectory]) -> list[int]:
+        stored, _ = await self.complete_and_lease(owner, trajectories, 0)
+        return stored
+
+    async def complete_and_lease(self, owner: str, trajectories: list[Trajectory], n: int, *,
+                                 exclude: Sequence[str] = ()) -> tuple[list[int], list[Job]]:
+        """``complete``, asking with the results for up to ``n`` jobs (none of ``exclude``'s endpoints) for the
+        slots they free: one message, not a results message and a lease request. A coordinator from before
+        ``ResultsRequest.lease`` answers none, and the worker leases as before."""
         items = await asyncio.to_thread(_serialize, owner, trajectories)
         await self._outbox.put(items)
-        return await self._send(items)
+        ask = node_pb2.LeaseRequest(n=n, exclude_endpoints=list(exclude)) if n > 0 else None
+        leased: list[Job] = []
+        stored = await self._send(items, ask, leased, owner)
+        return stored, leased
 
-    async def _send(self, items: list[Buffered]) -> list[int]:
+    async def _send(self, items: list[Buffered], ask: node_pb2.LeaseRequest | None = None,
+                    leased: list[Job] | None = None, owner: str = "") -> list[int]:
         """Send ``items`` in messages; what the coordinator dealt with leaves the outbox. Returns the ids it
-        stored. On a dropped link the rest stay buffered for the next connection."""
+        stored. On a dropped link the rest stay buffered for the next connection. ``ask``: a lease sent with the
+        last message, its jobs added to ``leased``."""
         stored: list[int] = []
-        for parts, _ids in _messages(items):
+        messages = list(_messages(items))
+        for index, (parts, _ids) in enumerate(messages):
+            request = node_pb2.ResultsRequest(parts=parts)
+            if ask is not None and index == len(messages) - 1:
+                request.lease.CopyFrom(ask)
             try:
-                reply = await self._link.request(results=node_pb2.ResultsRequest(parts=parts))
+                reply = await self._link.request(results=request)
             except (LinkDown, RequestFailed) as exc:
                 log.info("%d results stay buffered: %s", len(self._outbox), exc)
                 break
             await self._outbox.remove(list(reply.results.handled))
             stored.extend(reply.results.stored)
+            if leased is not None and reply.results.leased.jobs:
+                leased.extend(self._jobs(owner, reply.results.leased))
+                self.counters["leased_with_results"] += len(reply.results.leased.jobs)
             for refusal in reply.results.refused:  # dropped, as handled: sending it again cannot change it
                 self.counters["refused"] += 1
                 log.error("the coordinator refused job %d's result: %s", refusal.job_id, refusal.reason[:1000],

@@ -21,7 +21,7 @@ import os
 import socket
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from farmd.agents import Agent, ClientPool, NamedEndpoint, PolicySource, TorchRuntime, make_agent
 from farmd.agents.registry import RedTeamFactory
@@ -56,6 +56,16 @@ class Leases(Protocol):
         """An infrastructure failure of a leased job; ``transient`` False: trying again cannot help."""
     async def release(self, owner: str) -> int: ...
     async def recover(self, node: str, owner: str) -> int: ...
+
+
+@runtime_checkable
+class LeasesWithResults(Leases, Protocol):
+    """Leases that also lease with a batch of results (a joined node's: one message for both, not two)."""
+
+    async def complete_and_lease(self, owner: str, trajectories: list[Trajectory], n: int, *,
+                                 exclude: Sequence[str] = ()) -> tuple[list[int], list[Job]]:
+        """``complete``, then up to ``n`` jobs (none of ``exclude``'s endpoints), never waiting for work: (the ids
+        stored, the jobs leased)."""
 
 
 class Worker:
@@ -99,6 +109,8 @@ class Worker:
         for replica_set in self.replicas.values():
             replica_set.on_change = self._wake_up
         self._done: list[Trajectory] = []
+        self._flushing = False
+        """A batch of results is on its way: with ``LeasesWithResults`` it asks for the slots it frees."""
         self._flushed = asyncio.Event()
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -181,6 +193,8 @@ class Worker:
             servers.start()  # their health is known before their jobs are leased
         while not self._stopping:
             free, rooms = self._free()
+            if isinstance(self.leases, LeasesWithResults) and (self._done or self._flushing):
+                free = 0  # the results on their way ask for these slots, in the same message
             if free <= 0 and not any(room > 0 for room in rooms.values()):
                 self._wake.clear()
                 await self._wake.wait()
@@ -196,8 +210,7 @@ class Worker:
                         jobs += leased
             except Exception:
                 log.exception("leasing failed")
-            for job in jobs:
-                self._running[job.id] = asyncio.get_running_loop().create_task(self._run(job))
+            self._start(jobs)
             if jobs:
                 idle = _IDLE_MIN_S
                 continue
@@ -205,6 +218,10 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), idle)
             idle = min(_IDLE_MAX_S, idle * 2)
+
+    def _start(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self._running[job.id] = asyncio.get_running_loop().create_task(self._run(job))
 
     async def _run(self, job: Job) -> None:
         try:
@@ -248,11 +265,23 @@ class Worker:
         if not self._done:
             return
         batch, self._done = self._done, []
+        leases = self.leases
+        self._flushing = True
         try:
-            await self.leases.complete(self.owner, batch)
+            if isinstance(leases, LeasesWithResults) and not self._stopping:
+                free, _ = self._free()
+                _, jobs = await leases.complete_and_lease(self.owner, batch, max(0, free),
+                                                          exclude=[e.name for e in self.endpoints])
+                if not self._stopping:  # else ``stop`` gives them back with every lease this worker holds
+                    self._start(jobs)
+            else:
+                await leases.complete(self.owner, batch)
         except Exception:
             log.exception("reporting %d trajectories failed; their leases will expire and they will rerun",
                           len(batch))
+        finally:
+            self._flushing = False
+            self._wake.set()  # slots the reply left empty (nothing queued): a lease of their own
 
     async def _flush_loop(self) -> None:
         while not self._stopping:

@@ -7,6 +7,8 @@ cost of a write and of a read, so callers run them off the event loop (``asyncio
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -29,6 +31,7 @@ _BODY_INDEX = [c.strip() for c in TRAJ_COLUMNS.split(",")].index("body")
 _COLUMN_INDEX = tuple(i for i, c in enumerate(TRAJ_COLUMNS.split(",")) if c.strip() != "body")
 
 _COLUMN_FIELDS = tuple(c.strip() for c in TRAJ_COLUMNS.split(",") if c.strip() != "body")
+_VERDICT_INDEX = [c.strip() for c in TRAJ_COLUMNS.split(",")].index("verdict_version")
 _BODY_VERSION = 3
 """3: the JSON is followed by the turns' token ids and logprobs as arrays. 2: all of it JSON. Both are read."""
 _UNSTORED = frozenset({"scores"})
@@ -234,4 +237,55 @@ def log_unreadable(traj_id: object, problems: list[str]) -> None:
 
 def read_trajectories(rows: list[Any]) -> list[Trajectory]:
     return [read_trajectory(r) for r in rows]
+
+
+RECENT_KEPT = 16_384
+"""Records ``Recent`` keeps at most: a few seconds of a large fleet's output, which is how far behind a trainer
+that keeps up reads; one further behind reads its records from their rows."""
+RECENT_BODY_BYTES = 16 << 20
+"""And at most this many bytes of their bodies (a model's records, their token ids and logprobs, are large)."""
+
+
+class Recent:
+    """Records this process stored lately, each with the row it was stored as: a stream that reads one back soon
+    after (a trainer keeping up reads every record once, within seconds) gets it without its body being
+    unpacked, parsed and checked again, which was most of what serving a record cost.
+
+    A kept record is served only for a row exactly as it was stored, its body's bytes included; a row changed
+    since (a verdict given later, ``verified_by`` when the coordinator confirms a node's) is read from itself.
+    ``remember`` runs on the event loop once a commit is done, ``read`` in a thread: each touches the mapping
+    one operation at a time."""
+
+    def __init__(self, keep: int = RECENT_KEPT, body_bytes: int = RECENT_BODY_BYTES) -> None:
+        self._keep = keep
+        self._body_bytes = body_bytes
+        self._bytes = 0
+        self._kept: dict[int, tuple[tuple[Any, ...], Trajectory]] = {}
+
+    def remember(self, rows: Sequence[tuple[Any, ...]], records: Sequence[Trajectory]) -> None:
+        """``records`` were just committed as ``rows`` (``traj_row``'s)."""
+        for row, record in zip(rows, records, strict=True):
+            # As ``read_trajectory`` gives it back: the verdict it was stored with is verdict 0; scores live apart.
+            old = self._kept.pop(int(row[0]), None)
+            self._bytes += len(row[_BODY_INDEX]) - (len(old[0][_BODY_INDEX]) if old is not None else 0)
+            self._kept[int(row[0])] = (row, dataclasses.replace(record, verdict_version=int(row[_VERDICT_INDEX]),
+                                                                scores=[]))
+        while self._kept and (len(self._kept) > self._keep or self._bytes > self._body_bytes):
+            gone, _ = self._kept.pop(next(iter(self._kept)))
+            self._bytes -= len(gone[_BODY_INDEX])
+
+    def kept(self) -> list[int]:
+        """The ids kept, oldest first."""
+        return list(self._kept)
+
+    def read(self, rows: list[Any]) -> list[Trajectory]:
+        """``read_trajectories``, served from what was kept where a row is as it was stored."""
+        out = []
+        for row in rows:
+            kept = self._kept.get(row[0])
+            if kept is not None and kept[0] == tuple(row):
+                out.append(copy.copy(kept[1]))  # a reader sets its own scores on it
+            else:
+                out.append(read_trajectory(row))
+        return out
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from farmd.records import VERIFIED_LOCAL, Job, JobState, Trajectory
-from farmd.store.codec import INSERT_TRAJECTORY, checked_bodies, traj_row
+from farmd.store.codec import INSERT_TRAJECTORY, Recent, checked_bodies, traj_row
 from farmd.store.database import MAX_VARS, Database, Dialect
 from farmd.store.groups import drop_cancelled, fail_job, finish_groups, insert_finished, insert_groups
 from farmd.store.intake import withdraw
@@ -109,8 +109,11 @@ def _job(row: Any) -> Job:
 
 
 class JobRecords:
-    def __init__(self, db: Database) -> None:
+    """``recent``: where what it stores is kept for the streams to read back (``Recent``)."""
+
+    def __init__(self, db: Database, recent: Recent | None = None) -> None:
         self._db = db
+        self._recent = recent or Recent()
 
     # -- the job queue --------------------------------------------------------------------------
 
@@ -386,11 +389,14 @@ class JobRecords:
                     seq += 1
                     traj.seq = seq
                     traj.finished_at = traj.finished_at or now
-                await db.executemany(INSERT_TRAJECTORY, [traj_row(t, bodies[t.id]) for t in keep])
+                rows = [traj_row(t, bodies[t.id]) for t in keep]
+                await db.executemany(INSERT_TRAJECTORY, rows)
                 late = [t.id for t in keep if t.env.startswith(CONTRIBUTED_ENV_PREFIX)]
                 if late:  # running when its environment was quarantined: withdrawn as it is stored
                     await withdraw(db, f"t.id IN ({','.join('?' * len(late))})", late, now)
             await finish_groups(db, sorted({t.group_id for t in keep}))
+        if keep:  # committed: what streams read next is these, unchanged
+            self._recent.remember(rows, keep)
         return Completion(stored=[t.id for t in keep], refused=refused, canaries=canaries)
 
     async def leased_attempts(self, owner: str, job_id: int) -> int | None:

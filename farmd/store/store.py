@@ -15,6 +15,7 @@ from pathlib import Path
 
 from farmd.store.activity import ActivityRecords
 from farmd.store.atropos import AtroposRecords
+from farmd.store.codec import Recent
 from farmd.store.consumers import ConsumerRecords
 from farmd.store.database import Database, SqliteDatabase
 from farmd.store.intake import IntakeRecords
@@ -49,7 +50,8 @@ class Store:
         self.verdicts = VerdictRecords(db)
         """Which verdicts changed since a mark, and what a trajectory's was at one."""
 
-        jobs = JobRecords(db)
+        recent = Recent()  # what this process just stored, which the streams read back next
+        jobs = JobRecords(db, recent)
         self.enqueue = jobs.enqueue
         self.enqueue_run = jobs.enqueue_run
         self.run = jobs.run
@@ -73,7 +75,7 @@ class Store:
         self.failures = jobs.failures
         self.store_finished = jobs.store_finished
 
-        trajectories = TrajectoryRecords(db)
+        trajectories = TrajectoryRecords(db, recent)
         self.finished_groups = trajectories.finished_groups
         self.trajectory = trajectories.trajectory
         self.trajectories = trajectories.trajectories

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from farmd import domain
 from farmd.flags import UNREADABLE, WITHDRAWN
 from farmd.records import RED_TEAM_PREFIX, Score, Trajectory
-from farmd.store.codec import TRAJ_COLUMNS, read_trajectories, read_trajectory
+from farmd.store.codec import TRAJ_COLUMNS, Recent, read_trajectories, read_trajectory
 from farmd.store.database import Database
 from farmd.store.filters import WITHDRAWN_SQL, TrajectoryFilter, subscription
 from farmd.store.verdicts import FIRST, VerdictRecords, give
@@ -55,8 +55,11 @@ class PassRate:
 
 
 class TrajectoryRecords:
-    def __init__(self, db: Database) -> None:
+    """``recent``: records this process stored lately (``Recent``), served for rows unchanged since."""
+
+    def __init__(self, db: Database, recent: Recent | None = None) -> None:
         self._db = db
+        self._recent = recent or Recent()
         self._verdicts = VerdictRecords(db)
 
     # -- groups as they finished ------------------------------------------------------------------
@@ -139,8 +142,9 @@ class TrajectoryRecords:
             (*args, limit))
         if not body:
             return read_trajectories(rows)
-        # Decompressing and parsing bodies is the cost of a read: off the event loop.
-        return await self._with_scores(await asyncio.to_thread(read_trajectories, rows))
+        # Decompressing and parsing bodies is the cost of a read: off the event loop, and skipped for what was just
+        # stored (a trainer that keeps up reads only that).
+        return await self._with_scores(await asyncio.to_thread(self._recent.read, rows))
 
     async def _with_scores(self, trajectories: list[Trajectory]) -> list[Trajectory]:
         """Whole records carry every verdict they were given, the first included: one query for a page. A
@@ -165,7 +169,7 @@ class TrajectoryRecords:
                                   group_ids)
         if not body:
             return read_trajectories(rows)
-        return await self._with_scores(await asyncio.to_thread(read_trajectories, rows))
+        return await self._with_scores(await asyncio.to_thread(self._recent.read, rows))
 
     async def withdrawn_count(self, *, env: str | None = None, run_id: int = 0,
                               where: TrajectoryFilter | None = None) -> int:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 import zlib
 from pathlib import Path
 
+import pytest
+
 from farmd.domain import FLOAT32_MAX
 from farmd.records import ChatMessage, PosedTask, SamplingParams, Trajectory, Turn, Usage, to_plain
-from farmd.store import Store
+from farmd.store import Store, codec
+from farmd.store.codec import Recent, traj_row
 
 
 def f32(x: float) -> float:
@@ -120,3 +124,49 @@ async def test_a_record_out_of_its_domain_is_not_stored_and_the_others_are(tmp_p
         assert kept.verifier_version == "3" and kept.verdict_version == kept.scores[-1].verdict_version > 0
     finally:
         await store.close()
+
+
+async def test_what_was_just_stored_streams_back_as_its_row_reads(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records just stored are served from memory (``Recent``), not unpacked again: what a stream gets of them is
+    exactly what a reader that never saw them stored gets from their rows, and a verdict given since is served."""
+    db = tmp_path / "farm.db"
+    store = await Store.open(db)
+    fresh: Store | None = None
+    try:
+        await store.enqueue([("py-func", 1, 2, "chat:m", 3)])
+        jobs = await store.lease("w", 3, 30, 0)
+        sent = [record(jobs[0].id, jobs[0].group_id, TURNS), record(jobs[1].id, jobs[1].group_id, []),
+                dataclasses.replace(record(jobs[2].id, jobs[2].group_id, TURNS[1:]), verdict_version=7,
+                                    reasons=["a reason"], flags=["flag"], passed=False, reward=0.25)]
+        await store.complete([("w", t) for t in sent])
+        (group,) = {j.group_id for j in jobs}
+        fresh = await Store.open(db)  # holds nothing in memory: reads every row
+        unpacked: list[int] = []
+        real = codec.read_trajectory
+        monkeypatch.setattr(codec, "read_trajectory", lambda row: unpacked.append(row[0]) or real(row))
+        for reader in (lambda s: s.group_trajectories([group]), lambda s: s.trajectories(limit=10, streamed=True)):
+            served, read = await reader(store), await reader(fresh)
+            assert [to_plain(t) for t in served] == [to_plain(t) for t in read]
+            assert [t.id for t in served] == [j.id for j in jobs]
+        assert sorted(unpacked) == sorted([j.id for j in jobs] * 2)  # the fresh reader's only
+        assert await store.add_scores([(jobs[0].id, "2", 0.5, False, "ok", ["judged again"], [])]) == 1
+        (later,) = [t for t in await store.group_trajectories([group]) if t.id == jobs[0].id]
+        assert (later.reward, later.passed, later.verifier_version) == (0.5, False, "2")
+        assert to_plain(later) == to_plain((await fresh.group_trajectories([group]))[0])
+    finally:
+        await store.close()
+        if fresh is not None:
+            await fresh.close()
+
+
+def test_recent_records_are_bounded_by_count_and_by_body_bytes() -> None:
+    recent = Recent(keep=3, body_bytes=1000)
+    rows = []
+    for i in range(1, 6):
+        t = record(i, 1, [])
+        rows.append(traj_row(t, b"x" * 100))
+        recent.remember([rows[-1]], [t])
+    assert recent.kept() == [3, 4, 5]
+    recent.remember([traj_row(record(6, 1, []), b"y" * 950)], [record(6, 1, [])])
+    assert recent.kept() == [6]
