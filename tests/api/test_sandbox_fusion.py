@@ -305,3 +305,16 @@ def test_a_body_that_is_not_a_json_object_is_422(farm: Farm) -> None:
     for body in (b"{not json", b"[1, 2]", b"\xff\xfe", b"null"):
         resp = farm.post(body)
         assert resp.status_code == 422 and resp.json()["detail"][0]["loc"] == ["body"]
+
+
+def test_a_joined_node_refuses_the_flag(tmp_path: Path) -> None:
+    """The API is a coordinator's, as the console and the Atropos API are: a worker node refuses it at start."""
+    import asyncio
+
+    from farmd.config import Config
+    from farmd.daemon import Daemon
+    from farmd.errors import ConfigError
+
+    daemon = Daemon(Config(data_dir=tmp_path / "node", join="127.0.0.1:9", sandbox_fusion_listen="127.0.0.1:0"))
+    with pytest.raises(ConfigError, match="--sandbox-fusion"):
+        asyncio.run(daemon.start())
