@@ -78,9 +78,81 @@ MAX_FETCH_BYTES = 16 << 20
 
 LANGUAGES = ("python", "bash")
 _PROGRAM = {"python": ("_sandbox_fusion_main.py", ("python3",)), "bash": ("_sandbox_fusion_main.sh", ("bash",))}
-"""Where the code goes in the scratch directory, and what runs it (SandboxFusion: ``python FILE``, ``bash FILE``;
-the box has ``python3``, not ``python``)."""
+"""Where the code goes in the scratch directory, and what runs it (as SandboxFusion: ``python FILE``, ``bash FILE``)."""
 _STDIN = "_sandbox_fusion_stdin"
+_SUPERVISOR = r"""
+import os, signal, sys
+language, main, stdin = sys.argv[1:4]
+pid = os.fork()
+if pid == 0:
+    if stdin:
+        fd = os.open(stdin, os.O_RDONLY)
+        os.dup2(fd, 0)
+        os.close(fd)
+    if language == "bash":
+        os.execvp("bash", ["bash", main])
+    path = os.path.abspath(main)
+    sys.argv = [main]
+    sys.path[0] = os.path.dirname(path)
+    module = type(sys)("__main__")
+    module.__dict__.update(__builtins__=__builtins__, __file__=path, __cached__=None)
+    sys.modules["__main__"] = module
+    code = 0
+    try:
+        with open(main, "rb") as f:
+            compiled = compile(f.read(), path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        sys.excepthook(type(exc), exc, None)
+        code = 1
+    else:
+        try:
+            exec(compiled, module.__dict__)
+        except SystemExit as exc:
+            code = 0 if exc.code is None else exc.code & 0xFF if isinstance(exc.code, int) else 1
+            if not isinstance(exc.code, int | None):
+                print(exc.code, file=sys.stderr)
+        except BaseException as exc:
+            code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+            exc.__traceback__ = exc.__traceback__.tb_next  # the code's traceback starts at its own frame
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+    threading = sys.modules.get("threading")
+    try:
+        if threading is not None:
+            threading._shutdown()
+        import atexit
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            code = code or 120
+    os._exit(code)
+_, status = os.waitpid(pid, 0)
+left = 0
+for entry in os.listdir("/proc"):
+    if entry.isdigit() and int(entry) not in (1, os.getpid()):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                left += f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+        except OSError:
+            pass
+if left:
+    os.write(2, f"farm: the program left {left} processes running when it ended; they were killed\n".encode())
+    os.kill(os.getpid(), signal.SIGKILL)
+if os.WIFSIGNALED(status):
+    if os.WTERMSIG(status) not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+    os.kill(os.getpid(), os.WTERMSIG(status))
+    os.kill(os.getpid(), signal.SIGKILL)  # a signal whose default is not to end a process (SIGCHLD)
+os._exit(os.waitstatus_to_exitcode(status))
+"""
+"""The box's program: runs the call's code as its child (python in this already-started interpreter, as
+SandboxFusion's ``python FILE``; bash exec'd), stdin from the call's, and ends as the code ended, with its exit
+status or its signal. Code that ends while processes it started are still running (a fork bomb whose first
+process exits 0) ends killed (-9): those processes would be killed with the box, and the call is the caller's
+failure, never a pass."""
 _RESERVED = frozenset({_STDIN, *(name for name, _ in _PROGRAM.values())})
 _FIELDS = frozenset({"compile_timeout", "run_timeout", "memory_limit_MB", "code", "stdin", "language", "files",
                      "fetch_files"})
@@ -200,13 +272,11 @@ class SandboxFusionServer:
         return web.Response(body=encoded, content_type="application/json")
 
     async def _run(self, call: RunCode) -> dict[str, Any]:
-        name, runner = _PROGRAM[call.language]
+        name, _ = _PROGRAM[call.language]
         files = {**call.files, name: call.code}
-        argv: list[str] = [*runner, name]
         if call.stdin is not None:
             files[_STDIN] = call.stdin
-            # exec: the program is the process the box reports on, its stdin the file, not a pipe farm feeds.
-            argv = ["/bin/sh", "-c", 'exec "$@" < ' + _STDIN, "sh", *argv]
+        argv = ["python3", "-c", _SUPERVISOR, call.language, name, _STDIN if call.stdin is not None else ""]
         policy = _policy(call)
         keep = await asyncio.to_thread(tempfile.mkdtemp, prefix="farm-sandbox-fusion-") if call.fetch_files else None
         try:
@@ -324,7 +394,7 @@ def parse_run_code(body: bytes) -> RunCode:
     """Check a ``/run_code`` body (blocking: run it off the event loop); raises ``_Invalid`` saying where."""
     try:
         raw = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # bad JSON, bad UTF-8, an integer of too many digits, nesting
         raise _Invalid([], f"not a JSON object: {str(exc)[:200]}") from None
     if not isinstance(raw, dict):
         raise _Invalid([], "the body must be a JSON object")
@@ -349,15 +419,15 @@ def parse_run_code(body: bytes) -> RunCode:
         raise _Invalid(["files"], f"an object of at most {MAX_FILES} paths to base64 content")
     files: dict[str, bytes] = {}
     for path, content in files_raw.items():
-        _path(["files", path], path)
+        _path(["files", path[:200]], path)
         if content is None:
             continue  # SandboxFusion writes only string contents
         if not isinstance(content, str):
-            raise _Invalid(["files", path], "base64 content as a string")
+            raise _Invalid(["files", path[:200]], "base64 content as a string")
         try:
             files[path] = base64.b64decode(content, validate=True)
         except (binascii.Error, ValueError):
-            raise _Invalid(["files", path], "not valid base64") from None
+            raise _Invalid(["files", path[:200]], "not valid base64") from None
     _fits(files)
     fetch_raw = raw.get("fetch_files", [])
     if not isinstance(fetch_raw, list) or len(fetch_raw) > MAX_FILES:
@@ -376,7 +446,7 @@ def _fits(files: Mapping[str, bytes]) -> None:
     dirs = {str(parent) for path in files for parent in PurePosixPath(path).parents if str(parent) != "."}
     clash = sorted(dirs & {str(PurePosixPath(p)) for p in files})
     if clash:
-        raise _Invalid(["files", clash[0]], "both a file and another file's directory")
+        raise _Invalid(["files", clash[0][:200]], "both a file and another file's directory")
     if len(dirs) + len(files) > DEFAULT_POLICY.disk_inodes // 2:
         raise _Invalid(["files"], f"at most {DEFAULT_POLICY.disk_inodes // 2} files and directories together")
 

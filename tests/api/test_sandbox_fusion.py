@@ -105,6 +105,22 @@ def test_python_and_bash_run_and_answer_in_sandbox_fusions_shapes(farm: Farm) ->
         assert resp.run_result.return_code == 3
 
 
+def test_python_runs_as_python_file_runs_it(farm: Farm) -> None:
+    resp = farm.run("import sys, threading\nassert __name__ == '__main__' and sys.argv[0].endswith('.py')\n"
+                    "threading.Thread(target=lambda: print('thread done')).start()\nprint('main done')")
+    assert resp.status == RunStatus.Success, resp
+    assert resp.run_result is not None and sorted(resp.run_result.stdout.splitlines()) == ["main done", "thread done"]
+    resp = farm.run("def f():\n    raise ValueError('boom')\nf()")
+    assert resp.run_result is not None and resp.run_result.return_code == 1
+    stderr = resp.run_result.stderr or ""
+    assert stderr.startswith("Traceback (most recent call last):\n  File \"/box/_sandbox_fusion_main.py\", line 3")
+    assert stderr.endswith("ValueError: boom\n")
+    resp = farm.run("import sys; sys.exit('bad input')")
+    assert resp.run_result is not None and (resp.run_result.return_code, resp.run_result.stderr) == (1, "bad input\n")
+    resp = farm.run("import os; os.kill(os.getpid(), 11)")
+    assert resp.run_result is not None and resp.run_result.return_code == -11, "its own signal"
+
+
 def test_stdin_reaches_the_program(farm: Farm) -> None:
     resp = farm.run("a = input(); b = input(); print(int(a) + int(b))", stdin="2\n40\n")
     assert resp.status == RunStatus.Success and resp.run_result is not None and resp.run_result.stdout == "42\n"
@@ -188,6 +204,10 @@ HOSTILE = {
     "killing its own process group": ("import os, signal; os.killpg(0, signal.SIGKILL)", "python"),
     "killing everything it can": ("kill -9 -1; sleep 5", "bash"),
     "killing itself": ("kill -SEGV $$", "bash"),
+    "exiting 0 with a child left running": ("import os, time\nif os.fork() == 0:\n    time.sleep(60)", "python"),
+    "exiting 0 with a job left running": ("sleep 60 &\nexit 0", "bash"),
+    "exiting 0 with a daemon left running": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n"
+                                             "    if os.fork() == 0:\n        time.sleep(60)", "python"),
 }
 
 
@@ -288,6 +308,7 @@ MALFORMED: dict[str, tuple[Any, str]] = {
     "a fetch above the scratch dir": ({"code": "1", "language": "python", "fetch_files": ["../../etc/passwd"]},
                                       "fetch_files"),
     "a fetch not a string": ({"code": "1", "language": "python", "fetch_files": [1]}, "fetch_files"),
+    "a path of a megabyte": ({"code": "1", "language": "python", "files": {"a" * MB: "eA=="}}, "files"),
     "a misspelt field": ({"code": "1", "language": "python", "memory_limit_mb": 100}, "memory_limit_mb"),
 }
 
@@ -299,10 +320,12 @@ def test_malformed_fields_are_422_saying_where(farm: Farm, name: str) -> None:
     assert resp.status_code == 422, resp.text
     (detail,) = resp.json()["detail"]
     assert detail["loc"][:2] == ["body", field] and detail["msg"]
+    assert len(resp.content) < 2000, "a refusal never echoes what it refuses at length"
 
 
 def test_a_body_that_is_not_a_json_object_is_422(farm: Farm) -> None:
-    for body in (b"{not json", b"[1, 2]", b"\xff\xfe", b"null"):
+    for body in (b"{not json", b"[1, 2]", b"\xff\xfe", b"null", b'{"memory_limit_MB": ' + b"9" * 5000 + b"}",
+                 b"[" * 100_000 + b"]" * 100_000):
         resp = farm.post(body)
         assert resp.status_code == 422 and resp.json()["detail"][0]["loc"] == ["body"]
 
