@@ -81,16 +81,20 @@ _PROGRAM = {"python": ("_sandbox_fusion_main.py", ("python3",)), "bash": ("_sand
 """Where the code goes in the scratch directory, and what runs it (as SandboxFusion: ``python FILE``, ``bash FILE``)."""
 _STDIN = "_sandbox_fusion_stdin"
 _SUPERVISOR = r"""
-import os, signal, sys
+import gc, os, signal, sys
 language, main, stdin = sys.argv[1:4]
-pid = os.fork()
+if language == "bash":
+    # posix_spawn (vfork): no copy of this interpreter's pages, which a fork would make only to exec over them.
+    pid = os.posix_spawn("/usr/bin/bash", ["bash", main], os.environ,
+                         file_actions=[(os.POSIX_SPAWN_OPEN, 0, stdin, os.O_RDONLY, 0)] if stdin else [])
+else:
+    gc.freeze()  # the child's collections then leave the parent's objects (and their pages) alone
+    pid = os.fork()
 if pid == 0:
     if stdin:
         fd = os.open(stdin, os.O_RDONLY)
         os.dup2(fd, 0)
         os.close(fd)
-    if language == "bash":
-        os.execvp("bash", ["bash", main])
     path = os.path.abspath(main)
     sys.argv = [main]
     sys.path[0] = os.path.dirname(path)
