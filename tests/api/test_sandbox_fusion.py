@@ -341,3 +341,25 @@ def test_a_joined_node_refuses_the_flag(tmp_path: Path) -> None:
     daemon = Daemon(Config(data_dir=tmp_path / "node", join="127.0.0.1:9", sandbox_fusion_listen="127.0.0.1:0"))
     with pytest.raises(ConfigError, match="--sandbox-fusion"):
         asyncio.run(daemon.start())
+
+
+def test_boxes_at_once_are_capped_and_calls_past_the_waiting_room_are_429(farm: Farm) -> None:
+    """At most MAX_RUNNING programs run at once; MAX_WAITING more calls wait; one more is refused with 429 (the
+    client retries it), never queued without bound."""
+    import concurrent.futures
+
+    from farmd.api.sandbox_fusion import MAX_RUNNING, MAX_WAITING
+
+    body = {"code": "import time\nprint(time.time())\ntime.sleep(1.5)\nprint(time.time())", "language": "python"}
+    calls = MAX_RUNNING + MAX_WAITING + 6
+    with concurrent.futures.ThreadPoolExecutor(calls) as pool:
+        replies = list(pool.map(lambda _: farm.post(body), range(calls)))
+    refused = [r for r in replies if r.status_code == 429]
+    ran = [r.json() for r in replies if r.status_code == 200]
+    assert refused and "waiting" in refused[0].json()["detail"]
+    assert len(ran) + len(refused) == calls and len(ran) >= MAX_RUNNING
+    assert all(r["status"] == "Success" for r in ran)
+    windows = [tuple(map(float, r["run_result"]["stdout"].split())) for r in ran]
+    most = max(sum(1 for s, e in windows if s <= t < e) for t, _ in windows)
+    assert most <= MAX_RUNNING
+    farm.answers()
