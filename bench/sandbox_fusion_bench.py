@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -52,7 +53,7 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _farmd(data: Path) -> Iterator[str]:
+def _farmd(data: Path) -> Iterator[tuple[str, int]]:
     port = _free_port()
     proc = subprocess.Popen([FARMD, "serve", "--listen", "127.0.0.1:0", "--workers", "0", "--data", str(data),
                              "--sandbox-fusion", f"127.0.0.1:{port}"],
@@ -66,7 +67,7 @@ def _farmd(data: Path) -> Iterator[str]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("farmd --sandbox-fusion did not start")
             time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", proc.pid
     finally:
         proc.terminate()
         proc.wait(30)
@@ -106,6 +107,17 @@ def _throughput(fn: Callable[[], None], calls: int, callers: int) -> float:
     return calls / (time.perf_counter() - started)
 
 
+def _cpu(proc: psutil.Process) -> float:
+    """CPU seconds of farmd and of what it reaped: its boxes (bwrap waits for the box's processes)."""
+    t = proc.cpu_times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _children_cpu() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
+
+
 def _p90(values: list[float]) -> float:
     return statistics.quantiles(values, n=10)[-1]
 
@@ -138,16 +150,22 @@ def measure(n: int, calls: int, progress: Progress) -> dict[str, Any]:
     task = progress.add_task("sandbox-fusion: /run_code beside subprocess", total=len(PROGRAMS) * (n + 2))
     out: dict[str, Any] = {"n": n, "calls": calls, "callers": MAX_RUNNING, "published": PUBLISHED,
                            "goal_added_ms": GOAL_ADDED_MS}
-    with tempfile.TemporaryDirectory() as tmp, _farmd(Path(tmp) / "farm") as endpoint:
+    with tempfile.TemporaryDirectory() as tmp, _farmd(Path(tmp) / "farm") as (endpoint, pid):
+        farmd = psutil.Process(pid)
         for language in PROGRAMS:
             farm, plain = _call(endpoint, language), _plain(language)
             for _ in range(5):  # warm: the box pool filled, the interpreter's files in the page cache
                 farm()
                 plain()
             farm_s, plain_s = [], []
+            farm_cpu = plain_cpu = 0.0
             for _ in range(n):  # alternately, so both see the same machine
+                before, client = _cpu(farmd), time.thread_time()
                 farm_s.append(_timed(farm))
+                farm_cpu += _cpu(farmd) - before + time.thread_time() - client
+                before = _children_cpu()
                 plain_s.append(_timed(plain))
+                plain_cpu += _children_cpu() - before
                 time.sleep(0.05)  # one call at a time, as a sequential caller makes them: the warm box is back
                 progress.advance(task)
             farm_rate = _throughput(farm, calls, MAX_RUNNING)
@@ -158,6 +176,7 @@ def measure(n: int, calls: int, progress: Progress) -> dict[str, Any]:
             out[language] = {"farmd_median_ms": fm, "farmd_p90_ms": 1000 * _p90(farm_s),
                              "subprocess_median_ms": pm, "subprocess_p90_ms": 1000 * _p90(plain_s),
                              "added_median_ms": fm - pm, "ratio": fm / pm,
+                             "farmd_cpu_ms": 1000 * farm_cpu / n, "subprocess_cpu_ms": 1000 * plain_cpu / n,
                              "farmd_calls_per_s": farm_rate, "subprocess_calls_per_s": plain_rate}
     box = asyncio.run(_box_alone(n))
     out["load_average"] = os.getloadavg()[0]
@@ -177,6 +196,8 @@ def render(rep: dict[str, Any], console: Console) -> None:
                       f"{f['ratio']:.2f}", f"{f['added_median_ms']:+.1f} ms")
         table.add_row(f"{language} p90 ms", f"{f['farmd_p90_ms']:.1f}", f"{f['subprocess_p90_ms']:.1f}",
                       f"{f['farmd_p90_ms'] / f['subprocess_p90_ms']:.2f}", "")
+        table.add_row(f"{language} CPU ms a call", f"{f['farmd_cpu_ms']:.1f}", f"{f['subprocess_cpu_ms']:.1f}",
+                      f"{f['farmd_cpu_ms'] / f['subprocess_cpu_ms']:.2f}", f"{f['farmd_cpu_ms'] - f['subprocess_cpu_ms']:+.1f} ms")
         table.add_row(f"{language} calls/s", f"{f['farmd_calls_per_s']:.1f}", f"{f['subprocess_calls_per_s']:.1f}",
                       f"{f['farmd_calls_per_s'] / f['subprocess_calls_per_s']:.2f}", "")
     console.print(table)
@@ -189,7 +210,8 @@ def render(rep: dict[str, Any], console: Console) -> None:
     console.print(f"  beside: {rep['published']}")
     console.print(f"  measured at a load average of {rep['load_average']:.1f} on {rep['cores']} cores: every figure "
                   "here is a latency of several processes, and a box's (bwrap, its init, the program) wait longer "
-                  "for a core than one subprocess does")
+                  "for a core than one subprocess does; CPU a call (farmd, its box and the client's thread, "
+                  "against the subprocess) depends on the load far less")
     worst = max(rep[language]["added_median_ms"] for language in PROGRAMS)
     verdicts(console, {"added latency of a /run_code call": worst <= rep["goal_added_ms"]}, [
         "farmd: the client's HTTP call (a new connection each, pydantic on both ends of the client), the body "
