@@ -123,17 +123,17 @@ def _p90(values: list[float]) -> float:
 
 
 async def _box_alone(n: int) -> dict[str, float]:
-    """The same programs in farm boxes with no HTTP in between (``Sandbox.run`` in this process, warm boxes as
-    farmd keeps them): what of the added latency is the box, and what the API."""
-    from farmd.api.sandbox_fusion import WARM_BOXES
+    """The same programs in farm boxes with no HTTP in between (``Sandbox.run`` in this process, under the API's
+    supervisor, warm boxes as farmd keeps them): what of the added latency is the box, and what the API."""
+    from farmd.api.sandbox_fusion import _PROGRAM, _SUPERVISOR, WARM_BOXES
     from farmd.sandbox import Sandbox
     from farmd.sandbox.policy import DEFAULT_POLICY
 
     out = {}
     async with Sandbox(SandboxConfig(warm_boxes=WARM_BOXES, max_boxes=MAX_RUNNING + WARM_BOXES)) as sandbox:
         for language, (code, _) in PROGRAMS.items():
-            name = "main.py" if language == "python" else "main.sh"
-            argv = ["python3" if language == "python" else "bash", name]
+            name = _PROGRAM[language][0]
+            argv = ["python3", "-c", _SUPERVISOR, language, name, ""]  # as farmd runs a call's code
             times = []
             for i in range(n + 5):
                 started = time.perf_counter()
