@@ -81,82 +81,107 @@ _PROGRAM = {"python": ("_sandbox_fusion_main.py", ("python3",)), "bash": ("_sand
 """Where the code goes in the scratch directory, and what runs it (as SandboxFusion: ``python FILE``, ``bash FILE``)."""
 _STDIN = "_sandbox_fusion_stdin"
 _SUPERVISOR = r"""
-import gc, os, signal, sys
+import os, posix, signal, sys
 language, main, stdin = sys.argv[1:4]
+me = os.getpid()
+real_exit = os._exit
+def processes():
+    seen = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in (1, me):
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    seen.add((entry, f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")))
+            except OSError:
+                seen.add((entry, False))  # ending as it was read
+    return seen
+def left_behind():
+    if os.getpid() != me:
+        return
+    # Until two looks agree: a process that forks and ends between a look's listing and its reading would
+    # hide its child from that look.
+    last, left = processes(), 0
+    for _ in range(50):
+        now = processes()
+        if now == last:
+            left = sum(running for _, running in now)
+            break
+        last = now
+    else:
+        left = len(now)
+    if left:
+        os.write(2, f"farm: the program left {left} processes running when it ended; they were killed\n".encode())
+        os.kill(me, signal.SIGKILL)
 if language == "bash":
     # posix_spawn (vfork): no copy of this interpreter's pages, which a fork would make only to exec over them.
     pid = os.posix_spawn("/usr/bin/bash", ["bash", main], os.environ,
                          file_actions=[(os.POSIX_SPAWN_OPEN, 0, stdin, os.O_RDONLY, 0)] if stdin else [])
+    _, status = os.waitpid(pid, 0)
+    left_behind()
+    if os.WIFSIGNALED(status):
+        if os.WTERMSIG(status) not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+        os.kill(me, os.WTERMSIG(status))
+        os.kill(me, signal.SIGKILL)  # a signal whose default is not to end a process (SIGCHLD)
+    real_exit(os.waitstatus_to_exitcode(status))
+def checked(real):
+    def call(*args):
+        left_behind()
+        return real(*args)
+    return call
+for module in (os, posix):
+    for name in ("_exit", "execv", "execve"):
+        setattr(module, name, checked(getattr(module, name)))
+if stdin:
+    fd = os.open(stdin, os.O_RDONLY)
+    os.dup2(fd, 0)
+    os.close(fd)
+path = os.path.abspath(main)
+sys.argv = [main]
+sys.path[0] = os.path.dirname(path)
+module = type(sys)("__main__")
+module.__dict__.update(__builtins__=__builtins__, __file__=path, __cached__=None)
+sys.modules["__main__"] = module
+code = 0
+try:
+    with open(main, "rb") as f:
+        compiled = compile(f.read(), path, "exec", dont_inherit=True)
+except SyntaxError as exc:
+    sys.excepthook(type(exc), exc, None)
+    code = 1
 else:
-    gc.freeze()  # the child's collections then leave the parent's objects (and their pages) alone
-    pid = os.fork()
-if pid == 0:
-    if stdin:
-        fd = os.open(stdin, os.O_RDONLY)
-        os.dup2(fd, 0)
-        os.close(fd)
-    path = os.path.abspath(main)
-    sys.argv = [main]
-    sys.path[0] = os.path.dirname(path)
-    module = type(sys)("__main__")
-    module.__dict__.update(__builtins__=__builtins__, __file__=path, __cached__=None)
-    sys.modules["__main__"] = module
-    code = 0
     try:
-        with open(main, "rb") as f:
-            compiled = compile(f.read(), path, "exec", dont_inherit=True)
-    except SyntaxError as exc:
-        sys.excepthook(type(exc), exc, None)
-        code = 1
-    else:
-        try:
-            exec(compiled, module.__dict__)
-        except SystemExit as exc:
-            code = 0 if exc.code is None else exc.code & 0xFF if isinstance(exc.code, int) else 1
-            if not isinstance(exc.code, int | None):
-                print(exc.code, file=sys.stderr)
-        except BaseException as exc:
-            code = 130 if isinstance(exc, KeyboardInterrupt) else 1
-            exc.__traceback__ = exc.__traceback__.tb_next  # the code's traceback starts at its own frame
-            sys.excepthook(type(exc), exc, exc.__traceback__)
-    threading = sys.modules.get("threading")
+        exec(compiled, module.__dict__)
+    except SystemExit as exc:
+        code = 0 if exc.code is None else exc.code & 0xFF if isinstance(exc.code, int) else 1
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
+    except BaseException as exc:
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        exc.__traceback__ = exc.__traceback__.tb_next  # the code's traceback starts at its own frame
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+threading = sys.modules.get("threading")
+try:
+    if threading is not None:
+        threading._shutdown()
+    import atexit
+    atexit._run_exitfuncs()
+except BaseException:
+    pass
+for stream in (sys.stdout, sys.stderr):
     try:
-        if threading is not None:
-            threading._shutdown()
-        import atexit
-        atexit._run_exitfuncs()
+        stream.flush()
     except BaseException:
-        pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            code = code or 120
-    os._exit(code)
-_, status = os.waitpid(pid, 0)
-left = 0
-for entry in os.listdir("/proc"):
-    if entry.isdigit() and int(entry) not in (1, os.getpid()):
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                left += f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-        except OSError:
-            pass
-if left:
-    os.write(2, f"farm: the program left {left} processes running when it ended; they were killed\n".encode())
-    os.kill(os.getpid(), signal.SIGKILL)
-if os.WIFSIGNALED(status):
-    if os.WTERMSIG(status) not in (signal.SIGKILL, signal.SIGSTOP):
-        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
-    os.kill(os.getpid(), os.WTERMSIG(status))
-    os.kill(os.getpid(), signal.SIGKILL)  # a signal whose default is not to end a process (SIGCHLD)
-os._exit(os.waitstatus_to_exitcode(status))
+        code = code or 120
+left_behind()
+real_exit(code)
 """
-"""The box's program: runs the call's code as its child (python in this already-started interpreter, as
-SandboxFusion's ``python FILE``; bash exec'd), stdin from the call's, and ends as the code ended, with its exit
-status or its signal. Code that ends while processes it started are still running (a fork bomb whose first
-process exits 0) ends killed (-9): those processes would be killed with the box, and the call is the caller's
-failure, never a pass."""
+"""The box's program: runs the call's code (python in this already-started interpreter, as SandboxFusion's
+``python FILE`` runs it; bash started beside it), stdin from the call's, and ends as the code ended, with its
+exit status or its signal. Code that ends while processes it started still run (a fork bomb whose first
+process exits 0, a job left in the background) ends killed (-9): those processes would die with the box
+unseen, and the call is the caller's failure, never a pass. Python's ways out are each checked (the code's
+end, ``sys.exit``, an exception, ``os._exit``, an exec); a process that ends itself through ctypes is not."""
 _RESERVED = frozenset({_STDIN, *(name for name, _ in _PROGRAM.values())})
 _FIELDS = frozenset({"compile_timeout", "run_timeout", "memory_limit_MB", "code", "stdin", "language", "files",
                      "fetch_files"})

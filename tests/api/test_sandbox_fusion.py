@@ -117,6 +117,10 @@ def test_python_runs_as_python_file_runs_it(farm: Farm) -> None:
     assert stderr.endswith("ValueError: boom\n")
     resp = farm.run("import sys; sys.exit('bad input')")
     assert resp.run_result is not None and (resp.run_result.return_code, resp.run_result.stderr) == (1, "bad input\n")
+    resp = farm.run("import multiprocessing as mp\nif __name__ == '__main__':\n"
+                    "    with mp.get_context('fork').Pool(2) as pool: print(sum(pool.map(abs, [-1, -2, 3])))")
+    assert resp.status == RunStatus.Success and resp.run_result is not None and resp.run_result.stdout == "6\n", \
+        "children the code waits for are not processes left behind"
     resp = farm.run("import os; os.kill(os.getpid(), 11)")
     assert resp.run_result is not None and resp.run_result.return_code == -11, "its own signal"
 
@@ -205,6 +209,10 @@ HOSTILE = {
     "killing everything it can": ("kill -9 -1; sleep 5", "bash"),
     "killing itself": ("kill -SEGV $$", "bash"),
     "exiting 0 with a child left running": ("import os, time\nif os.fork() == 0:\n    time.sleep(60)", "python"),
+    "os._exit(0) with a child left running": ("import os, time\nif os.fork() == 0:\n    time.sleep(60)\nos._exit(0)",
+                                              "python"),
+    "exec'ing away with a child left running": ("import os, time\nif os.fork() == 0:\n    time.sleep(60)\n"
+                                                "os.execv('/bin/true', ['true'])", "python"),
     "exiting 0 with a job left running": ("sleep 60 &\nexit 0", "bash"),
     "exiting 0 with a daemon left running": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n"
                                              "    if os.fork() == 0:\n        time.sleep(60)", "python"),
