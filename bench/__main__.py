@@ -18,6 +18,7 @@ from bench import (
     kernel_speed_bench,
     loop_bench,
     sandbox_bench,
+    sandbox_fusion_bench,
     store_bench,
     verifier_bench,
     vllm_bench,
@@ -27,7 +28,7 @@ from bench import (
 def main() -> None:
     parser = argparse.ArgumentParser(description="farm's benchmarks")
     parser.add_argument("--only", choices=("sandbox", "verifier", "kernel-speed", "farm", "store", "loop", "fleet",
-                                           "fleet-sim", "atropos", "vllm"), help="run one part")
+                                           "fleet-sim", "atropos", "sandbox-fusion", "vllm"), help="run one part")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument("--n", type=int, default=60, help="repetitions of each latency figure")
     parser.add_argument("--boxes", type=int, default=200, help="programs per throughput figure")
@@ -45,6 +46,8 @@ def main() -> None:
                         help="trials of each fleet figure, one node and two (medians)")
     parser.add_argument("--atropos-groups", type=int, default=200, help="groups pushed a round to each Atropos server")
     parser.add_argument("--atropos-rounds", type=int, default=3, help="rounds of the Atropos figures (medians)")
+    parser.add_argument("--sf-calls", type=int, default=200,
+                        help="calls per throughput figure of the SandboxFusion API (and of the subprocess beside)")
     parser.add_argument("--vllm-rollouts", type=int, default=256, help="prompts a round, through farm and straight")
     parser.add_argument("--vllm-concurrency", type=int, default=16, help="requests at once, both ways")
     parser.add_argument("--vllm-rounds", type=int, default=7, help="rounds of each, alternating (medians)")
@@ -74,6 +77,8 @@ def main() -> None:
             out["fleet_sim"] = fleet_sim_bench.run(args, progress)
         if args.only in (None, "atropos"):
             out["atropos"] = atropos_bench.measure(args.atropos_groups, args.atropos_rounds, progress)
+        if args.only in (None, "sandbox-fusion"):
+            out["sandbox_fusion"] = sandbox_fusion_bench.measure(args.n, args.sf_calls, progress)
         if args.only in (None, "vllm"):
             out["vllm"] = vllm_bench.measure(args.vllm_rollouts, args.vllm_concurrency, args.vllm_rounds,
                                              args.vllm_loop_minutes, progress)
@@ -99,6 +104,8 @@ def main() -> None:
         fleet_sim_bench.render(out["fleet_sim"], console)  # type: ignore[arg-type]
     if "atropos" in out:
         atropos_bench.render(out["atropos"], console)  # type: ignore[arg-type]
+    if "sandbox_fusion" in out:
+        sandbox_fusion_bench.render(out["sandbox_fusion"], console)  # type: ignore[arg-type]
     if "vllm" in out:
         vllm_bench.render(out["vllm"], console)  # type: ignore[arg-type]
 

@@ -123,6 +123,9 @@ class Config:
     atropos_listen: str | None = None
     """HOST:PORT for Atropos's HTTP API (None: off; port 0: any free port): Atropos environments push scored
     groups to it and Atropos trainers take batches from it, kept in the store."""
+    sandbox_fusion_listen: str | None = None
+    """HOST:PORT for SandboxFusion's HTTP API (None: off; port 0: any free port): ``/run_code`` runs each call
+    in a farm box, answering in SandboxFusion's shapes (``farmd.api.sandbox_fusion``)."""
     http_listen: str | None = None
     """HOST:PORT for the web console (None: off; port 0: any free port): the same services and credentials
     as the gRPC API, over HTTP."""

@@ -69,14 +69,15 @@ if TYPE_CHECKING:
     from farmd.api.atropos import AtroposServer
     from farmd.api.atropos_feed import AtroposFeed
     from farmd.api.console import ConsoleServer
+    from farmd.api.sandbox_fusion import SandboxFusionServer
 
 log = logging.getLogger("farmd.daemon")
 
 _MAX_SEND_BYTES = 64 * 1024 * 1024
 _INTAKE_BOXES = 3
+"""Boxes a coordinator without workers keeps for checking submissions (a check runs a few at once)."""
 FARM_KEY_STATE = "verifier_key"
 """The farm's verifier key in a shared database's saved state (hex): the database is the farm, so its key is there."""
-"""Boxes a coordinator without workers keeps for checking submissions (a check runs a few at once)."""
 
 
 class Daemon:
@@ -102,6 +103,7 @@ class Daemon:
         self._metrics_server: MetricsServer | None = None
         self._console: ConsoleServer | None = None
         self._atropos: AtroposServer | None = None
+        self._sandbox_fusion: SandboxFusionServer | None = None
         self._budgets = Budgets(config.credentials, streams=config.credential_streams,
                                 pending_bytes=config.credential_pending_bytes,
                                 pending_pieces=config.credential_pending_pieces)
@@ -121,9 +123,9 @@ class Daemon:
 
     async def start(self) -> None:
         if self.config.join:
-            if self.config.http_listen or self.config.atropos_listen:
-                raise ConfigError("a joined node serves no console and no Atropos API: --http and --atropos go to "
-                                  "its coordinator, which keeps the store")
+            if self.config.http_listen or self.config.atropos_listen or self.config.sandbox_fusion_listen:
+                raise ConfigError("a joined node serves no console, no Atropos API and no SandboxFusion API: --http, "
+                                  "--atropos and --sandbox-fusion go to its coordinator, which keeps the store")
             self.joined = JoinedNode(self.config, self.workers, self.metrics, contributed=_contributed,
                                      red_team=make_red_team_agent)  # config refuses --join --workers 0
             await self.joined.start(self._stopping)
@@ -233,7 +235,8 @@ class Daemon:
         metrics_addr = await self._start_metrics()
         console_addr = await self._start_console({"FarmService": service, "IntakeService": intake})
         atropos_addr = await self._start_atropos()
-        self._write_runfile(f"{host}:{self.port}", metrics_addr, console_addr, atropos_addr)
+        sandbox_fusion_addr = await self._start_sandbox_fusion()
+        self._write_runfile(f"{host}:{self.port}", metrics_addr, console_addr, atropos_addr, sandbox_fusion_addr)
         # What is loaded by now (modules, the API, the catalog) lives as long as the daemon: kept out of the cyclic
         # collector's way, whose full collections would walk all of it again and again (in a fleet's coordinator,
         # about a tenth of the event loop's busy time went there).
@@ -246,6 +249,9 @@ class Daemon:
             log.info("web console at http://%s/", console_addr, extra={"event": "console", "addr": console_addr})
         if atropos_addr:
             log.info("Atropos API at http://%s/", atropos_addr, extra={"event": "atropos", "addr": atropos_addr})
+        if sandbox_fusion_addr:
+            log.info("SandboxFusion API at http://%s/run_code", sandbox_fusion_addr,
+                     extra={"event": "sandbox_fusion", "addr": sandbox_fusion_addr})
 
     async def _start_weight_sync(self) -> None:
         """Each endpoint's replicas (shared by the worker's requests and the weight sync), and the sync that loads
@@ -367,12 +373,24 @@ class Daemon:
         await self._atropos_feed.start()
         return self._atropos.address
 
+    async def _start_sandbox_fusion(self) -> str | None:
+        """Serve SandboxFusion's HTTP API when asked to, on boxes of its own; returns where."""
+        if not self.config.sandbox_fusion_listen:
+            return None
+        from farmd.api.sandbox_fusion import SandboxFusionServer
+
+        self._sandbox_fusion = SandboxFusionServer(self.config.sandbox, self.config.sandbox_fusion_listen,
+                                                   self.config.credentials, self._budgets)
+        await self._sandbox_fusion.start()
+        return self._sandbox_fusion.address
+
     def _write_runfile(self, addr: str, metrics_addr: str | None, console_addr: str | None = None,
-                       atropos_addr: str | None = None) -> None:
+                       atropos_addr: str | None = None, sandbox_fusion_addr: str | None = None) -> None:
         """Where a local farmctl or a test finds this farmd when it listens on port 0."""
         write_file(self.config.data_dir / "farmd.json",
                    json.dumps({"pid": os.getpid(), "addr": addr, "metrics": metrics_addr,
-                               "console": console_addr, "atropos": atropos_addr}).encode())
+                               "console": console_addr, "atropos": atropos_addr,
+                               "sandbox_fusion": sandbox_fusion_addr}).encode())
 
     def _remove_runfile(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -436,6 +454,8 @@ class Daemon:
             await self._atropos_feed.stop()
         if self._atropos is not None:
             await self._atropos.stop()
+        if self._sandbox_fusion is not None:
+            await self._sandbox_fusion.stop()
         if self.history is not None:
             await self.history.stop()
         if self.joined is not None:

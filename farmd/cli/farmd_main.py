@@ -59,6 +59,9 @@ def cli() -> None:
               help="Serve Atropos's HTTP API (atroposlib 0.4.0's paths and shapes) at http://HOST:PORT/ (port 0: "
                    "any): its environments push scored groups and its trainers take batches, durably. Off unless "
                    "given.")
+@click.option("--sandbox-fusion", "sandbox_fusion_listen", metavar="HOST:PORT",
+              help="Serve SandboxFusion's HTTP API (/run_code, as its sandbox-fusion client calls it) at "
+                   "http://HOST:PORT/ (port 0: any): each call runs in a farm box. Off unless given.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
               help="json: one object per line, for log pipelines.")
@@ -66,7 +69,7 @@ def serve(data_dir: Path | None, store: str | None, listen: str | None, workers:
           token_file: Path | None, join: str | None, node_name: str | None,
           tls_cert: Path | None, tls_key: Path | None, tls_ca: Path | None,
           config_path: Path | None, metrics_listen: str | None, http_listen: str | None, atropos_listen: str | None,
-          log_level: str | None,
+          sandbox_fusion_listen: str | None, log_level: str | None,
           log_format: str | None) -> None:
     """Run this node: the gRPC API and, unless --workers 0, boxes for untrusted code. With --join, the
     worker role only: rollouts for the coordinator at HOST:PORT."""
@@ -77,7 +80,7 @@ def serve(data_dir: Path | None, store: str | None, listen: str | None, workers:
                       node_name=node_name,
                       tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
                       metrics_listen=metrics_listen, http_listen=http_listen, atropos_listen=atropos_listen,
-                      log_level=log_level,
+                      sandbox_fusion_listen=sandbox_fusion_listen, log_level=log_level,
                       log_format=log_format)
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
