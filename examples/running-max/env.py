@@ -40,11 +40,14 @@ def running_max(xs):
 
 
 class RunningMax:
-    def _case(self, rng, difficulty):
-        return [rng.randint(-10 ** difficulty, 10 ** difficulty) for _ in range(rng.randint(0, 4 * difficulty))]
+    def _case(self, rng, difficulty, shortest=0):
+        return [rng.randint(-10 ** difficulty, 10 ** difficulty)
+                for _ in range(rng.randint(shortest, shortest + 4 * difficulty))]
 
     def generate(self, seed, difficulty, rng, hidden_rng):
-        shown = [self._case(rng, difficulty) for _ in range(2)]
+        # Shown examples of two values or more: two empty lists would make two seeds the same task (1 in 625 at
+        # level 1), which intake rejects as a generator that ignores its seed. The edge cases are hidden ones.
+        shown = [self._case(rng, difficulty, shortest=2) for _ in range(2)]
         hidden = [self._case(hidden_rng, difficulty) for _ in range(6)] + [[], [5], [3, 3, 1]]
         return {"prompt": "Write a Python function `running_max(xs)` that returns a list whose i-th element is the "
                           f"largest of xs[0..i]. Values range up to {10 ** difficulty} in size.",
