@@ -40,10 +40,13 @@ from farmd import domain
 from farmd.errors import CheckBudgetSpent, ContributedError
 from farmd.intake.package import Package
 from farmd.sandbox import BoxResult, Sandbox, SandboxPolicy
+from farmd.sandbox.command import BOX_SITE
 from farmd.text import bounded, clip, decode, valid_text
 from farmd.verifier import VerifierKey
 
 RUNNER_SOURCE = (Path(__file__).parent / "env_runner.py").read_bytes()
+VF_ADAPTER_SOURCE = (Path(__file__).parent / "vf_adapter.py").read_bytes()
+"""Shipped beside the runner into a verifiers package's boxes (``form = "verifiers"``)."""
 COMMAND = ["python3", "-I", "-S", "-B", "runner.py"]
 MAX_RESULT_BYTES = 1 << 20
 MAX_PROMPT_CHARS = 64 * 1024
@@ -53,6 +56,14 @@ MAX_TRACES = 8
 MAX_TRACE_CHARS = 16 * 1024
 VERDICTS_JUDGED = 4
 """Verdicts seen before their cost can end a submission's checks: one slow box is noise, a quarter is not."""
+BATCH_MAX = 16
+"""Calls of a verifiers package run together in one box (intake's checks): importing verifiers is the costly
+part of its box, some seconds of CPU, paid once for them all."""
+BATCH_WAIT_S = 0.05
+"""How long a call waits for others to share its box."""
+IMPORT_S = 60.0
+"""What a verifiers package's box may take before its first call starts (importing verifiers, on a loaded
+host): farm's cost, not the package's, so added to the manifest's bounds rather than taken from them."""
 
 
 @dataclass(frozen=True)
@@ -97,12 +108,29 @@ class BoxedEnvironment:
     """``package``'s environment, each call in a box of ``sandbox``; ``key`` is the farm's."""
 
     def __init__(self, package: Package, sandbox: Sandbox, key: VerifierKey, *, budget_s: float | None = None,
-                 verdict_cpu_s: float | None = None, verdict_wall_s: float | None = None) -> None:
+                 verdict_cpu_s: float | None = None, verdict_wall_s: float | None = None,
+                 batch: bool | None = None) -> None:
         self.package = package
         self.manifest = package.manifest
         self.sandbox = sandbox
         self._key = key
         self._files = {f"env/{name}": data for name, data in package.files.items()} | {"runner.py": RUNNER_SOURCE}
+        self._form: dict[str, Any] = {}
+        verifiers = package.manifest.form == "verifiers"
+        if verifiers:
+            self._files["vf_adapter.py"] = VF_ADAPTER_SOURCE
+            self._form = {"form": "verifiers", "site": BOX_SITE, "env_args": package.manifest.env_args}
+        self.batch = verifiers if batch is None else batch and verifiers
+        """Whether calls share boxes (``BATCH_MAX``), each in a child process of its own forked after verifiers is
+        imported: intake's checks of a verifiers package, whose attempts are the farm's own. A rollout's verdict
+        (``ContributedEnvironment``) has a fresh box to itself: an attempt never shares a process tree with
+        another attempt."""
+        self.parallel = BATCH_MAX if self.batch else 3
+        """Calls worth having in flight at once (tier 1 asks this many together)."""
+        self._queued: list[tuple[str, dict[str, Any], asyncio.Future[tuple[BoxResult, int]]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._boxes: set[asyncio.Task[None]] = set()
+        """Batched boxes running (held: the loop keeps only weak references to tasks)."""
         self.calls: list[Call] = []
         self.budget_s = budget_s
         """Box seconds (wall) this environment's calls may take in all; None: no bound."""
@@ -113,7 +141,8 @@ class BoxedEnvironment:
     def variant(self, package: Package) -> BoxedEnvironment:
         """Another version of this environment (a mutant), run the same way (its calls count here too)."""
         other = BoxedEnvironment(package, self.sandbox, self._key, budget_s=self.budget_s,
-                                 verdict_cpu_s=self.verdict_cpu_s, verdict_wall_s=self.verdict_wall_s)
+                                 verdict_cpu_s=self.verdict_cpu_s, verdict_wall_s=self.verdict_wall_s,
+                                 batch=self.batch)
         other.calls = self.calls
         return other
 
@@ -151,16 +180,71 @@ class BoxedEnvironment:
         request = {"op": op, "nonce": nonce, "seed": seed, "difficulty": difficulty,
                    "task_seed": task_seed, "env": self.manifest.name,
                    "entry_file": self.manifest.entry_file,
-                   "entry_class": self.manifest.entry_class, **extra}
-        files = {**self._files, "request.json": json.dumps(request).encode()}
-        result = await self.sandbox.run(COMMAND, self._policy(op), files=files)
-        call = Call(op, result.wall_s, result.cpu_s, seed, difficulty)
+                   "entry_class": self.manifest.entry_class, **self._form, **extra}
+        if self._form:
+            result, shared = await self._batched(op, request)
+        else:
+            files = {**self._files, "request.json": json.dumps(request).encode()}
+            result, shared = await self.sandbox.run(COMMAND, self._policy(op), files=files), 1
+        call = Call(op, result.wall_s / shared, result.cpu_s / shared, seed, difficulty)
         self.calls.append(call)
         if op == "verify" and self.verdict_cpu_s is not None and self.verdict_wall_s is not None:
             costly = verdict_cost(self.calls, self.verdict_cpu_s, self.verdict_wall_s, at_least=VERDICTS_JUDGED)
             if costly is not None:
                 raise CheckBudgetSpent(costly)
         return await asyncio.to_thread(_read_result, op, result, nonce), call
+
+    async def _batched(self, op: str, request: dict[str, Any]) -> tuple[BoxResult, int]:
+        """The box ``request`` ran in, and how many calls shared it: with ``batch``, those queued within
+        ``BATCH_WAIT_S``; else it alone."""
+        if not self.batch:
+            return await self._box([(op, request)]), 1
+        done: asyncio.Future[tuple[BoxResult, int]] = asyncio.get_running_loop().create_future()
+        self._queued.append((op, request, done))
+        if self._flusher is None:
+            self._flusher = asyncio.ensure_future(self._flush())
+        return await done
+
+    async def _flush(self) -> None:
+        try:
+            while self._queued:
+                if len(self._queued) < BATCH_MAX:
+                    await asyncio.sleep(BATCH_WAIT_S)
+                batch, self._queued = self._queued[:BATCH_MAX], self._queued[BATCH_MAX:]
+                batch = [b for b in batch if not b[2].done()]  # callers gone (cancelled) are not run
+                if batch:
+                    box = asyncio.ensure_future(self._run_batch(batch))
+                    self._boxes.add(box)
+                    box.add_done_callback(self._boxes.discard)
+        finally:
+            self._flusher = None
+
+    async def _run_batch(self, batch: list[tuple[str, dict[str, Any], asyncio.Future[tuple[BoxResult, int]]]]
+                         ) -> None:
+        try:
+            result = await self._box([(op, request) for op, request, _ in batch])
+        except BaseException as exc:
+            for _, _, done in batch:
+                if not done.done():
+                    done.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for _, _, done in batch:
+            if not done.done():
+                done.set_result((result, len(batch)))
+
+    async def _box(self, calls: list[tuple[str, dict[str, Any]]]) -> BoxResult:
+        """One box for a verifiers package's ``calls``: verifiers imported once (``IMPORT_S``), then each call in
+        a child of its own with the manifest's bound for it (``env_runner``), whatever the import took."""
+        item_s = max(self._policy(op).cpu_time_s for op, _ in calls)
+        seconds = IMPORT_S + item_s * len(calls)
+        request = {"nonce": secrets.token_hex(16), "batch": [r for _, r in calls], "item_s": item_s,
+                   "site": BOX_SITE}
+        policy = SandboxPolicy(wall_time_s=seconds + 1.0, cpu_time_s=seconds,
+                               memory_mb=int(self.manifest.bounds["memory_mb"]), output_kb=2048)
+        files = {**self._files, "request.json": json.dumps(request).encode()}
+        return await self.sandbox.run(COMMAND, policy, files=files)
 
     async def generate(self, seed: int, difficulty: int, *, variant: Variant | None = None) -> ContributedTask:
         value, _ = await self._call("generate", seed, difficulty, variant=variant)

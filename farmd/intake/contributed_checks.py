@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from farmd.errors import ContributedError
 from farmd.intake.boxed import BoxedEnvironment, ContributedTask
 from farmd.intake.checks import Finding
+from farmd.intake.forms import frame
 from farmd.intake.mutants import Coverage, coverage_findings, measure
 from farmd.intake.scan import scan_package
 
@@ -40,7 +41,7 @@ async def check_generates(env: BoxedEnvironment, levels: Sequence[int], seeds: S
     """Every level makes a task for every seed, the same one twice: hidden data is regenerated from it."""
     keys = [(seed, level) for level in levels for seed in seeds]
     try:
-        made = await _each([env.generate(*k) for k in keys for _ in range(2)])
+        made = await _each([env.generate(*k) for k in keys for _ in range(2)], env.parallel)
     except ContributedError as exc:
         return [_fail("check_generates", exc, "make `generate` return {'prompt': str, 'public': dict, 'hidden': "
                       "dict} for every seed and level, within bounds.generate_s")], {}
@@ -56,9 +57,10 @@ async def check_generates(env: BoxedEnvironment, levels: Sequence[int], seeds: S
     return found, tasks
 
 
-async def _each(calls: Sequence[Awaitable[T]]) -> list[T]:
-    """``calls`` a few boxes at a time (each is one box): the first error raised ends the rest."""
-    limit = asyncio.Semaphore(PARALLEL)
+async def _each(calls: Sequence[Awaitable[T]], parallel: int = PARALLEL) -> list[T]:
+    """``calls`` a few boxes at a time (each is one box; ``parallel`` more where calls share boxes): the first
+    error raised ends the rest."""
+    limit = asyncio.Semaphore(parallel)
 
     async def one(call: Awaitable[T]) -> T:
         async with limit:
@@ -120,10 +122,10 @@ async def check_reference_passes(env: BoxedEnvironment, keys: Sequence[tuple[int
     """The reference earns full reward on every task asked, and its answer is not in the public task.
     Returns the findings and the reference's answers (what later checks measure against)."""
     try:
-        made = tasks if tasks is not None else dict(zip(keys, await _each([env.generate(*k) for k in keys]),
+        made = tasks if tasks is not None else dict(zip(keys, await _each([env.generate(*k) for k in keys], env.parallel),
                                                         strict=True))
-        answers = dict(zip(keys, await _each([env.reference(*k) for k in keys]), strict=True))
-        verdicts = await _each([env.verify(*k, answers[k]) for k in keys])
+        answers = dict(zip(keys, await _each([env.reference(*k) for k in keys], env.parallel), strict=True))
+        verdicts = await _each([env.verify(*k, answers[k]) for k in keys], env.parallel)
     except ContributedError as exc:
         return [_fail("check_reference_passes", exc, "make `reference` and `verify` work on every task")], {}
     found = []
@@ -135,8 +137,10 @@ async def check_reference_passes(env: BoxedEnvironment, keys: Sequence[tuple[int
                                  f"({'; '.join(verdict.reasons)[:200]})",
                                  "fix the reference or the verifier: the reference must pass every task"))
         public = task.prompt + json.dumps(task.public, sort_keys=True)
-        # A short answer ("3") appears in a prompt by chance; as a public field's whole value it is a leak.
-        if (len(answer.strip()) >= 8 and answer.strip() in public) or answer.strip() in _leaves(task.public):
+        # A short answer ("3") appears in a prompt by chance; as a public field's whole value it is a leak. The
+        # answer inside its frame counts too: a verifiers package's reference is ``<answer>\n42\n</answer>``.
+        if any((len(said) >= 8 and said in public) or said in _leaves(task.public)
+               for said in {answer.strip(), frame(answer).core.strip()} if said):
             found.append(Finding("check_reference_passes", f"the answer to ({seed}, {level}) is in the public task",
                                  "keep the expected answer in 'hidden', never in 'prompt' or 'public'"))
     return found, answers
@@ -169,7 +173,7 @@ async def check_rejects_wrong(env: BoxedEnvironment, keys: Sequence[tuple[int, i
     trials = [(k, name, final) for k in keys for name, final in _traps(answers[k], tasks[k].prompt).items()
               if final.strip() != answers[k].strip()]
     try:
-        verdicts = await _each([env.verify(*k, final) for k, _, final in trials])
+        verdicts = await _each([env.verify(*k, final) for k, _, final in trials], env.parallel)
     except ContributedError as exc:
         return [_fail("check_rejects_wrong", exc, "make `verify` judge any text, failing what is wrong")]
     passed: dict[str, list[tuple[int, int]]] = {}
