@@ -61,9 +61,11 @@ BATCH_MAX = 16
 part of its box, some seconds of CPU, paid once for them all."""
 BATCH_WAIT_S = 0.05
 """How long a call waits for others to share its box."""
-IMPORT_S = 60.0
-"""What a verifiers package's box may take before its first call starts (importing verifiers, on a loaded
-host): farm's cost, not the package's, so added to the manifest's bounds rather than taken from them."""
+IMPORT_CPU_S = 30.0
+IMPORT_WALL_S = 120.0
+"""What a verifiers package's box may take before its first call starts (importing verifiers: about 4 CPU
+seconds, and on a loaded host ten times that in wall time): farm's cost, not the package's, so added to the
+manifest's bounds rather than taken from them."""
 
 
 @dataclass(frozen=True)
@@ -235,13 +237,13 @@ class BoxedEnvironment:
                 done.set_result((result, len(batch)))
 
     async def _box(self, calls: list[tuple[str, dict[str, Any]]]) -> BoxResult:
-        """One box for a verifiers package's ``calls``: verifiers imported once (``IMPORT_S``), then each call in
+        """One box for a verifiers package's ``calls``: verifiers imported once (``IMPORT_CPU_S``, ``IMPORT_WALL_S``), then each call in
         a child of its own with the manifest's bound for it (``env_runner``), whatever the import took."""
         item_s = max(self._policy(op).cpu_time_s for op, _ in calls)
-        seconds = IMPORT_S + item_s * len(calls)
+        seconds = item_s * len(calls)
         request = {"nonce": secrets.token_hex(16), "batch": [r for _, r in calls], "item_s": item_s,
                    "site": BOX_SITE}
-        policy = SandboxPolicy(wall_time_s=seconds + 1.0, cpu_time_s=seconds,
+        policy = SandboxPolicy(wall_time_s=IMPORT_WALL_S + seconds + 1.0, cpu_time_s=IMPORT_CPU_S + seconds,
                                memory_mb=int(self.manifest.bounds["memory_mb"]), output_kb=2048)
         files = {**self._files, "request.json": json.dumps(request).encode()}
         return await self.sandbox.run(COMMAND, policy, files=files)

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from farmd.errors import ContributedError
-from farmd.intake.boxed import BoxedEnvironment, ContributedTask
+from farmd.intake.boxed import BoxedEnvironment, ContributedTask, ContributedVerdict
 from farmd.intake.checks import Finding
-from farmd.intake.forms import frame
+from farmd.intake.forms import frame, near_miss
 from farmd.intake.mutants import Coverage, coverage_findings, measure
 from farmd.intake.scan import scan_package
 
@@ -162,8 +162,14 @@ def _traps(answer: str, prompt: str) -> dict[str, str]:
         near = str(int(near) + 1)
     else:
         near = near[::-1] if len(set(near)) > 1 else near + "x"
+    padded = f"the answer is maybe {answer} or not"
+    framed = frame(answer)
+    if framed.before.strip() or framed.after.strip():
+        # An answer in a frame (``<answer>42</answer>``, a verifiers parser's format): text around the frame is
+        # the attempt's reasoning, which such a verifier rightly ignores; the near miss and the hedge go inside.
+        near, padded = near_miss(answer), framed.holding(f"maybe {framed.core} or not")
     return {"empty": "", "whitespace": " \n", "junk": "zq#7 lorem", "echo": prompt[:2000],
-            "near miss": near, "answer padded": f"the answer is maybe {answer} or not"}
+            "near miss": near, "answer padded": padded}
 
 
 async def check_rejects_wrong(env: BoxedEnvironment, keys: Sequence[tuple[int, int]],
@@ -199,6 +205,7 @@ def _example(name: str, data: bytes) -> tuple[int, int, str] | str:
 async def check_examples(env: BoxedEnvironment) -> list[Finding]:
     """The package's good examples pass and its bad examples fail."""
     found = []
+    judged: list[tuple[str, str, bool, int, int, str]] = []
     for which, should_pass in (("good", True), ("bad", False)):
         for name, data in env.package.examples(which):
             example = _example(name, data)
@@ -210,16 +217,26 @@ async def check_examples(env: BoxedEnvironment) -> list[Finding]:
                 found.append(Finding("check_examples", f"{name}: difficulty {level} is not a level",
                                      f"use a difficulty from 1 to {env.manifest.levels}"))
                 continue
-            try:
-                verdict = await env.verify(seed, level, final)
-            except ContributedError as exc:
-                found.append(_fail("check_examples", exc, "make `verify` judge the examples"))
-                continue
-            if verdict.passed != should_pass:
-                found.append(Finding("check_examples", f"{which} example {name} {'failed' if should_pass else 'passed'}"
-                                     f" (reward {verdict.reward})",
-                                     "fix the verifier, or the example if it is the example that is wrong"))
+            judged.append((which, name, should_pass, seed, level, final))
+    # Judged together: where calls share boxes (a verifiers package) the examples share one.
+    outcomes = await _each([_verdict(env, seed, level, final) for *_, seed, level, final in judged], env.parallel)
+    for (which, name, should_pass, *_), verdict in zip(judged, outcomes, strict=True):
+        if isinstance(verdict, ContributedError):
+            found.append(_fail("check_examples", verdict, "make `verify` judge the examples"))
+            continue
+        if verdict.passed != should_pass:
+            found.append(Finding("check_examples", f"{which} example {name} {'failed' if should_pass else 'passed'}"
+                                 f" (reward {verdict.reward})",
+                                 "fix the verifier, or the example if it is the example that is wrong"))
     return found
+
+
+async def _verdict(env: BoxedEnvironment, seed: int, level: int, final: str
+                   ) -> ContributedVerdict | ContributedError:
+    try:
+        return await env.verify(seed, level, final)
+    except ContributedError as exc:
+        return exc
 
 
 @dataclass(frozen=True)
