@@ -104,6 +104,10 @@ class Call:
     cpu_s: float
     seed: int = 0
     difficulty: int = 0
+    farm_cpu_s: float = 0.0
+    farm_wall_s: float = 0.0
+    """Of that, farm's own part: a verifiers package's share of importing verifiers in its box (measured in a box
+    of farm's code alone), which a verdict's cost (``verdict_cost``) leaves out: the package did not choose it."""
 
 
 class BoxedEnvironment:
@@ -133,6 +137,8 @@ class BoxedEnvironment:
         self._flusher: asyncio.Task[None] | None = None
         self._boxes: set[asyncio.Task[None]] = set()
         """Batched boxes running (held: the loop keeps only weak references to tasks)."""
+        self._import_cost: tuple[float, float] | None = None
+        self._measuring = asyncio.Lock()
         self.calls: list[Call] = []
         self.budget_s = budget_s
         """Box seconds (wall) this environment's calls may take in all; None: no bound."""
@@ -183,12 +189,16 @@ class BoxedEnvironment:
                    "task_seed": task_seed, "env": self.manifest.name,
                    "entry_file": self.manifest.entry_file,
                    "entry_class": self.manifest.entry_class, **self._form, **extra}
+        farm_cpu_s = farm_wall_s = 0.0
         if self._form:
+            if self.verdict_cpu_s is not None:
+                farm_cpu_s, farm_wall_s = await self._farm_cost()
             result, shared = await self._batched(op, request)
         else:
             files = {**self._files, "request.json": json.dumps(request).encode()}
             result, shared = await self.sandbox.run(COMMAND, self._policy(op), files=files), 1
-        call = Call(op, result.wall_s / shared, result.cpu_s / shared, seed, difficulty)
+        call = Call(op, result.wall_s / shared, result.cpu_s / shared, seed, difficulty,
+                    min(result.cpu_s, farm_cpu_s) / shared, min(result.wall_s, farm_wall_s) / shared)
         self.calls.append(call)
         if op == "verify" and self.verdict_cpu_s is not None and self.verdict_wall_s is not None:
             costly = verdict_cost(self.calls, self.verdict_cpu_s, self.verdict_wall_s, at_least=VERDICTS_JUDGED)
@@ -236,10 +246,21 @@ class BoxedEnvironment:
             if not done.done():
                 done.set_result((result, len(batch)))
 
+    async def _farm_cost(self) -> tuple[float, float]:
+        """What a verifiers box costs before any of the package's code runs (CPU and wall seconds): one box of
+        farm's code alone (the runner importing verifiers, no call), measured once."""
+        async with self._measuring:
+            if self._import_cost is None:
+                result = await self._box([])
+                ok = result.exit_code == 0 and not result.violations
+                self._import_cost = (result.cpu_s, result.wall_s) if ok else (0.0, 0.0)
+                self.calls.append(Call("import", result.wall_s, result.cpu_s))
+        return self._import_cost
+
     async def _box(self, calls: list[tuple[str, dict[str, Any]]]) -> BoxResult:
         """One box for a verifiers package's ``calls``: verifiers imported once (``IMPORT_CPU_S``, ``IMPORT_WALL_S``), then each call in
         a child of its own with the manifest's bound for it (``env_runner``), whatever the import took."""
-        item_s = max(self._policy(op).cpu_time_s for op, _ in calls)
+        item_s = max((self._policy(op).cpu_time_s for op, _ in calls), default=0.0)
         seconds = item_s * len(calls)
         request = {"nonce": secrets.token_hex(16), "batch": [r for _, r in calls], "item_s": item_s,
                    "site": BOX_SITE}
@@ -290,14 +311,15 @@ def verdict_cost(calls: Sequence[Call], cpu_budget_s: float, wall_budget_s: floa
     verifies = [c for c in calls if c.op == "verify"]
     if len(verifies) < max(1, at_least):
         return None
-    cpu = _upper_quartile([c.cpu_s for c in verifies])
-    wall = _upper_quartile([c.wall_s for c in verifies])
+    cpu = _upper_quartile([c.cpu_s - c.farm_cpu_s for c in verifies])
+    wall = _upper_quartile([c.wall_s - c.farm_wall_s for c in verifies])
     if cpu <= cpu_budget_s and wall <= wall_budget_s:
         return None
     what = f"{cpu:.2f} CPU seconds" if cpu > cpu_budget_s else f"{wall:.2f} seconds of wall time"
     return (f"a quarter of its {len(verifies)} verdicts cost more than {what} each (the farm's budget is "
             f"{cpu_budget_s:g} CPU and {wall_budget_s:g} wall seconds a verdict, measured in its boxes whatever its "
-            f"manifest declares; the median was {statistics.median(c.cpu_s for c in verifies):.2f} CPU seconds)")
+            f"manifest declares; the median was {statistics.median(c.cpu_s - c.farm_cpu_s for c in verifies):.2f} CPU "
+            "seconds)")
 
 
 def _upper_quartile(values: Sequence[float]) -> float:

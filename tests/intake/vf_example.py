@@ -13,9 +13,10 @@ from typing import Any
 ROWS = 12
 """Rows of the dataset: a task's row is its seed modulo this."""
 
-HEAD = '''
+HEAD = r'''
 import math
 import os
+import re
 import time
 
 import verifiers as vf
@@ -32,9 +33,14 @@ def load_environment(**kwargs):
     parser = vf.XMLParser(["answer"], answer_field="answer")
 
     def exact_answer(completion, answer, **kwargs):
-        return 1.0 if parser.parse_answer(completion) == answer else 0.0
+        # The whole message is one answer block: XMLParser.parse_answer alone would take the first of two
+        # blocks, or one followed by a note to the grader (tier 2's exploits).
+        message = completion[-1]
+        text = message["content"] if isinstance(message, dict) else message.content
+        match = re.fullmatch(r"\s*<answer>\s*(\S+)\s*</answer>\s*", text or "")
+        return 1.0 if match is not None and match.group(1) == answer else 0.0
 
-    funcs, weights = [exact_answer, parser.get_format_reward_func()], [1.0, 0.2]
+    funcs, weights = [exact_answer, parser.get_format_reward_func()], [1.0, FORMAT_WEIGHT]
 '''
 
 TAIL = '''
@@ -89,12 +95,14 @@ ANY = '''
 
 
 def source(*, probe: bool = False, secret: Path | None = None, rubric: str = "", dataset: str = "rows",
-           load_first: str = "") -> str:
+           load_first: str = "", format_weight: float = 0.2) -> str:
     """The module: the sums environment; ``probe`` adds a reward function whose misdeeds the attempt picks,
     ``secret`` metrics of where the reward functions ran (and whether they read that host file), ``rubric``
     more source run before the environment is made (it may replace ``funcs``), ``dataset`` the function that
-    makes the rows, ``load_first`` source run first thing in ``load_environment``."""
-    head = HEAD.replace("ROWS", str(ROWS))
+    makes the rows, ``load_first`` source run first thing in ``load_environment``, ``format_weight`` the
+    format function's weight (0: a metric only; any other gives reward to a wrong answer in good format, which
+    tier 2 refuses: an attack must earn nothing)."""
+    head = HEAD.replace("ROWS", str(ROWS)).replace("FORMAT_WEIGHT", repr(format_weight))
     if load_first:
         head = head.replace("    parser = vf.XMLParser", f"    {load_first}\n    parser = vf.XMLParser")
     body = head + (PROBE if probe else "") + (WHERE.replace("SECRET", repr(str(secret))) if secret else "") + rubric
