@@ -118,6 +118,9 @@ class Config:
     """Which of farm's own rollouts feed the Atropos queue (``[atropos]``: envs, agent, consumer, how far ahead)."""
     endpoints: tuple[NamedEndpoint, ...] = ()
     """The model servers jobs may name (``openai:MODEL@NAME``), from farm.toml's ``[endpoints.NAME]``."""
+    verifiers: tuple[tuple[str, Path], ...] = ()
+    """The operator's own verifiers environments, served as ``vf:NAME`` (``[verifiers]``: NAME = "path/to/dir"),
+    their code run in boxes only."""
     metrics_listen: str | None = None
     """HOST:PORT for Prometheus metrics over HTTP (None: off; port 0: any free port)."""
     atropos_listen: str | None = None
@@ -371,6 +374,21 @@ def _coerce_tls(table: Any) -> dict[str, Path]:
     return {f"tls_{key}": Path(value) for key, value in table.items()}
 
 
+def _coerce_verifiers(table: Any, base: Path) -> tuple[tuple[str, Path], ...]:
+    """``[verifiers]``: NAME = directory (relative to farm.toml), each NAME served as ``vf:NAME``."""
+    if not isinstance(table, dict):
+        raise ConfigError("[verifiers] must be a table of NAME = \"path/to/package\"")
+    out = []
+    for name, where in sorted(table.items()):
+        if not re.fullmatch(r"[a-z][a-z0-9-]{1,39}", name):
+            raise ConfigError(f"[verifiers] {name[:60]!r}: a name is 2-40 lowercase letters, digits and '-', "
+                              "starting with a letter")
+        if not isinstance(where, str) or not where:
+            raise ConfigError(f"[verifiers] {name}: the package's directory, as text")
+        out.append((name, base / where))
+    return tuple(out)
+
+
 def load(path: Path | None = None, *, read_credentials: bool = True, **flags: Any) -> Config:
     """Build the config: defaults, then ``path`` (TOML), then FARM_TOKEN, then non-None ``flags``.
 
@@ -411,11 +429,14 @@ def load(path: Path | None = None, *, read_credentials: bool = True, **flags: An
             credentials = _coerce_credentials(entries) if read_credentials else ()
         if "tls" in raw:
             values.update(_coerce_tls(raw.pop("tls")))
+        if "verifiers" in raw:
+            values["verifiers"] = _coerce_verifiers(raw.pop("verifiers"), path.parent)
         if raw:
             raise ConfigError(f"{path}: unknown tables {sorted(raw)}; expected [farm], [sandbox], [scheduler], "
-                              "[taskbank], [intake], [atropos], [endpoints.NAME], [tls] and [[credentials]]")
+                              "[taskbank], [intake], [atropos], [endpoints.NAME], [verifiers], [tls] and "
+                              "[[credentials]]")
         known = {f.name for f in fields(Config)} - {"sandbox", "scheduler", "taskbank", "intake", "endpoints", "atropos",
-                                                    "credentials",
+                                                    "credentials", "verifiers",
                                                     "tls_cert", "tls_key", "tls_ca"}
         for key, value in farm.items():
             if key not in known:

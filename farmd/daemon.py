@@ -48,6 +48,7 @@ from farmd.intake.funnel import Funnel
 from farmd.intake.package import Package, read_package
 from farmd.intake.redteam import make_red_team_agent
 from farmd.intake.served import ContributedEnvironment
+from farmd.intake.vf import local_environment
 from farmd.metrics import GrpcMetrics, Metrics, MetricsServer
 from farmd.names import CONSUMER
 from farmd.node import NodeInfo
@@ -143,6 +144,11 @@ class Daemon:
         # On a shared database one coordinator serves at a time; the others wait here, and the first to get the
         # role when the active one is gone takes over its leases and streams (the scheduler extends the leases).
         await self.store.db.become_active(self._lost_active)
+        for name, where in self.config.verifiers:  # the operator's own verifiers environments, as vf:NAME
+            try:
+                self.catalog.add(await loop.run_in_executor(None, local_environment, name, where))
+            except PackageError as exc:
+                raise ConfigError(f"[verifiers] {name} = {str(where)!r}: {'; '.join(exc.problems)}") from None
         levels = self.catalog.max_difficulty()
         key = await self._farm_key()
         # Fresh seeds from the farm's keyed sequence: intake draws the seeds it checks on the same way.

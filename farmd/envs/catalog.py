@@ -17,6 +17,9 @@ from farmd.errors import Conflict, TaskError
 
 CONTRIBUTED_PREFIX = "contrib:"
 """Contributed environments' names: ``contrib:NAME@VERSION`` for an approved version."""
+VERIFIERS_PREFIX = "vf:"
+"""An operator's own verifiers environments, ``vf:NAME`` (farm.toml's ``[verifiers]``), run in boxes as
+contributed ones are."""
 
 EnvLookup = Callable[[str], Environment]
 """The environment called by a name; TaskError if there is none."""

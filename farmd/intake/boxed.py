@@ -40,10 +40,13 @@ from farmd import domain
 from farmd.errors import CheckBudgetSpent, ContributedError
 from farmd.intake.package import Package
 from farmd.sandbox import BoxResult, Sandbox, SandboxPolicy
+from farmd.sandbox.command import BOX_SITE
 from farmd.text import bounded, clip, decode, valid_text
 from farmd.verifier import VerifierKey
 
 RUNNER_SOURCE = (Path(__file__).parent / "env_runner.py").read_bytes()
+VF_ADAPTER_SOURCE = (Path(__file__).parent / "vf_adapter.py").read_bytes()
+"""Shipped beside the runner into a verifiers package's boxes (``form = "verifiers"``)."""
 COMMAND = ["python3", "-I", "-S", "-B", "runner.py"]
 MAX_RESULT_BYTES = 1 << 20
 MAX_PROMPT_CHARS = 64 * 1024
@@ -53,6 +56,16 @@ MAX_TRACES = 8
 MAX_TRACE_CHARS = 16 * 1024
 VERDICTS_JUDGED = 4
 """Verdicts seen before their cost can end a submission's checks: one slow box is noise, a quarter is not."""
+BATCH_MAX = 16
+"""Calls of a verifiers package run together in one box (intake's checks): importing verifiers is the costly
+part of its box, some seconds of CPU, paid once for them all."""
+BATCH_WAIT_S = 0.05
+"""How long a call waits for others to share its box."""
+IMPORT_CPU_S = 30.0
+IMPORT_WALL_S = 120.0
+"""What a verifiers package's box may take before its first call starts (importing verifiers: about 4 CPU
+seconds, and on a loaded host ten times that in wall time): farm's cost, not the package's, so added to the
+manifest's bounds rather than taken from them."""
 
 
 @dataclass(frozen=True)
@@ -91,18 +104,41 @@ class Call:
     cpu_s: float
     seed: int = 0
     difficulty: int = 0
+    farm_cpu_s: float = 0.0
+    farm_wall_s: float = 0.0
+    """Of that, farm's own part: a verifiers package's share of importing verifiers in its box (measured in a box
+    of farm's code alone), which a verdict's cost (``verdict_cost``) leaves out: the package did not choose it."""
 
 
 class BoxedEnvironment:
     """``package``'s environment, each call in a box of ``sandbox``; ``key`` is the farm's."""
 
     def __init__(self, package: Package, sandbox: Sandbox, key: VerifierKey, *, budget_s: float | None = None,
-                 verdict_cpu_s: float | None = None, verdict_wall_s: float | None = None) -> None:
+                 verdict_cpu_s: float | None = None, verdict_wall_s: float | None = None,
+                 batch: bool | None = None) -> None:
         self.package = package
         self.manifest = package.manifest
         self.sandbox = sandbox
         self._key = key
         self._files = {f"env/{name}": data for name, data in package.files.items()} | {"runner.py": RUNNER_SOURCE}
+        self._form: dict[str, Any] = {}
+        verifiers = package.manifest.form == "verifiers"
+        if verifiers:
+            self._files["vf_adapter.py"] = VF_ADAPTER_SOURCE
+            self._form = {"form": "verifiers", "site": BOX_SITE, "env_args": package.manifest.env_args}
+        self.batch = verifiers if batch is None else batch and verifiers
+        """Whether calls share boxes (``BATCH_MAX``), each in a child process of its own forked after verifiers is
+        imported: intake's checks of a verifiers package, whose attempts are the farm's own. A rollout's verdict
+        (``ContributedEnvironment``) has a fresh box to itself: an attempt never shares a process tree with
+        another attempt."""
+        self.parallel = BATCH_MAX if self.batch else 3
+        """Calls worth having in flight at once (tier 1 asks this many together)."""
+        self._queued: list[tuple[str, dict[str, Any], asyncio.Future[tuple[BoxResult, int]]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._boxes: set[asyncio.Task[None]] = set()
+        """Batched boxes running (held: the loop keeps only weak references to tasks)."""
+        self._import_cost: tuple[float, float] | None = None
+        self._measuring = asyncio.Lock()
         self.calls: list[Call] = []
         self.budget_s = budget_s
         """Box seconds (wall) this environment's calls may take in all; None: no bound."""
@@ -113,7 +149,8 @@ class BoxedEnvironment:
     def variant(self, package: Package) -> BoxedEnvironment:
         """Another version of this environment (a mutant), run the same way (its calls count here too)."""
         other = BoxedEnvironment(package, self.sandbox, self._key, budget_s=self.budget_s,
-                                 verdict_cpu_s=self.verdict_cpu_s, verdict_wall_s=self.verdict_wall_s)
+                                 verdict_cpu_s=self.verdict_cpu_s, verdict_wall_s=self.verdict_wall_s,
+                                 batch=self.batch)
         other.calls = self.calls
         return other
 
@@ -151,16 +188,86 @@ class BoxedEnvironment:
         request = {"op": op, "nonce": nonce, "seed": seed, "difficulty": difficulty,
                    "task_seed": task_seed, "env": self.manifest.name,
                    "entry_file": self.manifest.entry_file,
-                   "entry_class": self.manifest.entry_class, **extra}
-        files = {**self._files, "request.json": json.dumps(request).encode()}
-        result = await self.sandbox.run(COMMAND, self._policy(op), files=files)
-        call = Call(op, result.wall_s, result.cpu_s, seed, difficulty)
+                   "entry_class": self.manifest.entry_class, **self._form, **extra}
+        farm_cpu_s = farm_wall_s = 0.0
+        if self._form:
+            if self.verdict_cpu_s is not None:
+                farm_cpu_s, farm_wall_s = await self._farm_cost()
+            result, shared = await self._batched(op, request)
+        else:
+            files = {**self._files, "request.json": json.dumps(request).encode()}
+            result, shared = await self.sandbox.run(COMMAND, self._policy(op), files=files), 1
+        call = Call(op, result.wall_s / shared, result.cpu_s / shared, seed, difficulty,
+                    min(result.cpu_s, farm_cpu_s) / shared, min(result.wall_s, farm_wall_s) / shared)
         self.calls.append(call)
         if op == "verify" and self.verdict_cpu_s is not None and self.verdict_wall_s is not None:
             costly = verdict_cost(self.calls, self.verdict_cpu_s, self.verdict_wall_s, at_least=VERDICTS_JUDGED)
             if costly is not None:
                 raise CheckBudgetSpent(costly)
         return await asyncio.to_thread(_read_result, op, result, nonce), call
+
+    async def _batched(self, op: str, request: dict[str, Any]) -> tuple[BoxResult, int]:
+        """The box ``request`` ran in, and how many calls shared it: with ``batch``, those queued within
+        ``BATCH_WAIT_S``; else it alone."""
+        if not self.batch:
+            return await self._box([(op, request)]), 1
+        done: asyncio.Future[tuple[BoxResult, int]] = asyncio.get_running_loop().create_future()
+        self._queued.append((op, request, done))
+        if self._flusher is None:
+            self._flusher = asyncio.ensure_future(self._flush())
+        return await done
+
+    async def _flush(self) -> None:
+        try:
+            while self._queued:
+                if len(self._queued) < BATCH_MAX:
+                    await asyncio.sleep(BATCH_WAIT_S)
+                batch, self._queued = self._queued[:BATCH_MAX], self._queued[BATCH_MAX:]
+                batch = [b for b in batch if not b[2].done()]  # callers gone (cancelled) are not run
+                if batch:
+                    box = asyncio.ensure_future(self._run_batch(batch))
+                    self._boxes.add(box)
+                    box.add_done_callback(self._boxes.discard)
+        finally:
+            self._flusher = None
+
+    async def _run_batch(self, batch: list[tuple[str, dict[str, Any], asyncio.Future[tuple[BoxResult, int]]]]
+                         ) -> None:
+        try:
+            result = await self._box([(op, request) for op, request, _ in batch])
+        except BaseException as exc:
+            for _, _, done in batch:
+                if not done.done():
+                    done.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for _, _, done in batch:
+            if not done.done():
+                done.set_result((result, len(batch)))
+
+    async def _farm_cost(self) -> tuple[float, float]:
+        """What a verifiers box costs before any of the package's code runs (CPU and wall seconds): one box of
+        farm's code alone (the runner importing verifiers, no call), measured once."""
+        async with self._measuring:
+            if self._import_cost is None:
+                result = await self._box([])
+                ok = result.exit_code == 0 and not result.violations
+                self._import_cost = (result.cpu_s, result.wall_s) if ok else (0.0, 0.0)
+                self.calls.append(Call("import", result.wall_s, result.cpu_s))
+        return self._import_cost
+
+    async def _box(self, calls: list[tuple[str, dict[str, Any]]]) -> BoxResult:
+        """One box for a verifiers package's ``calls``: verifiers imported once (``IMPORT_CPU_S``, ``IMPORT_WALL_S``), then each call in
+        a child of its own with the manifest's bound for it (``env_runner``), whatever the import took."""
+        item_s = max((self._policy(op).cpu_time_s for op, _ in calls), default=0.0)
+        seconds = item_s * len(calls)
+        request = {"nonce": secrets.token_hex(16), "batch": [r for _, r in calls], "item_s": item_s,
+                   "site": BOX_SITE}
+        policy = SandboxPolicy(wall_time_s=IMPORT_WALL_S + seconds + 1.0, cpu_time_s=IMPORT_CPU_S + seconds,
+                               memory_mb=int(self.manifest.bounds["memory_mb"]), output_kb=2048)
+        files = {**self._files, "request.json": json.dumps(request).encode()}
+        return await self.sandbox.run(COMMAND, policy, files=files)
 
     async def generate(self, seed: int, difficulty: int, *, variant: Variant | None = None) -> ContributedTask:
         value, _ = await self._call("generate", seed, difficulty, variant=variant)
@@ -204,14 +311,15 @@ def verdict_cost(calls: Sequence[Call], cpu_budget_s: float, wall_budget_s: floa
     verifies = [c for c in calls if c.op == "verify"]
     if len(verifies) < max(1, at_least):
         return None
-    cpu = _upper_quartile([c.cpu_s for c in verifies])
-    wall = _upper_quartile([c.wall_s for c in verifies])
+    cpu = _upper_quartile([c.cpu_s - c.farm_cpu_s for c in verifies])
+    wall = _upper_quartile([c.wall_s - c.farm_wall_s for c in verifies])
     if cpu <= cpu_budget_s and wall <= wall_budget_s:
         return None
     what = f"{cpu:.2f} CPU seconds" if cpu > cpu_budget_s else f"{wall:.2f} seconds of wall time"
     return (f"a quarter of its {len(verifies)} verdicts cost more than {what} each (the farm's budget is "
             f"{cpu_budget_s:g} CPU and {wall_budget_s:g} wall seconds a verdict, measured in its boxes whatever its "
-            f"manifest declares; the median was {statistics.median(c.cpu_s for c in verifies):.2f} CPU seconds)")
+            f"manifest declares; the median was {statistics.median(c.cpu_s - c.farm_cpu_s for c in verifies):.2f} CPU "
+            "seconds)")
 
 
 def _upper_quartile(values: Sequence[float]) -> float:

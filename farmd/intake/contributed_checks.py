@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from farmd.errors import ContributedError
-from farmd.intake.boxed import BoxedEnvironment, ContributedTask
+from farmd.intake.boxed import BoxedEnvironment, ContributedTask, ContributedVerdict
 from farmd.intake.checks import Finding
+from farmd.intake.forms import frame, near_miss
 from farmd.intake.mutants import Coverage, coverage_findings, measure
 from farmd.intake.scan import scan_package
 
@@ -40,7 +41,7 @@ async def check_generates(env: BoxedEnvironment, levels: Sequence[int], seeds: S
     """Every level makes a task for every seed, the same one twice: hidden data is regenerated from it."""
     keys = [(seed, level) for level in levels for seed in seeds]
     try:
-        made = await _each([env.generate(*k) for k in keys for _ in range(2)])
+        made = await _each([env.generate(*k) for k in keys for _ in range(2)], env.parallel)
     except ContributedError as exc:
         return [_fail("check_generates", exc, "make `generate` return {'prompt': str, 'public': dict, 'hidden': "
                       "dict} for every seed and level, within bounds.generate_s")], {}
@@ -56,9 +57,10 @@ async def check_generates(env: BoxedEnvironment, levels: Sequence[int], seeds: S
     return found, tasks
 
 
-async def _each(calls: Sequence[Awaitable[T]]) -> list[T]:
-    """``calls`` a few boxes at a time (each is one box): the first error raised ends the rest."""
-    limit = asyncio.Semaphore(PARALLEL)
+async def _each(calls: Sequence[Awaitable[T]], parallel: int = PARALLEL) -> list[T]:
+    """``calls`` a few boxes at a time (each is one box; ``parallel`` more where calls share boxes): the first
+    error raised ends the rest."""
+    limit = asyncio.Semaphore(parallel)
 
     async def one(call: Awaitable[T]) -> T:
         async with limit:
@@ -120,10 +122,10 @@ async def check_reference_passes(env: BoxedEnvironment, keys: Sequence[tuple[int
     """The reference earns full reward on every task asked, and its answer is not in the public task.
     Returns the findings and the reference's answers (what later checks measure against)."""
     try:
-        made = tasks if tasks is not None else dict(zip(keys, await _each([env.generate(*k) for k in keys]),
+        made = tasks if tasks is not None else dict(zip(keys, await _each([env.generate(*k) for k in keys], env.parallel),
                                                         strict=True))
-        answers = dict(zip(keys, await _each([env.reference(*k) for k in keys]), strict=True))
-        verdicts = await _each([env.verify(*k, answers[k]) for k in keys])
+        answers = dict(zip(keys, await _each([env.reference(*k) for k in keys], env.parallel), strict=True))
+        verdicts = await _each([env.verify(*k, answers[k]) for k in keys], env.parallel)
     except ContributedError as exc:
         return [_fail("check_reference_passes", exc, "make `reference` and `verify` work on every task")], {}
     found = []
@@ -135,8 +137,10 @@ async def check_reference_passes(env: BoxedEnvironment, keys: Sequence[tuple[int
                                  f"({'; '.join(verdict.reasons)[:200]})",
                                  "fix the reference or the verifier: the reference must pass every task"))
         public = task.prompt + json.dumps(task.public, sort_keys=True)
-        # A short answer ("3") appears in a prompt by chance; as a public field's whole value it is a leak.
-        if (len(answer.strip()) >= 8 and answer.strip() in public) or answer.strip() in _leaves(task.public):
+        # A short answer ("3") appears in a prompt by chance; as a public field's whole value it is a leak. The
+        # answer inside its frame counts too: a verifiers package's reference is ``<answer>\n42\n</answer>``.
+        if any((len(said) >= 8 and said in public) or said in _leaves(task.public)
+               for said in {answer.strip(), frame(answer).core.strip()} if said):
             found.append(Finding("check_reference_passes", f"the answer to ({seed}, {level}) is in the public task",
                                  "keep the expected answer in 'hidden', never in 'prompt' or 'public'"))
     return found, answers
@@ -158,8 +162,14 @@ def _traps(answer: str, prompt: str) -> dict[str, str]:
         near = str(int(near) + 1)
     else:
         near = near[::-1] if len(set(near)) > 1 else near + "x"
+    padded = f"the answer is maybe {answer} or not"
+    framed = frame(answer)
+    if framed.before.strip() or framed.after.strip():
+        # An answer in a frame (``<answer>42</answer>``, a verifiers parser's format): text around the frame is
+        # the attempt's reasoning, which such a verifier rightly ignores; the near miss and the hedge go inside.
+        near, padded = near_miss(answer), framed.holding(f"maybe {framed.core} or not")
     return {"empty": "", "whitespace": " \n", "junk": "zq#7 lorem", "echo": prompt[:2000],
-            "near miss": near, "answer padded": f"the answer is maybe {answer} or not"}
+            "near miss": near, "answer padded": padded}
 
 
 async def check_rejects_wrong(env: BoxedEnvironment, keys: Sequence[tuple[int, int]],
@@ -169,7 +179,7 @@ async def check_rejects_wrong(env: BoxedEnvironment, keys: Sequence[tuple[int, i
     trials = [(k, name, final) for k in keys for name, final in _traps(answers[k], tasks[k].prompt).items()
               if final.strip() != answers[k].strip()]
     try:
-        verdicts = await _each([env.verify(*k, final) for k, _, final in trials])
+        verdicts = await _each([env.verify(*k, final) for k, _, final in trials], env.parallel)
     except ContributedError as exc:
         return [_fail("check_rejects_wrong", exc, "make `verify` judge any text, failing what is wrong")]
     passed: dict[str, list[tuple[int, int]]] = {}
@@ -195,6 +205,7 @@ def _example(name: str, data: bytes) -> tuple[int, int, str] | str:
 async def check_examples(env: BoxedEnvironment) -> list[Finding]:
     """The package's good examples pass and its bad examples fail."""
     found = []
+    judged: list[tuple[str, str, bool, int, int, str]] = []
     for which, should_pass in (("good", True), ("bad", False)):
         for name, data in env.package.examples(which):
             example = _example(name, data)
@@ -206,16 +217,26 @@ async def check_examples(env: BoxedEnvironment) -> list[Finding]:
                 found.append(Finding("check_examples", f"{name}: difficulty {level} is not a level",
                                      f"use a difficulty from 1 to {env.manifest.levels}"))
                 continue
-            try:
-                verdict = await env.verify(seed, level, final)
-            except ContributedError as exc:
-                found.append(_fail("check_examples", exc, "make `verify` judge the examples"))
-                continue
-            if verdict.passed != should_pass:
-                found.append(Finding("check_examples", f"{which} example {name} {'failed' if should_pass else 'passed'}"
-                                     f" (reward {verdict.reward})",
-                                     "fix the verifier, or the example if it is the example that is wrong"))
+            judged.append((which, name, should_pass, seed, level, final))
+    # Judged together: where calls share boxes (a verifiers package) the examples share one.
+    outcomes = await _each([_verdict(env, seed, level, final) for *_, seed, level, final in judged], env.parallel)
+    for (which, name, should_pass, *_), verdict in zip(judged, outcomes, strict=True):
+        if isinstance(verdict, ContributedError):
+            found.append(_fail("check_examples", verdict, "make `verify` judge the examples"))
+            continue
+        if verdict.passed != should_pass:
+            found.append(Finding("check_examples", f"{which} example {name} {'failed' if should_pass else 'passed'}"
+                                 f" (reward {verdict.reward})",
+                                 "fix the verifier, or the example if it is the example that is wrong"))
     return found
+
+
+async def _verdict(env: BoxedEnvironment, seed: int, level: int, final: str
+                   ) -> ContributedVerdict | ContributedError:
+    try:
+        return await env.verify(seed, level, final)
+    except ContributedError as exc:
+        return exc
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,10 @@ not show), and ``trace`` keeps what the verifier's own child processes printed (
 text buffers it read back) while it judged: what it parses, so that tier 2 can forge it. ``solve`` is
 ``generate`` and ``reference`` in one box.
 
+A package in verifiers' form (``form = "verifiers"`` in its manifest) is loaded by ``vf_adapter.py`` (shipped
+beside this file): its ``load_environment`` returns a verifiers environment that the adapter drives through the
+same three methods.
+
 The contributed class:
 
     class WordCount:
@@ -46,6 +50,7 @@ import traceback
 from typing import Any
 
 _MAX_REQUEST = 4 << 20
+_MAX_RESULT = 1 << 20
 _MAX_TRACES = 8
 _MAX_TRACE_CHARS = 16 * 1024
 _traces: list[str] = []
@@ -100,10 +105,30 @@ def _generate(env: Any, request: dict[str, Any], seed: int, task_seed: int) -> d
     return task
 
 
+def _adapter() -> Any:
+    module = sys.modules.get("farm_vf_adapter")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("farm_vf_adapter", "vf_adapter.py")
+        if spec is None or spec.loader is None:
+            raise ImportError("cannot load the verifiers adapter")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["farm_vf_adapter"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+def _load_verifiers(request: dict[str, Any]) -> Any:
+    """A verifiers package (``form = "verifiers"``): its ``load_environment`` behind ``vf_adapter``'s three methods."""
+    return _adapter().VerifiersEnvironment(request)
+
+
 def _do(request: dict[str, Any]) -> dict[str, Any]:
     if request.get("trace"):
         _trace()
-    env = _load(request["entry_file"], request["entry_class"])
+    if request.get("form") == "verifiers":
+        env = _load_verifiers(request)
+    else:
+        env = _load(request["entry_file"], request["entry_class"])
     task = _generate(env, request, request["seed"], request["task_seed"])
     op = request["op"]
     if request.get("canary_seed") is not None and op != "generate":
@@ -127,6 +152,75 @@ def _do(request: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _result(request: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return {"ok": True, "value": _do(request)}
+    except BaseException as exc:  # whatever the environment's code raises is reported, not a crash
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000],
+                "trace": traceback.format_exc()[-4000:]}
+
+
+def _line(nonce: str, result: dict[str, Any]) -> bytes:
+    return ("FARM " + nonce + " " + json.dumps(result, default=str) + "\n").encode("utf-8", "replace")
+
+
+def _batch(request: dict[str, Any], out: int) -> None:
+    """Several calls of one verifiers package in one box (intake's checks): verifiers is imported once, then
+    each call runs in a child forked from that, with fresh random state and its own deadline (``item_s``), so
+    a call that hangs or crashes is that call's failure, and what one call's code does to its process is
+    gone for the next. Each call's line carries that call's own nonce."""
+    _adapter().prepare(request["site"])
+    limit = float(request["item_s"])
+    for item in request["batch"]:
+        nonce = item.pop("nonce")
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: one call, its result down the pipe, gone
+            os.close(read_end)
+            random.seed()
+            _adapter().reseed()
+            data = json.dumps(_result(item), default=str).encode("utf-8", "replace")
+            os.write(write_end, data[:_MAX_RESULT])
+            os._exit(0)
+        os.close(write_end)
+        body = _collect(read_end, pid, limit)
+        try:
+            result = json.loads(body) if body else {"ok": False, "error": "the call ended without a result"}
+        except ValueError:
+            result = {"ok": False, "error": "the call's result is not JSON"}
+        if result.get("ok") is None:
+            result = {"ok": False, "error": f"the call took more than its {limit:g} seconds"}
+        os.write(out, _line(nonce, result))
+
+
+def _collect(fd: int, pid: int, limit: float) -> bytes:
+    """What the child at ``pid`` writes to ``fd`` before it exits, or b'{}' (no verdict) if it is still at it
+    after ``limit`` seconds: then it is killed."""
+    import select
+    import signal
+    import time
+
+    deadline = time.monotonic() + limit
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(fd)
+            return b"{}"
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        size += len(chunk)
+        if size <= _MAX_RESULT:
+            chunks.append(chunk)
+    os.close(fd)
+    os.waitpid(pid, 0)
+    return b"".join(chunks)
+
+
 def main() -> None:
     with open("request.json", "rb") as fh:
         request = json.loads(fh.read(_MAX_REQUEST))
@@ -134,14 +228,11 @@ def main() -> None:
     nonce = request.pop("nonce")
     out = sys.stdout
     sys.stdout = sys.stderr = io.StringIO()  # the environment's prints are not the result
-    try:
-        result: dict[str, Any] = {"ok": True, "value": _do(request)}
-    except BaseException as exc:  # whatever the environment's code raises is reported, not a crash
-        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000],
-                  "trace": traceback.format_exc()[-4000:]}
-    line = "FARM " + nonce + " " + json.dumps(result, default=str) + "\n"
     out.flush()
-    os.write(out.fileno(), line.encode("utf-8", "replace"))
+    if "batch" in request:
+        _batch(request, out.fileno())
+        return
+    os.write(out.fileno(), _line(nonce, _result(request)))
 
 
 if __name__ == "__main__":

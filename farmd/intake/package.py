@@ -29,6 +29,13 @@ The manifest, ``farm-env.toml``::
     [examples]                     # attempts that must pass, and must fail (JSON, one per file)
     good = ["examples/good"]
     bad = ["examples/bad"]
+
+A package in verifiers' form says so in its manifest (``form = "verifiers"``): its ``entry`` names the module
+and its ``load_environment`` function (``arith.py:load_environment``), ``[env_args]`` the keyword arguments that
+function is called with, and it has one level (a verifiers dataset has no difficulty); ``kind`` defaults to
+``answer`` and the bounds to what importing verifiers takes in a box (``VERIFIERS_BOUNDS``). A directory with no
+manifest but one module defining ``load_environment`` is read as one too, by ``read_verifiers_package`` (an
+operator's own environment, ``[verifiers]`` in farm.toml): its manifest is made from that shape.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from __future__ import annotations
 import bz2
 import hashlib
 import io
+import json
 import lzma
 import posixpath
 import re
@@ -70,7 +78,15 @@ _ENV_NAME = re.compile(r"[a-z][a-z0-9-]{1,39}")
 _VERSION = re.compile(r"\d{1,6}(\.\d{1,6}){0,3}")
 _ENTRY = re.compile(r"([A-Za-z0-9_./-]{1,200}\.py):([A-Za-z_][A-Za-z0-9_]{0,99})")
 _MEMBER = re.compile(r"[A-Za-z0-9_.-]+")
-_KEYS = {"name", "version", "domain", "author", "levels", "kind", "entry", "bounds", "examples"}
+_KEYS = {"name", "version", "domain", "author", "levels", "kind", "entry", "bounds", "examples", "form", "env_args"}
+FORMS = ("farm", "verifiers")
+"""What a package's entry is: a class with generate, reference and verify (farm's own), or a module's
+``load_environment`` returning a verifiers environment."""
+VERIFIERS_BOUNDS = {"generate_s": 10.0, "verify_s": 10.0, "memory_mb": 1024.0}
+"""A verifiers package's default bounds: its own code's seconds (``load_environment`` and the call; importing
+verifiers is farm's, bounded apart), and memory for a process that has imported verifiers (datasets, openai,
+pydantic...: some 270 MB before the environment's code runs)."""
+MAX_ENV_ARGS_CHARS = 4096
 _BUILT_IN = ("py-func", "kernel", "shell", "arith", "rg")
 
 
@@ -87,6 +103,10 @@ class Manifest:
     bounds: dict[str, float] = field(default_factory=dict)
     good: tuple[str, ...] = ()
     bad: tuple[str, ...] = ()
+    form: str = "farm"
+    """``farm`` (``entry`` is a class) or ``verifiers`` (``entry`` is ``load_environment``)."""
+    env_args: dict[str, Any] = field(default_factory=dict)
+    """A verifiers package's keyword arguments to ``load_environment``."""
 
     @property
     def env_name(self) -> str:
@@ -265,6 +285,16 @@ def _manifest(raw: dict[str, Any], files: dict[str, bytes], problems: list[str])
     unknown = sorted(set(raw) - _KEYS)
     if unknown:
         problems.append(f"{MANIFEST} has unknown keys {unknown}; known: {sorted(_KEYS)}")
+    form = raw.get("form", "farm")
+    if form not in FORMS:
+        problems.append(f"form must be one of {list(FORMS)}, not {str(form)[:40]!r}")
+        form = "farm"
+    verifiers = form == "verifiers"
+    env_args = _env_args(raw.get("env_args", {}), verifiers, problems)
+    if verifiers:
+        raw = {"kind": "answer", "levels": 1, **raw}
+        if raw["levels"] != 1:
+            problems.append("a verifiers package has levels = 1: its dataset has no difficulty")
     name = _text(raw.get("name"), "name", problems, 40)
     if name and not _ENV_NAME.fullmatch(name):
         problems.append(f"name {name!r}: 2-40 lowercase letters, digits and '-', starting with a letter")
@@ -286,23 +316,45 @@ def _manifest(raw: dict[str, Any], files: dict[str, bytes], problems: list[str])
         problems.append(f"entry {entry[:80]!r}: FILE.py:ClassName")
     elif match and match.group(1) not in files:
         problems.append(f"entry names {match.group(1)}, which the submission does not hold")
-    bounds = _bounds(raw.get("bounds", {}), problems)
+    bounds = _bounds(raw.get("bounds", {}), problems, VERIFIERS_BOUNDS if verifiers else None)
     good, bad = _examples(raw.get("examples", {}), files, problems)
     if problems:
         return None
     assert match is not None
     return Manifest(name=name, version=version, domain=_text(raw.get("domain"), "domain", problems, 60),
                     author=_text(raw.get("author"), "author", problems), levels=levels, kind=str(kind),
-                    entry_file=match.group(1), entry_class=match.group(2), bounds=bounds, good=good, bad=bad)
+                    entry_file=match.group(1), entry_class=match.group(2), bounds=bounds, good=good, bad=bad,
+                    form=str(form), env_args=env_args)
 
 
-def _bounds(table: Any, problems: list[str]) -> dict[str, float]:
+def _env_args(table: Any, verifiers: bool, problems: list[str]) -> dict[str, Any]:
+    """``[env_args]``: a verifiers package's, JSON-able and small (it travels in every box's request)."""
+    if not table:
+        return {}
+    if not verifiers:
+        problems.append("[env_args] is for a verifiers package (form = \"verifiers\")")
+        return {}
+    if not isinstance(table, dict):
+        problems.append("[env_args] must be a table")
+        return {}
+    try:
+        text = json.dumps(table)
+    except (TypeError, ValueError):
+        problems.append("[env_args] holds values that are not JSON (dates, times)")
+        return {}
+    if len(text) > MAX_ENV_ARGS_CHARS:
+        problems.append(f"[env_args] is {len(text)} characters as JSON; at most {MAX_ENV_ARGS_CHARS}")
+        return {}
+    return dict(json.loads(text))
+
+
+def _bounds(table: Any, problems: list[str], defaults: dict[str, float] | None = None) -> dict[str, float]:
     if not isinstance(table, dict):
         problems.append("[bounds] must be a table")
         return {}
     out = {}
     for key, (least, most, default) in BOUNDS.items():
-        value = table.get(key, default)
+        value = table.get(key, (defaults or {}).get(key, default))
         if isinstance(value, bool) or not isinstance(value, int | float) or not least <= value <= most:
             problems.append(f"bounds.{key} must be a number from {least} to {most}")
             continue
@@ -382,3 +434,58 @@ def pack(files: Iterable[tuple[str, bytes]]) -> bytes:
             info.mode = 0o644
             tar.addfile(info, io.BytesIO(data))
     return out.getvalue()
+
+
+def _defines_load_environment(source: bytes) -> bool:
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return any(isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "load_environment"
+               for node in tree.body)
+
+
+def read_verifiers_package(source: Path, name: str) -> Package:
+    """An operator's verifiers environment at the directory ``source``, to be served as ``vf:NAME``: with a
+    manifest, that manifest (it must say ``form = "verifiers"``); without one, its one top-level module that
+    defines ``load_environment`` (the module's shape decides), version from its pyproject.toml if it has one.
+    Blocking: call it in a thread. Raises ``PackageError`` with every problem found."""
+    if not _ENV_NAME.fullmatch(name):
+        raise PackageError([f"verifiers environment name {name[:80]!r}: 2-40 lowercase letters, digits and '-', "
+                            "starting with a letter"])
+    if not source.is_dir():
+        raise PackageError([f"{source} is not a directory: a verifiers environment is served from its directory"])
+    if (source / MANIFEST).exists():
+        package = read_package(source)
+        if package.manifest.form != "verifiers":
+            raise PackageError([f"{source / MANIFEST} does not say form = \"verifiers\""])
+        return package
+    problems: list[str] = []
+    files = _from_dir(source, problems)
+    for rel, data in files.items():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            problems.append(f"{rel} is not UTF-8 text")
+    modules = sorted(rel for rel, data in files.items()
+                     if "/" not in rel and rel.endswith(".py") and _defines_load_environment(data))
+    if len(modules) != 1:
+        problems.append(f"{len(modules)} top-level modules define load_environment ({', '.join(modules[:4])}); "
+                        "a verifiers environment has one")
+    if problems:
+        raise PackageError(problems)
+    version = "0"
+    if "pyproject.toml" in files:
+        try:
+            project = tomllib.loads(files["pyproject.toml"].decode()).get("project", {})
+        except tomllib.TOMLDecodeError as exc:
+            raise PackageError([f"pyproject.toml is not valid TOML: {exc}"]) from None
+        raw_version = project.get("version") if isinstance(project, dict) else None
+        if isinstance(raw_version, str) and _VERSION.fullmatch(raw_version):
+            version = raw_version
+    manifest = Manifest(name=name, version=version, domain="verifiers", author="operator", levels=1, kind="answer",
+                        entry_file=modules[0], entry_class="load_environment", bounds=dict(VERIFIERS_BOUNDS),
+                        form="verifiers")
+    return Package(manifest, files, _digest(files))

@@ -15,6 +15,10 @@ is a ``FarmError``, which ``verify_safely`` would take for the farm's own failur
 attempt did, so an attempt that breaks the verifier would escape its 0); ``verify`` re-raises it as
 ``ContributedVerifierFailed``, which ``verify_safely`` judges as it judges a bug. The farm's own failures (a box that cannot start) stay
 ``FarmError``s: infrastructure.
+
+A package in verifiers' form is served the same way (its boxes drive ``load_environment`` through
+``vf_adapter``), as ``contrib:NAME@VERSION`` once approved, or as ``vf:NAME`` where an operator serves a local
+one (``[verifiers]`` in farm.toml, ``farmd.intake.vf``).
 """
 
 from __future__ import annotations
@@ -34,10 +38,11 @@ _DIGEST_CHARS = 12
 class ContributedEnvironment(SubmissionEnvironment):
     """``package`` (an approved version) as an environment; its boxes are the node's (``VerifyContext``)."""
 
-    def __init__(self, package: Package) -> None:
+    def __init__(self, package: Package, *, name: str | None = None) -> None:
         m = package.manifest
         self.package = package
-        self.name = f"{m.env_name}@{m.version}"
+        # An operator's own verifiers environment is served by the name farm.toml gives it (``vf:NAME``).
+        self.name = name or f"{m.env_name}@{m.version}"
         self.version = m.version
         # The digest too: a score row (and rescoring, which skips what a verifier version has scored)
         # names the exact code that judged, even were other files ever approved under the same version.
@@ -46,7 +51,8 @@ class ContributedEnvironment(SubmissionEnvironment):
         self.exploit_kind = m.kind
 
     def _boxed(self, ctx: VerifyContext) -> BoxedEnvironment:
-        return BoxedEnvironment(self.package, ctx.sandbox, ctx.key)
+        # A verdict's box is its own (never batched): an attempt shares no process tree with another attempt.
+        return BoxedEnvironment(self.package, ctx.sandbox, ctx.key, batch=False)
 
     def generate(self, seed: int, difficulty: int) -> Task:
         raise TaskError(f"{self.name} makes its tasks in boxes: ask make_task(seed, difficulty, ctx)")

@@ -291,6 +291,8 @@ async def run_tier2(env: BoxedEnvironment, keys: Sequence[tuple[int, int]], *, a
     run = _Run()
     known: dict[tuple[int, int], tuple[ContributedTask, str]] = {}
     attempts: list[_Attempt] = []
+    if env.batch:  # calls share boxes (a verifiers package): more in flight fill them
+        parallel = max(parallel, env.parallel)
     limit = asyncio.Semaphore(max(1, parallel))
     wanted = list(dict.fromkeys(keys))
     extra = [k for k in dict.fromkeys(sample) if k not in set(wanted)] if probes_asked else []

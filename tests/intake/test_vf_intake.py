@@ -1,0 +1,115 @@
+"""The intake funnel takes a package in verifiers' form (its manifest says ``form = "verifiers"``): tiers 1 and
+2 check it as they check farm's own format, every call in boxes that share verifiers' import (one child per
+call), and they catch a verifiers package that rewards anything, leaks its answers into the prompt, or poses
+another task each time it loads."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from farmd.errors import PackageError
+from farmd.intake.boxed import BoxedEnvironment
+from farmd.intake.contributed_checks import tier1_report
+from farmd.intake.package import read_package
+from farmd.sandbox import Sandbox
+from farmd.verifier import VerifierKey
+from tests.conftest import RunningFarm
+from tests.intake import vf_example
+from tests.intake.vf_example import ANY, formatted, source, submission
+
+pytestmark = [pytest.mark.sandbox]
+
+TOKENS = {"op": "op-token", "ada": "ada-token", "rita": "rita-token"}
+ROLES = {"op": "operator", "ada": "contributor", "rita": "reviewer"}
+ENV = "contrib:sums@1.0.0"
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[Sandbox]:
+    box = Sandbox()
+    try:
+        yield box
+    finally:
+        await box.close()
+
+
+def farm_toml(tmp_path: Path) -> Path:
+    config = tmp_path / "farm.toml"
+    entries = "".join(f'\n[[credentials]]\nname = "{who}"\nroles = ["{ROLES[who]}"]\n'
+                      f'token_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"\n'
+                      for who, token in TOKENS.items())
+    config.write_text('[intake]\nseeds = [2, 2, 2]\nattack_budget = [2, 2, 2]\ntier2_tasks = 1\ntier2_sample = 8\n'
+                      + entries)
+    return config
+
+
+def as_(farm: RunningFarm, who: str, *args: str, timeout: float = 120) -> Any:
+    out = farm.farmctl("--token", TOKENS[who], *args, timeout=timeout).stdout
+    return json.loads(out) if "--json" in args else out.decode()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_verifiers_package_goes_through_tiers_1_and_2_then_serves(running_farm, tmp_path: Path  # type: ignore[no-untyped-def]
+                                                                     ) -> None:
+    # The format function a metric only: with weight, a wrong answer in good format earns reward, which tier 2
+    # refuses as it refuses any reward for an attack.
+    package = submission(tmp_path / "sums", source(format_weight=0.0))
+    farm = running_farm("--workers", "2", "--config", str(farm_toml(tmp_path)))
+    sub = as_(farm, "ada", "submit", str(package), "--wait", "--json", timeout=800)
+    assert sub["state"] == "in_review", sub
+    assert {c["tier"] for c in sub["costs"]} >= {1, 2}, sub["costs"]
+    assert not [f for f in sub["findings"] if f.get("blocking", True)], sub["findings"]
+    approved = as_(farm, "rita", "review", "approve", str(sub["id"]), "--note", "exact answers", "--json")
+    assert approved["state"] == "approved"
+    run = as_(farm, "op", "run", "--env", ENV, "--agent", "reference", "--rollouts", "1", "--wait", "--json",
+              timeout=400)
+    assert run["passed"] == 1, run
+
+
+async def _tier1(root: Path, sandbox: Sandbox) -> list[str]:
+    env = BoxedEnvironment(read_package(root), sandbox, VerifierKey(b"verifiers-intake-tier-one-key-32"))
+    assert env.batch, "a verifiers package's checks share boxes"
+    report = await tier1_report(env, seeds=(0, 1))
+    return [f"{f.check}: {f.evidence}" for f in report.findings if getattr(f, "blocking", True)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_tier_1_catches_a_rubric_for_anything_a_leak_and_a_dataset_that_moves(
+        tmp_path: Path, sandbox: Sandbox) -> None:
+    leaky = "lambda: [dict(r, question=r['question'] + ' (it is ' + r['answer'] + ')') for r in rows()]"
+    moving = "lambda: __import__('random').sample(rows(), len(rows()))"
+    sound, anything, leak, moves = await asyncio.gather(
+        _tier1(submission(tmp_path / "sound", source()), sandbox),
+        _tier1(submission(tmp_path / "any", source(rubric=ANY)), sandbox),
+        _tier1(submission(tmp_path / "leak", source(dataset=leaky)), sandbox),
+        _tier1(submission(tmp_path / "moves", source(dataset=moving)), sandbox))
+    assert sound == [], sound
+    assert any(f.startswith("check_rejects_wrong: a junk submission passed") for f in anything), anything
+    assert any(f.startswith("check_examples: bad example") for f in anything), anything
+    assert any(f.startswith("check_reference_passes: the answer to (0, 1) is in the public task") for f in leak), leak
+    assert any(f.startswith("check_generates: generate(0, 1) made two different tasks") for f in moves), moves
+
+
+def test_the_manifest_says_verifiers_and_holds_it_to_one_level(tmp_path: Path) -> None:
+    root = submission(tmp_path / "sums", source(), bounds='[env_args]\nrows = 12\n')
+    manifest = read_package(root).manifest
+    assert (manifest.form, manifest.entry_class, manifest.levels, manifest.kind, manifest.env_args) == \
+        ("verifiers", "load_environment", 1, "answer", {"rows": 12})
+    assert manifest.bounds["memory_mb"] == 1024, "room for verifiers' import"
+    text = (root / "farm-env.toml").read_text()
+    (root / "farm-env.toml").write_text(text.replace('form = "verifiers"', 'form = "verifiers"\nlevels = 2'))
+    with pytest.raises(PackageError, match="levels = 1"):
+        read_package(root)
+    (root / "farm-env.toml").write_text(text.replace('form = "verifiers"', 'form = "gym"'))
+    with pytest.raises(PackageError, match="form must be one of"):
+        read_package(root)
+    assert vf_example.answer(1) in formatted(1)
