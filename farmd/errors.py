@@ -25,6 +25,7 @@ __all__ = [
     "BadClaim",
     "BadExpression",
     "BadRequest",
+    "BodyInvalid",
     "BudgetExhausted",
     "CgroupUnavailable",
     "CheckBudgetSpent",
@@ -204,9 +205,10 @@ class BudgetExhausted(Refused):
         super().__init__("RESOURCE_EXHAUSTED", detail, "CREDENTIAL_BUDGET")
 
 
-class AtroposInvalid(BadRequest, ValueError):
-    """An Atropos request that does not hold together; ``loc`` is where (as FastAPI's validation errors say
-    it). Never retried: the same body is refused again."""
+class BodyInvalid(BadRequest, ValueError):
+    """An HTTP request body that does not hold together; ``loc`` is where (as FastAPI's validation errors say it:
+    Atropos's and SandboxFusion's servers are FastAPI, so their clients read a 422 in that shape). Never retried:
+    the same body is refused again."""
 
     retried = False
 
@@ -217,6 +219,12 @@ class AtroposInvalid(BadRequest, ValueError):
 
     def detail(self) -> list[dict[str, object]]:
         return [{"loc": ["body", *self.loc], "msg": self.message, "type": "value_error"}]
+
+
+class AtroposInvalid(BodyInvalid):
+    """An Atropos request that does not hold together."""
+
+    retried = False
 
 
 # -- the sandbox ----------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from aiohttp import web
 
 from farmd.api.auth import OPERATOR, TRAINER, bearer_token, credential_for
 from farmd.api.budget import Budgets
-from farmd.api.http_site import HttpSite
+from farmd.api.http_site import HttpSite, body_counted
 from farmd.atropos import groups
 from farmd.atropos.queue import AtroposQueue
 from farmd.config import Credential
@@ -104,11 +104,8 @@ class AtroposServer:
                                         f"{request.path}: it needs {' or '.join(sorted(roles))}")
                 request[_CALLER] = caller.name
             try:
-                async with self._budgets.call(bearer_token((("authorization", header),) if header else ()),
-                                              f"{request.method} {request.path}") as share:
-                    declared = request.content_length
-                    share.take(min(MAX_BODY_BYTES, declared if declared is not None else
-                                   MAX_BODY_BYTES if request.body_exists else 0), pieces=1)
+                token = bearer_token((("authorization", header),) if header else ())
+                async with body_counted(self._budgets, token, request, MAX_BODY_BYTES):
                     return await handler(request)
             except BudgetExhausted as exc:
                 return _detail(429, str(exc))

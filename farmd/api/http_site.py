@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
 
+from farmd.api.budget import Budgets
 from farmd.errors import ConfigError
 
 
@@ -40,3 +43,16 @@ class HttpSite:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+@contextlib.asynccontextmanager
+async def body_counted(budgets: Budgets, token: str | None, request: web.Request, max_body: int
+                       ) -> AsyncIterator[None]:
+    """While ``request`` is handled, its body counts against its credential's budget (``BudgetExhausted`` when the
+    credential holds too much already): as declared, capped at ``max_body``; with no declared length, the most it
+    may be, since a chunked body's size is known only once it is read."""
+    async with budgets.call(token, f"{request.method} {request.path}") as share:
+        declared = request.content_length
+        share.take(min(max_body, declared if declared is not None else max_body if request.body_exists else 0),
+                   pieces=1)
+        yield

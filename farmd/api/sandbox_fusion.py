@@ -49,9 +49,9 @@ from aiohttp import web
 
 from farmd.api.auth import OPERATOR, TRAINER, credential_for
 from farmd.api.budget import Budgets
-from farmd.api.http_site import HttpSite
+from farmd.api.http_site import HttpSite, body_counted
 from farmd.config import Credential
-from farmd.errors import BudgetExhausted, ConfigError, FarmError, IsolationUnavailable
+from farmd.errors import BodyInvalid, BudgetExhausted, ConfigError, FarmError, IsolationUnavailable
 from farmd.sandbox import Sandbox
 from farmd.sandbox import result as box
 from farmd.sandbox.config import SandboxConfig
@@ -265,10 +265,7 @@ class SandboxFusionServer:
                     return _detail(403, f"credential {caller.name!r} ({', '.join(sorted(caller.roles))}) may not call "
                                         f"{request.path}: it needs {' or '.join(sorted(_CALLERS))}")
             try:
-                async with self._budgets.call(token, f"{request.method} {request.path}") as share:
-                    declared = request.content_length
-                    share.take(min(MAX_BODY_BYTES, declared if declared is not None else
-                                   MAX_BODY_BYTES if request.body_exists else 0), pieces=1)
+                async with body_counted(self._budgets, token, request, MAX_BODY_BYTES):
                     return await handler(request)
             except BudgetExhausted as exc:
                 return _detail(429, str(exc))
@@ -291,7 +288,7 @@ class SandboxFusionServer:
                 return _detail(413, f"a request is at most {MAX_BODY_BYTES} bytes")
             try:
                 call = await asyncio.to_thread(parse_run_code, body)
-            except _Invalid as exc:
+            except BodyInvalid as exc:
                 return web.json_response({"detail": exc.detail()}, status=422)
             del body
             async with self._running:
@@ -409,33 +406,21 @@ def _open_beneath(root: Path, rel: str) -> int | None:
 # -- the request -------------------------------------------------------------------------------------
 
 
-class _Invalid(Exception):
-    """A field out of its domain: 422 with FastAPI's ``detail`` shape, as SandboxFusion's FastAPI answers."""
-
-    def __init__(self, loc: list[str | int], message: str) -> None:
-        super().__init__(message)
-        self.loc = loc
-        self.message = message
-
-    def detail(self) -> list[dict[str, object]]:
-        return [{"loc": ["body", *self.loc], "msg": self.message, "type": "value_error"}]
-
-
 def parse_run_code(body: bytes) -> RunCode:
-    """Check a ``/run_code`` body (blocking: run it off the event loop); raises ``_Invalid`` saying where."""
+    """Check a ``/run_code`` body (blocking: run it off the event loop); raises ``BodyInvalid`` saying where."""
     try:
         raw = json.loads(body)
     except (ValueError, RecursionError) as exc:  # bad JSON, bad UTF-8, an integer of too many digits, nesting
-        raise _Invalid([], f"not a JSON object: {str(exc)[:200]}") from None
+        raise BodyInvalid([], f"not a JSON object: {str(exc)[:200]}") from None
     if not isinstance(raw, dict):
-        raise _Invalid([], "the body must be a JSON object")
+        raise BodyInvalid([], "the body must be a JSON object")
     unknown = sorted(set(raw) - _FIELDS)
     if unknown:
         # SandboxFusion's model ignores them; naming them here catches a misspelt bound (memory_limit_mb).
-        raise _Invalid([str(unknown[0])[:100]], f"unknown field; known: {', '.join(sorted(_FIELDS))}")
+        raise BodyInvalid([str(unknown[0])[:100]], f"unknown field; known: {', '.join(sorted(_FIELDS))}")
     language = raw.get("language")
     if language not in LANGUAGES:
-        raise _Invalid(["language"], f"farm runs {' and '.join(LANGUAGES)}, not {str(language)[:50]!r}")
+        raise BodyInvalid(["language"], f"farm runs {' and '.join(LANGUAGES)}, not {str(language)[:50]!r}")
     code = _text(raw, "code", required=True)
     assert code is not None
     stdin = _text(raw, "stdin")
@@ -443,26 +428,26 @@ def parse_run_code(body: bytes) -> RunCode:
     compile_timeout = _seconds(raw, "compile_timeout", MAX_COMPILE_TIMEOUT_S)
     memory = raw.get("memory_limit_MB", -1)
     if isinstance(memory, bool) or not isinstance(memory, int) or memory > MAX_MEMORY_MB or memory < -(1 << 31):
-        raise _Invalid(["memory_limit_MB"], f"an integer of megabytes up to {MAX_MEMORY_MB} "
+        raise BodyInvalid(["memory_limit_MB"], f"an integer of megabytes up to {MAX_MEMORY_MB} "
                                             "(0 or less: farm's default bound)")
     files_raw = raw.get("files", {})
     if not isinstance(files_raw, dict) or len(files_raw) > MAX_FILES:
-        raise _Invalid(["files"], f"an object of at most {MAX_FILES} paths to base64 content")
+        raise BodyInvalid(["files"], f"an object of at most {MAX_FILES} paths to base64 content")
     files: dict[str, bytes] = {}
     for path, content in files_raw.items():
         _path(["files", path[:200]], path)
         if content is None:
             continue  # SandboxFusion writes only string contents
         if not isinstance(content, str):
-            raise _Invalid(["files", path[:200]], "base64 content as a string")
+            raise BodyInvalid(["files", path[:200]], "base64 content as a string")
         try:
             files[path] = base64.b64decode(content, validate=True)
         except (binascii.Error, ValueError):
-            raise _Invalid(["files", path[:200]], "not valid base64") from None
+            raise BodyInvalid(["files", path[:200]], "not valid base64") from None
     _fits(files)
     fetch_raw = raw.get("fetch_files", [])
     if not isinstance(fetch_raw, list) or len(fetch_raw) > MAX_FILES:
-        raise _Invalid(["fetch_files"], f"a list of at most {MAX_FILES} paths")
+        raise BodyInvalid(["fetch_files"], f"a list of at most {MAX_FILES} paths")
     for i, path in enumerate(fetch_raw):
         _path(["fetch_files", i], path)
     return RunCode(language=language, code=code, stdin=stdin, run_timeout_s=run_timeout,
@@ -477,9 +462,9 @@ def _fits(files: Mapping[str, bytes]) -> None:
     dirs = {str(parent) for path in files for parent in PurePosixPath(path).parents if str(parent) != "."}
     clash = sorted(dirs & {str(PurePosixPath(p)) for p in files})
     if clash:
-        raise _Invalid(["files", clash[0][:200]], "both a file and another file's directory")
+        raise BodyInvalid(["files", clash[0][:200]], "both a file and another file's directory")
     if len(dirs) + len(files) > DEFAULT_POLICY.disk_inodes // 2:
-        raise _Invalid(["files"], f"at most {DEFAULT_POLICY.disk_inodes // 2} files and directories together")
+        raise BodyInvalid(["files"], f"at most {DEFAULT_POLICY.disk_inodes // 2} files and directories together")
 
 
 def _text(raw: dict[str, Any], name: str, *, required: bool = False) -> bytes | None:
@@ -487,35 +472,35 @@ def _text(raw: dict[str, Any], name: str, *, required: bool = False) -> bytes | 
     if value is None and not required:
         return None
     if not isinstance(value, str):
-        raise _Invalid([name], "a string" + ("" if required else " or null"))
+        raise BodyInvalid([name], "a string" + ("" if required else " or null"))
     try:
         return value.encode("utf-8")
     except UnicodeEncodeError:
-        raise _Invalid([name], "not valid UTF-8 (a lone surrogate)") from None
+        raise BodyInvalid([name], "not valid UTF-8 (a lone surrogate)") from None
 
 
 def _seconds(raw: dict[str, Any], name: str, ceiling: float) -> float:
     value = raw.get(name, 10)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
             or not 0 < value <= ceiling:
-        raise _Invalid([name], f"seconds, more than 0 and at most {ceiling:g}")
+        raise BodyInvalid([name], f"seconds, more than 0 and at most {ceiling:g}")
     return float(value)
 
 
 def _path(loc: list[str | int], path: object) -> None:
     """A path inside the scratch directory: relative, no ``..``, no NUL, not one of this module's own names."""
     if not isinstance(path, str) or not path or len(path) > MAX_PATH_CHARS or "\0" in path:
-        raise _Invalid(loc, f"a non-empty path of at most {MAX_PATH_CHARS} characters")
+        raise BodyInvalid(loc, f"a non-empty path of at most {MAX_PATH_CHARS} characters")
     parts = PurePosixPath(path).parts
     if path.startswith("/") or not parts or any(p in ("..", ".") for p in path.split("/") if p) \
             or path.endswith("/"):
-        raise _Invalid(loc, "a relative path inside the scratch directory, without '..'")
+        raise BodyInvalid(loc, "a relative path inside the scratch directory, without '..'")
     if parts[0] in _RESERVED:
-        raise _Invalid(loc, f"{parts[0]!r} is where farm puts the code or stdin")
+        raise BodyInvalid(loc, f"{parts[0]!r} is where farm puts the code or stdin")
     try:
         path.encode("utf-8")
     except UnicodeEncodeError:
-        raise _Invalid(loc, "not valid UTF-8 (a lone surrogate)") from None
+        raise BodyInvalid(loc, "not valid UTF-8 (a lone surrogate)") from None
 
 
 # -- replies -----------------------------------------------------------------------------------------
