@@ -222,7 +222,7 @@ class BodyInvalid(BadRequest, ValueError):
 
 
 class AtroposInvalid(BodyInvalid):
-    """An Atropos request that does not hold together."""
+    """An Atropos request that does not hold together. Never retried: the same body is refused again."""
 
     retried = False
 
