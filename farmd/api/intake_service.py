@@ -172,13 +172,12 @@ class IntakeService(intake_pb2_grpc.IntakeServiceServicer):
             if name != caller.name and not caller.sees_all:
                 raise NotFound(f"no contributor {name!r}")
             found = await self._funnel.contributor(name)
-            trust = found["trust"]
-            states = found["states"]
+            trust, row, states = found.trust, found.row, found.row.states
             contributor = intake_pb2.Contributor(
-                name=name, reputation=found["reputation"], trust=trust.name, tanked=found["tanked"], seeds=trust.seeds,
+                name=name, reputation=row.reputation, trust=trust.name, tanked=row.tanked, seeds=trust.seeds,
                 attack_budget=trust.attack_budget, max_payout=trust.max_payout, submitted=sum(states.values()),
                 accepted=states.get("approved", 0) + states.get("quarantined", 0), rejected=states.get("rejected", 0),
-                paid=found["paid"], ledger=_ledger_pb(found["ledger"], found["reputation"]))
+                paid=row.paid, ledger=_ledger_pb(found.ledger, row.reputation))
             return intake_pb2.GetContributorResponse(contributor=contributor)
         return await guarded(context, call)
 
@@ -187,11 +186,11 @@ class IntakeService(intake_pb2_grpc.IntakeServiceServicer):
         async def call() -> intake_pb2.GetFunnelResponse:
             figures = await self._funnel.figures()
             reply = intake_pb2.GetFunnelResponse(
-                states=figures["states"], tiers=[self._cost_pb(c) for c in figures["tiers"]],
-                accepted=figures["accepted"], payouts_usd=figures["payouts_usd"], total_usd=figures["total_usd"])
-            if figures["usd_per_accepted"] is not None:
-                reply.usd_per_accepted = figures["usd_per_accepted"]
-                reply.per_accepted.CopyFrom(self._cost_pb(figures["per_accepted"]))
+                states=figures.states, tiers=[self._cost_pb(c) for c in figures.tiers],
+                accepted=figures.accepted, payouts_usd=figures.payouts_usd, total_usd=figures.total_usd)
+            if figures.usd_per_accepted is not None and figures.per_accepted is not None:
+                reply.usd_per_accepted = figures.usd_per_accepted
+                reply.per_accepted.CopyFrom(self._cost_pb(figures.per_accepted))
             return reply
         return await guarded(context, call)
 

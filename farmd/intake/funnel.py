@@ -32,7 +32,6 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from farmd.errors import (
     BadRequest,
@@ -57,7 +56,15 @@ from farmd.intake.settings import IntakeConfig
 from farmd.intake.tier2 import run_tier2
 from farmd.sandbox import Sandbox
 from farmd.store import Store
-from farmd.store.intake import BountyRow, CanaryRow, CostRow, FindingRow, SubmissionRow
+from farmd.store.intake import (
+    BountyRow,
+    CanaryRow,
+    ContributorRow,
+    CostRow,
+    FindingRow,
+    LedgerRow,
+    SubmissionRow,
+)
 from farmd.taskbank import CHECK_HORIZON, SeedSequence
 from farmd.text import bounded
 from farmd.verifier import VerifierKey
@@ -95,6 +102,29 @@ def _row(f: Finding, tier: int) -> FindingRow:
 
 def _cost(tier: int, calls: Sequence[Call], tokens: int = 0) -> CostRow:
     return CostRow(tier, sum(c.cpu_s for c in calls), sum(c.wall_s for c in calls), len(calls), tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """A contributor as the funnel answers for them: their rows, the trust those earn, their ledger newest first."""
+
+    row: ContributorRow
+    trust: reputation.Trust
+    ledger: list[LedgerRow]
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """The funnel's arithmetic: submissions by state, checking cost per tier, what accepting an environment cost
+    (every submission's checking and every payout, over the environments accepted; None before the first)."""
+
+    states: dict[str, int]
+    tiers: list[CostRow]
+    accepted: int
+    payouts_usd: float
+    total_usd: float
+    usd_per_accepted: float | None
+    per_accepted: CostRow | None
 
 
 class Funnel:
@@ -470,15 +500,15 @@ class Funnel:
 
     async def standing(self, name: str) -> reputation.Trust:
         found = await self._records.contributor(name)
-        rep, tanked = (found["reputation"], found["tanked"]) if found else (0.0, False)
+        rep, tanked = (found.reputation, found.tanked) if found else (0.0, False)
         return reputation.trust(rep, tanked, self.config)
 
-    async def contributor(self, name: str) -> dict[str, Any]:
+    async def contributor(self, name: str) -> Standing:
         found = await self._records.contributor(name)
         if found is None:
             raise NotFound(f"no contributor {name!r}")
-        standing = reputation.trust(found["reputation"], found["tanked"], self.config)
-        return {**found, "trust": standing, "ledger": await self._records.ledger(name)}
+        return Standing(row=found, trust=reputation.trust(found.reputation, found.tanked, self.config),
+                        ledger=await self._records.ledger(name))
 
     async def credit_sound(self) -> int:
         """Credit every accepted version that has served ``sound_after`` trajectories unquarantined; once each."""
@@ -584,7 +614,7 @@ class Funnel:
         if not bounty.open:
             raise FailedPrecondition(f"bounty {bounty_id} has all the environments it wanted", reason="BOUNTY_CLOSED")
         found = await self._records.contributor(contributor)
-        rep, tanked = (found["reputation"], found["tanked"]) if found else (0.0, False)
+        rep, tanked = (found.reputation, found.tanked) if found else (0.0, False)
         standing = reputation.trust(rep, tanked, self.config)
         if rep < bounty.min_reputation or bounty.payout_max > standing.max_payout:
             raise Forbidden(f"bounty {bounty_id} needs reputation {bounty.min_reputation:g} and pays up to "
@@ -596,25 +626,25 @@ class Funnel:
 
     # -- the funnel's figures ------------------------------------------------------------------------------
 
-    async def figures(self) -> dict[str, Any]:
+    async def figures(self) -> Figures:
         """Submissions by state, cost per tier and per accepted environment (the seed document's arithmetic:
         every submission's checking cost and every payout, over the environments accepted)."""
         raw = await self._records.funnel()
-        tiers: list[CostRow] = raw["tiers"]
+        tiers = raw.tiers
         total = CostRow(0)
         for cost in tiers:
             total = total + cost
         total.tier = 0
         checking_usd = sum(self.prices.usd(c) for c in tiers)
-        total_usd = checking_usd + raw["payouts_usd"]
-        accepted = raw["accepted"]
+        total_usd = checking_usd + raw.payouts_usd
+        accepted = raw.accepted
         per = None
         if accepted:
             per = CostRow(0, total.box_cpu_s / accepted, total.box_wall_s / accepted, round(total.box_calls / accepted),
                           round(total.attacker_tokens / accepted), total.review_s / accepted)
-        return {"states": raw["states"], "tiers": tiers, "accepted": accepted, "payouts_usd": raw["payouts_usd"],
-                "total_usd": total_usd, "usd_per_accepted": total_usd / accepted if accepted else None,
-                "per_accepted": per}
+        return Figures(states=raw.states, tiers=tiers, accepted=accepted, payouts_usd=raw.payouts_usd,
+                       total_usd=total_usd, usd_per_accepted=total_usd / accepted if accepted else None,
+                       per_accepted=per)
 
 
 def _first_blocking(findings: Sequence[FindingRow]) -> FindingRow | None:

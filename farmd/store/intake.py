@@ -90,6 +90,29 @@ class SubmissionRow:
         return f"contrib:{self.name}@{self.version}"
 
 
+@dataclass(frozen=True, slots=True)
+class ContributorRow:
+    """A contributor as the rows say: tanked for good or not, reputation (the ledger's sum), submissions by state,
+    and what they were paid."""
+
+    name: str
+    tanked: bool
+    reputation: float
+    states: dict[str, int]
+    paid: float
+
+
+@dataclass(frozen=True, slots=True)
+class FunnelRow:
+    """The funnel as the rows say: submissions by state, checking cost per tier, versions accepted (quarantined
+    ones too: they were accepted first), and every payout together."""
+
+    states: dict[str, int]
+    tiers: list[CostRow]
+    accepted: int
+    payouts_usd: float
+
+
 @dataclass
 class LedgerRow:
     seq: int
@@ -312,7 +335,7 @@ class IntakeRecords:
         return await self._db.one("SELECT 1 FROM ledger WHERE contributor=? AND substr(reason, 1, ?) = ?",
                                   (contributor, len(reason), reason)) is not None
 
-    async def contributor(self, name: str) -> dict[str, Any] | None:
+    async def contributor(self, name: str) -> ContributorRow | None:
         row = await self._db.one("SELECT tanked, created_at FROM contributors WHERE name=?", (name,))
         if row is None:
             return None
@@ -320,8 +343,8 @@ class IntakeRecords:
         counts = dict(await self._db.all("SELECT state, COUNT(*) FROM submissions WHERE contributor=? "
                                          "GROUP BY state", (name,)))
         paid = await self._db.one("SELECT COALESCE(SUM(usd), 0) FROM payouts WHERE contributor=?", (name,))
-        return {"name": name, "tanked": bool(row[0]), "reputation": float(rep[0]), "states": counts,
-                "paid": float(paid[0])}
+        return ContributorRow(name=name, tanked=bool(row[0]), reputation=float(rep[0]),
+                              states={str(k): int(v) for k, v in counts.items()}, paid=float(paid[0]))
 
     async def ledger(self, contributor: str, limit: int = 200) -> list[LedgerRow]:
         """Newest first."""
@@ -371,7 +394,7 @@ class IntakeRecords:
 
     # -- the funnel as a whole ---------------------------------------------------------------------
 
-    async def funnel(self) -> dict[str, Any]:
+    async def funnel(self) -> FunnelRow:
         states = dict(await self._db.all("SELECT state, COUNT(*) FROM submissions GROUP BY state"))
         tiers = [CostRow(int(t), float(c), float(w), int(n), int(k), float(r)) for t, c, w, n, k, r in
                  await self._db.all(
@@ -380,8 +403,8 @@ class IntakeRecords:
         # A quarantined version was accepted first: what it cost is part of what acceptance cost.
         accepted = await self._db.one("SELECT COUNT(*) FROM submissions WHERE state IN ('approved', 'quarantined')")
         payouts = await self._db.one("SELECT COALESCE(SUM(usd), 0) FROM payouts")
-        return {"states": {str(k): int(v) for k, v in states.items()}, "tiers": tiers, "accepted": int(accepted[0]),
-                "payouts_usd": float(payouts[0])}
+        return FunnelRow(states={str(k): int(v) for k, v in states.items()}, tiers=tiers, accepted=int(accepted[0]),
+                         payouts_usd=float(payouts[0]))
 
     # -- quarantine and withdrawals ----------------------------------------------------------------
 

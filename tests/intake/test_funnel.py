@@ -4,6 +4,7 @@ it, with the finding that names what is wrong; reputation, bounties and quaranti
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -132,13 +133,13 @@ async def test_an_approved_version_is_served_and_its_bounty_paid(intake: Intake)
     assert intake.served.now == {"contrib:word-count@1.0.0"}
     assert [c.review_s for c in done.costs if c.tier == 3] == [720]
     standing = await f.contributor("ada")
-    assert standing["reputation"] == reputation.ACCEPTED
-    assert standing["paid"] == 87.5, "the floor, and the range times the share of mutants killed"
+    assert standing.row.reputation == reputation.ACCEPTED
+    assert standing.row.paid == 87.5, "the floor, and the range times the share of mutants killed"
     [paid] = await f.bounties()
     assert paid.accepted == 1 and not paid.open
     figures = await f.figures()
-    assert figures["accepted"] == 1 and figures["payouts_usd"] == 87.5
-    assert figures["usd_per_accepted"] == pytest.approx(87.5 + 1 / 3600 * CHEAP.box_cpu_hour_usd + 0.2 * 60)
+    assert figures.accepted == 1 and figures.payouts_usd == 87.5
+    assert figures.usd_per_accepted == pytest.approx(87.5 + 1 / 3600 * CHEAP.box_cpu_hour_usd + 0.2 * 60)
 
 
 WORD_COUNT_BAD = {
@@ -207,7 +208,7 @@ async def test_a_bad_answer_environment_is_rejected_at_tier_1(intake: Intake, tm
     assert (sub.state, sub.tier) == ("rejected", tier), sub.detail
     assert check in {x.check for x in sub.findings if x.blocking}, [str(x) for x in sub.findings]
     assert sub.detail.startswith(f"rejected at tier {tier}")
-    ledger = (await intake.funnel.contributor("ada"))["ledger"]
+    ledger = (await intake.funnel.contributor("ada")).ledger
     assert [r.delta for r in ledger] == [reputation.REJECTED_TIER1]
     assert not intake.served.ever
 
@@ -274,8 +275,8 @@ async def test_a_planted_exploit_tanks_its_author_and_sends_their_other_versions
     planted = await placed(intake, tarball(EXAMPLE, version="1.2.0"), "in_review")
     await f.review(planted.id, "rita", approve=False, planted=True, note="accepts any answer ending in ' please'")
     standing = await f.contributor("ada")
-    assert standing["tanked"] and standing["trust"].name == "tanked" and standing["trust"].max_payout == 0
-    assert standing["ledger"][0].reason.endswith("for a planted exploit")
+    assert standing.row.tanked and standing.trust.name == "tanked" and standing.trust.max_payout == 0
+    assert standing.ledger[0].reason.endswith("for a planted exploit")
     again = [await f.submission(first.id), await f.submission(second.id)]
     assert all(s.state == "checking" and s.rounds == 2 and s.seeds == CHEAP.seeds[0] for s in again), \
         "back for full review, from tier 1"
@@ -294,9 +295,9 @@ async def test_a_quarantine_stops_serving_and_costs_reputation(intake: Intake) -
     quarantined, withdrawn = await f.quarantine(sub.id, "redteam", "a new exploit earns reward")
     assert quarantined.state == "quarantined" and withdrawn == 0
     assert not intake.served.now
-    ledger = (await f.contributor("ada"))["ledger"]
+    ledger = (await f.contributor("ada")).ledger
     assert [r.delta for r in ledger] == [reputation.QUARANTINED, reputation.ACCEPTED]
-    assert json.dumps(await f.figures(), default=str)
+    assert json.dumps(dataclasses.asdict(await f.figures()))
 
 
 async def test_an_accepted_version_that_serves_soundly_earns_reputation_once(intake: Intake) -> None:
@@ -316,8 +317,8 @@ async def test_an_accepted_version_that_serves_soundly_earns_reputation_once(int
     assert await sound.credit_sound() == 1
     assert await sound.credit_sound() == 0, "once"
     standing = await f.contributor("ada")
-    assert standing["reputation"] == reputation.ACCEPTED + reputation.PROVED_SOUND
-    assert standing["ledger"][0].reason.startswith(f"{sub.env} proved sound over 2 trajectories")
+    assert standing.row.reputation == reputation.ACCEPTED + reputation.PROVED_SOUND
+    assert standing.ledger[0].reason.startswith(f"{sub.env} proved sound over 2 trajectories")
 
 
 async def test_an_accepted_version_is_attacked_again_when_the_library_grows_and_quarantined_if_it_falls(

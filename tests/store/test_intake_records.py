@@ -58,7 +58,7 @@ async def test_the_ledger_only_grows_and_a_tank_is_for_good(store: Store) -> Non
     await store.intake.credit("ada", -1000, "planted", tank=True)
     await store.intake.credit("ada", 10, "accepted again")
     found = await store.intake.contributor("ada")
-    assert found is not None and found["tanked"] and found["reputation"] == -980
+    assert found is not None and found.tanked and found.reputation == -980
     assert [r.reason for r in await store.intake.ledger("ada")] == ["accepted again", "planted", "accepted"]
 
 
