@@ -258,10 +258,13 @@ class ReplicaSet:
         replica.why = why
         replica.label = None
         replica._cut += 1
-        for task in list(replica._tasks):
+        me = asyncio.current_task()
+        # A request whose own failure this is goes on to its retry: cut, it would end there, as cancelled.
+        cut = [task for task in replica._tasks if task is not me]
+        for task in cut:
             task.cancel()
         log.warning("endpoint %s: %s taken out: %s; %d request(s) in flight go to another replica", self.name,
-                    replica.url, why, len(replica._tasks),
+                    replica.url, why, len(cut),
                     extra={"event": "replica_down", "endpoint": self.name, "url": replica.url})
         self._changed()
 

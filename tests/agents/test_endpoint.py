@@ -24,6 +24,7 @@ from farmd.agents import (
 )
 from farmd.agents.chat import ANSWER_NOW
 from farmd.agents.endpoint import base_url
+from farmd.agents.replicas import HealthConfig
 from farmd.envs import get
 from farmd.envs.base import Attempt, Task, VerifyContext
 from farmd.records import ChatMessage
@@ -238,6 +239,19 @@ async def test_nobody_listening_is_an_endpoint_error() -> None:
     with pytest.raises(EndpointError, match="cannot connect"):
         async with agent(f"http://127.0.0.1:{port}/v1", max_attempts=2) as a:
             await a.attempt(task, None, 0)
+
+
+async def test_a_request_whose_own_failure_takes_its_server_out_still_ends_as_an_endpoint_error() -> None:
+    """The failure that takes a replica out cuts the requests in flight on it, but not the one that failed: it
+    is retried as any failure is. Cut too, it ended its job as cancelled, with no failure reported, and the job
+    waited out its lease."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for _ in range(5):  # the request's failure or the first health check's takes the server out: either way
+        with pytest.raises(EndpointError, match=r"cannot connect|none of the endpoint's 1 servers is up"):
+            async with agent(f"http://127.0.0.1:{port}/v1", max_attempts=3, health=HealthConfig(failures=1)) as a:
+                await a.attempt(SAY_HI, None, 0)
 
 
 @pytest.mark.clocked

@@ -149,7 +149,11 @@ def test_results_finished_while_the_coordinator_was_down_arrive_after_it_restart
     time.sleep(5)  # past a lease: the restarted coordinator must still take what was finished meanwhile
     farm = running_farm("--workers", "0", "--config", toml, data_dir=farm.data_dir, listen=listen)
     with FarmClient(farm.addr) as client:
-        done = wait_for(lambda: finished(client, run["id"]), 120, "the run")
+        try:  # within the test's own timeout, so that what both sides say is in the failure
+            done = wait_for(lambda: finished(client, run["id"]), 80, "the run")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {client.get_run(run['id'])}\n--- the node's log:\n{node.text()[-6000:]}\n"
+                                 f"--- the coordinator's log:\n{farm.log.read_text()[-6000:]}") from None
         assert (done["done"], done["failed"]) == (24, 0)
         stored = landed(client, "kernel")
         assert len(stored) == 24 and set(stored.values()) == {1}
