@@ -40,7 +40,7 @@ from typing import Any
 
 import uvloop
 from farm.v1 import farm_pb2, node_pb2, trajectory_pb2
-from farm_client.convert import to_message
+from farm_client.convert import duration, seconds, to_message
 
 from farmd.agents import make_agent
 from farmd.envs import VerifyContext, get
@@ -158,7 +158,7 @@ class SimNode:
         await self.link.welcomed.wait()
         assert self.link.welcome is not None
         welcome = self.link.welcome
-        heartbeat_s = min(welcome.lease_s, 3 * welcome.heartbeat_s) / 3
+        heartbeat_s = min(seconds(welcome.lease), 3 * seconds(welcome.heartbeat_every)) / 3
         self._tasks += [loop.create_task(self._lease_loop()), loop.create_task(self._flush_loop()),
                         loop.create_task(self._heartbeat_loop(heartbeat_s))]
 
@@ -201,7 +201,7 @@ class SimNode:
             return []
         t0 = time.perf_counter()
         try:
-            reply = await self.link.request(lease=node_pb2.LeaseRequest(n=n, wait_s=LEASE_WAIT_S))
+            reply = await self.link.request(lease=node_pb2.LeaseRequest(n=n, wait=duration(LEASE_WAIT_S)))
         except (LinkDown, RequestFailed) as exc:
             self._error(f"lease: {exc}")
             return []

@@ -55,7 +55,7 @@ class SdistWithProtos(sdist):
         root = _protos()
         target = Path(base_dir) / "protos"
         if root != target.resolve():
-            for package in ("farm", "google"):  # google/rpc/status.proto: farm.proto imports it
+            for package in ("farm", "google"):  # google/rpc/status.proto, google/type/money.proto: imported
                 shutil.copytree(root / package, target / package, dirs_exist_ok=True)
 
 

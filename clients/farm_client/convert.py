@@ -25,9 +25,10 @@ import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from google.protobuf import json_format, struct_pb2
+from google.protobuf import duration_pb2, json_format, struct_pb2
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
+from google.type import money_pb2
 
 R = TypeVar("R")
 M = TypeVar("M", bound=Message)
@@ -105,6 +106,29 @@ def seconds(value: Any) -> float:
     """A Timestamp or Duration as float seconds (whole seconds and nanos apart: ``ToNanoseconds() / 1e9``
     rounds an epoch time's last digits away)."""
     return float(value.seconds) + float(value.nanos) / 1e9
+
+
+def duration(value: float) -> duration_pb2.Duration:
+    """``value`` seconds as a Duration (the API's times are Durations, never seconds in a double)."""
+    out = duration_pb2.Duration()
+    _set_seconds(out, value)
+    return out
+
+
+def money(usd: float) -> money_pb2.Money:
+    """``usd`` dollars as a google.type.Money: exact to the nano-dollar, so a box's fraction of a cent is kept."""
+    units = math.trunc(usd)
+    nanos = round((usd - units) * 1e9)
+    if abs(nanos) >= 1_000_000_000:  # rounding carried into the next dollar
+        units, nanos = units + (1 if nanos > 0 else -1), 0
+    return money_pb2.Money(currency_code="USD", units=units, nanos=nanos)
+
+
+def dollars(value: money_pb2.Money) -> float:
+    """A google.type.Money in US dollars (farm's money is in USD: another currency is a ValueError)."""
+    if value.currency_code not in ("", "USD"):
+        raise ValueError(f"an amount in {value.currency_code[:8]!r}: farm's money is in USD")
+    return float(value.units) + value.nanos / 1e9
 
 
 def _set_seconds(message: Any, value: float) -> None:

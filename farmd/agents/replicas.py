@@ -233,6 +233,11 @@ class ReplicaSet:
             if isinstance(exc, httpx.ConnectError):
                 why = f"cannot connect to it: {why}"
         if not alive:
+            if replica.up and not replica.open.is_set():
+                # Busy loading the weights farmd sent it (vLLM's engine answers nothing meanwhile): not dead. Taken
+                # out, it would be loaded once more on its return, and a request across that second load stamped 0.
+                # A server that died meanwhile fails the load itself, and its checks count again after.
+                return
             self._failed(replica, f"its health check failed ({why})")
             return
         replica.failures = 0

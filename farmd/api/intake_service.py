@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 from farm.v1 import intake_pb2, intake_pb2_grpc
+from farm_client.convert import dollars, duration, money, seconds
 
 from farmd.api.auth import OPERATOR, REVIEWER, credential_for
 from farmd.api.budget import Budgets
@@ -122,7 +123,7 @@ class IntakeService(intake_pb2_grpc.IntakeServiceServicer):
         async def call() -> intake_pb2.ReviewSubmissionResponse:
             caller = self._caller(context)
             sub = await self._funnel.review(request.id, caller.name, approve=request.approve, note=request.note,
-                                            planted=request.planted, minutes=request.minutes)
+                                            planted=request.planted, minutes=seconds(request.review_time) / 60)
             return intake_pb2.ReviewSubmissionResponse(submission=self._submission_pb(sub))
         return await guarded(context, call)
 
@@ -150,8 +151,9 @@ class IntakeService(intake_pb2_grpc.IntakeServiceServicer):
         async def call() -> intake_pb2.PostBountyResponse:
             caller = self._caller(context)
             bounty = await self._funnel.post_bounty(
-                caller.name, domain=request.domain, requirements=request.requirements, payout_min=request.payout_min,
-                payout_max=request.payout_max, wanted=request.wanted, min_reputation=request.min_reputation)
+                caller.name, domain=request.domain, requirements=request.requirements,
+                payout_min=dollars(request.pay_min), payout_max=dollars(request.pay_max),
+                wanted=request.wanted, min_reputation=request.min_reputation)
             return intake_pb2.PostBountyResponse(bounty=_bounty_pb(bounty))
         return await guarded(context, call)
 
@@ -175,9 +177,9 @@ class IntakeService(intake_pb2_grpc.IntakeServiceServicer):
             trust, row, states = found.trust, found.row, found.row.states
             contributor = intake_pb2.Contributor(
                 name=name, reputation=row.reputation, trust=trust.name, tanked=row.tanked, seeds=trust.seeds,
-                attack_budget=trust.attack_budget, max_payout=trust.max_payout, submitted=sum(states.values()),
+                attack_budget=trust.attack_budget, bounty_cap=money(trust.max_payout), submitted=sum(states.values()),
                 accepted=states.get("approved", 0) + states.get("quarantined", 0), rejected=states.get("rejected", 0),
-                paid=row.paid, ledger=_ledger_pb(found.ledger, row.reputation))
+                total_paid=money(row.paid), ledger=_ledger_pb(found.ledger, row.reputation))
             return intake_pb2.GetContributorResponse(contributor=contributor)
         return await guarded(context, call)
 
@@ -187,9 +189,10 @@ class IntakeService(intake_pb2_grpc.IntakeServiceServicer):
             figures = await self._funnel.figures()
             reply = intake_pb2.GetFunnelResponse(
                 states=figures.states, tiers=[self._cost_pb(c) for c in figures.tiers],
-                accepted=figures.accepted, payouts_usd=figures.payouts_usd, total_usd=figures.total_usd)
+                accepted=figures.accepted, payouts=money(figures.payouts_usd),
+                total_cost=money(figures.total_usd))
             if figures.usd_per_accepted is not None and figures.per_accepted is not None:
-                reply.usd_per_accepted = figures.usd_per_accepted
+                reply.cost_per_accepted.CopyFrom(money(figures.usd_per_accepted))
                 reply.per_accepted.CopyFrom(self._cost_pb(figures.per_accepted))
             return reply
         return await guarded(context, call)
@@ -213,9 +216,9 @@ class IntakeService(intake_pb2_grpc.IntakeServiceServicer):
     # -- messages ----------------------------------------------------------------------------------
 
     def _cost_pb(self, cost: CostRow) -> intake_pb2.TierCost:
-        return intake_pb2.TierCost(tier=cost.tier, box_cpu_s=cost.box_cpu_s, box_wall_s=cost.box_wall_s,
+        return intake_pb2.TierCost(tier=cost.tier, box_cpu=duration(cost.box_cpu_s), box_wall=duration(cost.box_wall_s),
                                    box_calls=cost.box_calls, attacker_tokens=cost.attacker_tokens,
-                                   review_s=cost.review_s, usd=self._funnel.prices.usd(cost))
+                                   review=duration(cost.review_s), cost=money(self._funnel.prices.usd(cost)))
 
     def _submission_pb(self, sub: SubmissionRow) -> intake_pb2.Submission:
         message = intake_pb2.Submission(
@@ -248,10 +251,10 @@ def _state_name(value: int) -> str | None:
 
 
 def _bounty_pb(b: BountyRow) -> intake_pb2.Bounty:
-    message = intake_pb2.Bounty(id=b.id, domain=b.domain, requirements=b.requirements, payout_min=b.payout_min,
-                                payout_max=b.payout_max, wanted=b.wanted, min_reputation=b.min_reputation,
-                                accepted=b.accepted, claimants=b.claimants, open=b.open, posted_by=b.posted_by,
-                                paid=b.paid)
+    message = intake_pb2.Bounty(id=b.id, domain=b.domain, requirements=b.requirements,
+                                pay_min=money(b.payout_min), pay_max=money(b.payout_max),
+                                wanted=b.wanted, min_reputation=b.min_reputation, accepted=b.accepted,
+                                claimants=b.claimants, open=b.open, posted_by=b.posted_by, total_paid=money(b.paid))
     _ts(message, "created_at", b.created_at)
     return message
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 from farm.v1 import node_pb2, node_pb2_grpc, trajectory_pb2
-from farm_client.convert import from_message
+from farm_client.convert import duration, from_message, seconds
 
 from farmd import domain
 from farmd.api.budget import Budgets, Share
@@ -179,8 +179,8 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
         node = self._nodes.join(hello)
         try:
             yield node_pb2.WorkResponse(reply_to=first.id, welcome=node_pb2.Welcome(
-                name=node.name, version=self._version, lease_s=self._lease_s,
-                heartbeat_s=self._nodes.heartbeat_s, verifier_key=self._key))
+                name=node.name, version=self._version, lease=duration(self._lease_s),
+                heartbeat_every=duration(self._nodes.heartbeat_s), verifier_key=self._key))
             replies: asyncio.Queue[node_pb2.WorkResponse | None] = asyncio.Queue()
             node.closer = lambda: replies.put_nowait(None)  # a quarantine ends the stream at once
             reader = asyncio.get_running_loop().create_task(self._read(node, requests, replies, share))
@@ -244,7 +244,7 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
         nodes = self._nodes
         if kind == "lease":
             try:
-                leased = await self._lease(node, request.lease, request.lease.wait_s)
+                leased = await self._lease(node, request.lease, seconds(request.lease.wait))
             except ValueError as exc:  # not an endpoint's name
                 return node_pb2.WorkResponse(error=f"a lease request: {exc}"[:500])
             return node_pb2.WorkResponse(leased=leased)

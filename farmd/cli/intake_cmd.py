@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 import grpc
 from farm.v1 import intake_pb2, intake_pb2_grpc
+from farm_client.convert import duration, money
 from rich.text import Text
 
 from farmd.cli.common import (
@@ -295,7 +296,7 @@ _MINUTES = click.option("--minutes", type=click.FloatRange(min=0), default=0.0,
 def review_approve(state: CliState, submission_id: int, note: str, minutes: float, as_json: bool) -> None:
     """Approve: the task bank serves it as contrib:NAME@VERSION."""
     request = intake_pb2.ReviewSubmissionRequest(id=submission_id, approve=True, note=_required(note, "--note"),
-                                                 minutes=minutes)
+                                                 review_time=duration(minutes * 60))
     with intake(state) as farm:
         s = farm.review(request)
     emit_json(to_json(s)) if as_json else console().print(submission_line(s))
@@ -312,7 +313,7 @@ def review_reject(state: CliState, submission_id: int, note: str, planted: bool,
                   as_json: bool) -> None:
     """Reject: it never runs in training."""
     request = intake_pb2.ReviewSubmissionRequest(id=submission_id, approve=False, note=_required(note, "--note"),
-                                                 planted=planted, minutes=minutes)
+                                                 planted=planted, review_time=duration(minutes * 60))
     with intake(state) as farm:
         s = farm.review(request)
     emit_json(to_json(s)) if as_json else console().print(submission_line(s))
@@ -368,8 +369,8 @@ def _payout(value: str) -> tuple[float, float]:
         most = float(high) if dash else least
     except ValueError:
         fail(f"--payout: {value[:40]!r} is not MIN-MAX dollars, such as 50-200", EXIT_USAGE, kind="INVALID_ARGUMENT")
-    if not (math.isfinite(least) and math.isfinite(most) and 0 <= least <= most):
-        fail(f"--payout: {value[:40]!r}: MIN and MAX are dollars, 0 <= MIN <= MAX", EXIT_USAGE,
+    if not (math.isfinite(least) and math.isfinite(most) and 0 <= least <= most <= 1_000_000):
+        fail(f"--payout: {value[:40]!r}: MIN and MAX are dollars, 0 <= MIN <= MAX <= 1000000", EXIT_USAGE,
              kind="INVALID_ARGUMENT")
     return least, most
 
@@ -386,8 +387,9 @@ def bounty_post(state: CliState, domain: str, requirements: str, payout: str, wa
                 as_json: bool) -> None:
     """Post a bounty."""
     least, most = _payout(payout)
-    request = intake_pb2.PostBountyRequest(domain=domain, requirements=requirements, payout_min=least,
-                                           payout_max=most, wanted=wanted, min_reputation=min_reputation)
+    request = intake_pb2.PostBountyRequest(domain=domain, requirements=requirements,
+                                           pay_min=money(least), pay_max=money(most),
+                                           wanted=wanted, min_reputation=min_reputation)
     with intake(state) as farm:
         bounty = farm.post_bounty(request)
     emit_json(to_json(bounty)) if as_json else console().print(bounty_line(bounty))

@@ -15,10 +15,11 @@ import typing
 from typing import Any
 
 from farm.v1 import intake_pb2
-from farm_client.convert import enum_prefix, seconds
+from farm_client.convert import dollars, enum_prefix, seconds
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
+from google.type import money_pb2
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -36,6 +37,8 @@ STATES = tuple(v.name.removeprefix(_STATE_PREFIX).lower() for v in intake_pb2.Su
 _STATE_STYLE = {"checking": "yellow", "rejected": "red", "in_review": "cyan", "approved": "green",
                 "quarantined": "magenta"}
 _TIMESTAMP = "google.protobuf.Timestamp"
+_DURATION = "google.protobuf.Duration"
+_MONEY = "google.type.Money"
 _INTS = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
          FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}
 
@@ -47,7 +50,7 @@ def to_json(message: Message) -> dict[str, Any]:
     """``message`` the way farmctl's other ``--json`` output reads: ``MessageToDict`` with proto field names
     and every field present, then 64-bit integers as numbers (not the proto mapping's strings), enums by
     their short lowercase name (``in_review``, as runs have ``succeeded``), times in seconds since the
-    epoch, and an unset optional field or time as null."""
+    epoch, durations in seconds, money in US dollars, and an unset optional field or time as null."""
     plain = MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
     return _fixed(message, plain)
 
@@ -61,8 +64,10 @@ def _enum(enum: EnumDescriptor, number: int) -> str | int:
 
 def _value(fd: FieldDescriptor, value: Any, shown: Any) -> Any:
     if fd.message_type is not None:
-        if fd.message_type.full_name == _TIMESTAMP:
+        if fd.message_type.full_name in (_TIMESTAMP, _DURATION):
             return seconds(value)
+        if fd.message_type.full_name == _MONEY:
+            return dollars(value)
         return _fixed(value, shown)
     if fd.enum_type is not None:
         return _enum(fd.enum_type, value)
@@ -121,8 +126,10 @@ def _block(value: str, indent: str) -> Text:
     return out
 
 
-def _usd(x: float) -> str:
-    return f"${x:,.2f}"
+def _usd(amount: money_pb2.Money) -> str:
+    usd = dollars(amount)
+    # Box time costs fractions of a cent: those with two significant digits, not as $0.00.
+    return f"${usd:.2g}" if 0 < abs(usd) < 0.01 else f"${usd:,.2f}"
 
 
 def mutation(s: intake_pb2.Submission) -> str:
@@ -169,8 +176,8 @@ def costs_table(costs: Any, title: str = "cost per tier") -> Table:
     table = Table("tier", "box CPU s", "box wall s", "box calls", "attacker tokens", "review s", "USD",
                   title=title, title_justify="left")
     for c in costs:
-        table.add_row("all" if c.tier == 0 else str(c.tier), f"{c.box_cpu_s:.1f}", f"{c.box_wall_s:.1f}",
-                      str(c.box_calls), str(c.attacker_tokens), f"{c.review_s:.0f}", _usd(c.usd))
+        table.add_row("all" if c.tier == 0 else str(c.tier), f"{seconds(c.box_cpu):.1f}", f"{seconds(c.box_wall):.1f}",
+                      str(c.box_calls), str(c.attacker_tokens), f"{seconds(c.review):.0f}", _usd(c.cost))
     return table
 
 
@@ -212,7 +219,7 @@ def bounties_table(rows: list[intake_pb2.Bounty]) -> Table:
     table = Table("id", "domain", "payout", "accepted/wanted", "open", "min reputation", "claimants", "posted by",
                   "requirements")
     for b in rows:
-        table.add_row(str(b.id), text(b.domain), f"{_usd(b.payout_min)}-{_usd(b.payout_max)}",
+        table.add_row(str(b.id), text(b.domain), f"{_usd(b.pay_min)}-{_usd(b.pay_max)}",
                       f"{b.accepted}/{b.wanted}", "yes" if b.open else "no", f"{b.min_reputation:g}",
                       joined(list(b.claimants), ", "), text(b.posted_by), text(b.requirements))
     return table
@@ -221,8 +228,8 @@ def bounties_table(rows: list[intake_pb2.Bounty]) -> Table:
 def bounty_line(b: intake_pb2.Bounty) -> Text:
     state = Text("open", "green") if b.open else Text("closed", "yellow")
     return Text.assemble(Text(f"bounty {b.id}", "bold"), " (", text(b.domain), ") ", state,
-                         f": {_usd(b.payout_min)}-{_usd(b.payout_max)} each, {b.accepted}/{b.wanted} accepted, "
-                         f"{_usd(b.paid)} paid, reputation {b.min_reputation:g} to claim; claimed by ",
+                         f": {_usd(b.pay_min)}-{_usd(b.pay_max)} each, {b.accepted}/{b.wanted} "
+                         f"accepted, {_usd(b.total_paid)} paid, reputation {b.min_reputation:g} to claim; claimed by ",
                          joined(list(b.claimants), ", ") if b.claimants else "nobody")
 
 
@@ -233,8 +240,8 @@ def contributor_view(c: intake_pb2.Contributor) -> Group:
         Text.assemble(Text.assemble("contributor ", text(c.name), style="bold"), f": reputation {c.reputation:.2f}, "
                       "trust ", trust),
         Text(f"  scrutiny of their next submission: {c.seeds} seeds per level, {c.attack_budget} attacker proposals"),
-        Text(f"  the most a bounty they may claim pays: {_usd(c.max_payout)}"),
-        Text(f"  submitted {c.submitted}, accepted {c.accepted}, rejected {c.rejected}; paid {_usd(c.paid)}"),
+        Text(f"  the most a bounty they may claim pays: {_usd(c.bounty_cap)}"),
+        Text(f"  submitted {c.submitted}, accepted {c.accepted}, rejected {c.rejected}; paid {_usd(c.total_paid)}"),
     ]
     ledger = Table("seq", "at", "delta", "balance", "submission", "reason", title="ledger (newest first)",
                    title_justify="left")
@@ -251,16 +258,16 @@ def funnel_view(f: intake_pb2.GetFunnelResponse) -> Group:
     known = [s for s in STATES if s in f.states]
     for name in known + sorted(set(f.states) - set(known)):
         states.add_row(text(name.replace("_", " ")), str(f.states[name]))
-    per = _usd(f.usd_per_accepted) if f.HasField("usd_per_accepted") else "- (nothing accepted yet)"
+    per = _usd(f.cost_per_accepted) if f.HasField("cost_per_accepted") else "- (nothing accepted yet)"
     parts: list[RenderableType] = [
         states, costs_table(f.tiers, "cost per tier, over every submission"),
-        Text(f"accepted environments: {f.accepted}; payouts {_usd(f.payouts_usd)}; total {_usd(f.total_usd)} "
+        Text(f"accepted environments: {f.accepted}; payouts {_usd(f.payouts)}; total {_usd(f.total_cost)} "
              f"(every tier of every submission, and the payouts)"),
         Text(f"cost per accepted environment: {per}"),
     ]
     if f.HasField("per_accepted"):
         p = f.per_accepted
-        parts.append(Text(f"  of which the tiers: {p.box_cpu_s:.1f} box CPU s, {p.box_wall_s:.1f} box wall s, "
-                          f"{p.box_calls} box calls, {p.attacker_tokens} attacker tokens, {p.review_s:.0f} review s, "
-                          f"{_usd(p.usd)}"))
+        parts.append(Text(f"  of which the tiers: {seconds(p.box_cpu):.1f} box CPU s, {seconds(p.box_wall):.1f} box wall s, "
+                          f"{p.box_calls} box calls, {p.attacker_tokens} attacker tokens, {seconds(p.review):.0f} review s, "
+                          f"{_usd(p.cost)}"))
     return Group(*parts)

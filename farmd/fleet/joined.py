@@ -22,6 +22,7 @@ from pathlib import Path
 import grpc
 from farm.v1 import farm_pb2, farm_pb2_grpc, intake_pb2, intake_pb2_grpc, node_pb2
 from farm_client.addresses import grpc_target
+from farm_client.convert import seconds
 
 from farmd import __version__
 from farmd.agents.registry import RedTeamFactory
@@ -139,7 +140,8 @@ class JoinedNode:
         welcome = self.link.welcome
         assert welcome is not None
         key = VerifierKey(welcome.verifier_key)
-        lease_s = min(welcome.lease_s, 3 * welcome.heartbeat_s) if welcome.heartbeat_s > 0 else welcome.lease_s
+        lease_s, heartbeat_s = seconds(welcome.lease), seconds(welcome.heartbeat_every)
+        lease_s = min(lease_s, 3 * heartbeat_s) if heartbeat_s > 0 else lease_s
         self.worker = Worker(self.remote, VerifyContext(sandbox=self.sandbox, key=key), slots=self.workers,
                              lease_s=lease_s, node=self.name, metrics=self.metrics, endpoints=config.endpoints,
                              policies=policies, owner=self.owner, envs=self.catalog.get, prepare=self._prepare_env,

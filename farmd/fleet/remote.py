@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterator, Sequence
 
 from farm.v1 import node_pb2, trajectory_pb2
-from farm_client.convert import to_message
+from farm_client.convert import duration, to_message
 
 from farmd.errors import LinkDown, RequestFailed
 from farmd.fleet.link import Link
@@ -79,7 +79,7 @@ class RemoteLeases:
             return []
         try:
             reply = await self._link.request(lease=node_pb2.LeaseRequest(
-                n=n, wait_s=LEASE_WAIT_S, endpoint=endpoint or "", exclude_endpoints=list(exclude)))
+                n=n, wait=duration(LEASE_WAIT_S), endpoint=endpoint or "", exclude_endpoints=list(exclude)))
         except (LinkDown, RequestFailed) as exc:
             log.debug("no lease: %s", exc)
             return []

@@ -234,7 +234,8 @@ def test_a_reload_changes_the_stamp_and_the_greedy_output(
             outputs.append(sampled)
             run, rows = _run(client, "openai:policy@vllm", 8)
             assert run["done"] == 8 and {t.policy_version for t in rows} == {version}, \
-                [t.policy_version for t in rows]
+                ([t.policy_version for t in rows], [line for line in farm.log.read_text().splitlines()
+                                                     if "endpoint" in line or "weight" in line][-30:])
             _, others = _run(client, "openai:other@vllm", 4)
             assert {t.policy_version for t in others} == {0}, "another model on the server took the line's version"
     assert outputs[0] != outputs[1], "two versions gave one greedy output: the reload changed nothing"

@@ -220,6 +220,7 @@ def test_a_review_and_a_quarantine_from_the_page_change_the_submission_in_the_st
              "the submission in the queue")
     bounties = browser.find_elements(By.CSS_SELECTOR, "#bounties-table tbody tr")
     assert len(bounties) == 1 and "counting tasks" in bounties[0].text, "the bounty board"
+    assert "$50.00\u2013$100.00" in bounties[0].text, "its payout, from the API's Money"
     shoot(browser, "intake")
     open_page(browser, farm, f"submission/{sub['id']}", "rita")
     loaded(browser, "submission")

@@ -10,7 +10,7 @@ import time
 
 from farm.v1 import farm_pb2, node_pb2, trajectory_pb2
 from farm_client import FarmClient
-from farm_client.convert import to_message
+from farm_client.convert import duration, to_message
 
 from farmd.agents import make_agent
 from farmd.envs import VerifyContext, get
@@ -44,7 +44,7 @@ def results(jobs: list[node_pb2.LeasedJob], **lease: int) -> node_pb2.ResultsReq
     parts = [node_pb2.ResultPart(job_id=j.id, owner=OWNER, data=record(j), last=True) for j in jobs]
     if not lease:
         return node_pb2.ResultsRequest(parts=parts)
-    return node_pb2.ResultsRequest(parts=parts, lease=node_pb2.LeaseRequest(wait_s=5.0, **lease))
+    return node_pb2.ResultsRequest(parts=parts, lease=node_pb2.LeaseRequest(wait=duration(5.0), **lease))
 
 
 def test_jobs_asked_with_results_come_with_the_reply_within_the_free_slots(running_farm) -> None:  # type: ignore[no-untyped-def]
@@ -54,7 +54,7 @@ def test_jobs_asked_with_results_come_with_the_reply_within_the_free_slots(runni
     node = BareNode(farm.addr)
     try:
         hello(node, capacity=4)
-        held = list(node.ask(lease=node_pb2.LeaseRequest(n=64, wait_s=1.0)).leased.jobs)
+        held = list(node.ask(lease=node_pb2.LeaseRequest(n=64, wait=duration(1.0))).leased.jobs)
         assert len(held) == 4, "capped at its capacity"
         # Two results free two slots: asking for ten gets two, after the two are stored.
         reply = node.ask(results=results(held[:2], n=10)).results
@@ -86,10 +86,10 @@ def test_a_node_that_asks_nothing_with_its_results_leases_as_before(running_farm
     node = BareNode(farm.addr)
     try:
         hello(node, capacity=2)
-        first = list(node.ask(lease=node_pb2.LeaseRequest(n=2, wait_s=1.0)).leased.jobs)
+        first = list(node.ask(lease=node_pb2.LeaseRequest(n=2, wait=duration(1.0))).leased.jobs)
         reply = node.ask(results=results(first)).results
         assert sorted(reply.stored) == sorted(j.id for j in first) and not reply.HasField("leased")
-        second = list(node.ask(lease=node_pb2.LeaseRequest(n=2, wait_s=1.0)).leased.jobs)
+        second = list(node.ask(lease=node_pb2.LeaseRequest(n=2, wait=duration(1.0))).leased.jobs)
         assert len(second) == 2
         assert sorted(node.ask(results=results(second)).results.stored) == sorted(j.id for j in second)
     finally:

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 from farm.v1 import farm_pb2, node_pb2, node_pb2_grpc, trajectory_pb2
 from farm_client import FarmClient
-from farm_client.convert import to_message
+from farm_client.convert import duration, to_message
 
 from farmd.records import PosedTask, Timings, Trajectory, Turn
 
@@ -105,7 +105,7 @@ def test_a_token_its_policy_cannot_sample_is_refused(running_farm) -> None:  # t
     node = BareNode(farm.addr)
     try:
         hello(node)
-        jobs = sorted(node.ask(lease=node_pb2.LeaseRequest(n=64, wait_s=1.0)).leased.jobs, key=lambda j: j.id)
+        jobs = sorted(node.ask(lease=node_pb2.LeaseRequest(n=64, wait=duration(1.0))).leased.jobs, key=lambda j: j.id)
         assert len(jobs) == 2 and all(j.policy_version == 1 for j in jobs)
         inside, past = (Turn(message_index=1, prompt_messages=1, prompt_token_ids=[1, 2], token_ids=[3, token],
                              logprobs=[-0.5, -0.5], has_logprobs=True) for token in (vocab - 1, vocab))
@@ -126,7 +126,7 @@ def test_a_node_s_records_out_of_their_domain_are_refused_and_the_rest_stored(ru
     node = BareNode(farm.addr)
     try:
         hello(node)
-        jobs = sorted(node.ask(lease=node_pb2.LeaseRequest(n=64, wait_s=1.0)).leased.jobs, key=lambda j: j.id)
+        jobs = sorted(node.ask(lease=node_pb2.LeaseRequest(n=64, wait=duration(1.0))).leased.jobs, key=lambda j: j.id)
         assert len(jobs) == 2 * (len(LIES) + 1)
         honest = jobs[:len(jobs) - len(LIES)]
         lying = jobs[len(honest):]

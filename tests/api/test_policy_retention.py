@@ -16,6 +16,7 @@ import grpc
 import pytest
 from farm.v1 import node_pb2
 from farm_client import FarmClient
+from farm_client.convert import duration
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
@@ -133,7 +134,7 @@ def test_a_version_a_node_leased_survives_until_its_jobs_end(running_farm, tmp_p
         node = BareNode(farm.addr)
         try:
             hello(node)
-            jobs = sorted(node.ask(lease=node_pb2.LeaseRequest(n=64, wait_s=1.0)).leased.jobs, key=lambda j: j.id)
+            jobs = sorted(node.ask(lease=node_pb2.LeaseRequest(n=64, wait=duration(1.0))).leased.jobs, key=lambda j: j.id)
             assert len(jobs) == 2 and {j.policy_version for j in jobs} == {version}
             assert {j.policy_sha256 for j in jobs} == {sha(leased)}
             for data in later:

@@ -15,6 +15,7 @@ import grpc
 import pytest
 from click.testing import CliRunner, Result
 from farm.v1 import intake_pb2, intake_pb2_grpc
+from farm_client.convert import duration, money, seconds
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from farmd.cli import intake_cmd
@@ -43,9 +44,10 @@ def canned_submission(text: str = "word-count") -> intake_pb2.Submission:
         findings=[S.Finding(tier=1, check="mutants", evidence=text, fix=text, blocking=False),
                   S.Finding(tier=2, check="exploit:empty-answer", evidence=f"submitted ''\nearned 1.0 {text}",
                             fix="reject an empty answer", blocking=True)],
-        costs=[S.TierCost(tier=1, box_cpu_s=1.5, box_wall_s=2.25, box_calls=12, usd=0.01),
-               S.TierCost(tier=2, box_cpu_s=3.0, attacker_tokens=5 << 33, usd=0.5),
-               S.TierCost(tier=0, box_cpu_s=4.5, box_wall_s=2.25, box_calls=12, attacker_tokens=5 << 33, usd=0.51)],
+        costs=[S.TierCost(tier=1, box_cpu=duration(1.5), box_wall=duration(2.25), box_calls=12, cost=money(0.01)),
+               S.TierCost(tier=2, box_cpu=duration(3.0), attacker_tokens=5 << 33, cost=money(0.5)),
+               S.TierCost(tier=0, box_cpu=duration(4.5), box_wall=duration(2.25), box_calls=12, attacker_tokens=5 << 33,
+                          cost=money(0.51))],
         mutation_share=0.9, mutants=10, mutants_killed=9, seeds=8, attack_budget=20, bounty_id=3, reviewer=text,
         review_note=text, created_at=_at(1_700_000_000.25), trajectories=1 << 40, withdrawn=0, rounds=1)
 
@@ -121,20 +123,20 @@ class CannedIntake(intake_pb2_grpc.IntakeServiceServicer):
     def GetContributor(self, request: Any, context: Any) -> Any:
         return S.GetContributorResponse(contributor=S.Contributor(
             name=request.name or self.text, reputation=1.25, trust=self.text, seeds=8, attack_budget=20,
-            max_payout=100.0, submitted=3, accepted=1, rejected=2, paid=75.0,
+            bounty_cap=money(100.0), submitted=3, accepted=1, rejected=2, total_paid=money(75.0),
             ledger=[S.LedgerEntry(seq=1, delta=1.0, balance=1.0, reason=self.text, submission_id=7, at=_at(1e9)),
                     S.LedgerEntry(seq=2, delta=0.25, balance=1.25, reason="accepted", at=_at(2e9))]))
 
     def GetFunnel(self, request: Any, context: Any) -> Any:
         return S.GetFunnelResponse(states={"checking": 1, "in_review": 2, self.text: 1 << 40},
-                                   tiers=[S.TierCost(tier=1, box_cpu_s=10.0, usd=1.0)], accepted=2, payouts_usd=150.0,
-                                   total_usd=160.0, usd_per_accepted=80.0,
-                                   per_accepted=S.TierCost(box_cpu_s=5.0, usd=5.0))
+                                   tiers=[S.TierCost(tier=1, box_cpu=duration(10.0), cost=money(1.0))], accepted=2,
+                                   payouts=money(150.0), total_cost=money(160.0), cost_per_accepted=money(80.0),
+                                   per_accepted=S.TierCost(box_cpu=duration(5.0), cost=money(0.00042)))
 
     def _bounty(self) -> intake_pb2.Bounty:
-        return S.Bounty(id=3, domain=self.text, requirements=self.text, payout_min=50, payout_max=200, wanted=2,
+        return S.Bounty(id=3, domain=self.text, requirements=self.text, pay_min=money(50), pay_max=money(200), wanted=2,
                         min_reputation=0.5, accepted=1, claimants=[self.text], open=True, posted_by=self.text,
-                        created_at=_at(1e9), paid=75.0)
+                        created_at=_at(1e9), total_paid=money(75.0))
 
 
 @pytest.fixture
@@ -219,8 +221,9 @@ def test_submission_show_json_has_every_field_as_sent(intake: tuple[CannedIntake
     assert (doc["name"], doc["detail"], doc["digest"]) == (HOSTILE, HOSTILE, "ab" * 32), "--json stays exact"
     assert doc["findings"][1] == {"tier": 2, "check": "exploit:empty-answer", "fix": "reject an empty answer",
                                   "evidence": f"submitted ''\nearned 1.0 {HOSTILE}", "blocking": True}
-    assert doc["costs"][1] == {"tier": 2, "box_cpu_s": 3.0, "box_wall_s": 0.0, "box_calls": 0,
-                               "attacker_tokens": 5 << 33, "review_s": 0.0, "usd": 0.5}
+    # Durations in seconds and money in dollars; an unset Duration (nothing measured) is null.
+    assert doc["costs"][1] == {"tier": 2, "box_cpu": 3.0, "box_wall": None, "box_calls": 0,
+                               "attacker_tokens": 5 << 33, "review": None, "cost": 0.5}
     assert (doc["mutation_share"], doc["mutants_killed"], doc["mutants"]) == (0.9, 9, 10)
     assert (doc["created_at"], doc["decided_at"]) == (1_700_000_000.25, None)
     assert (doc["reviewer"], doc["review_note"], doc["bounty_id"]) == (HOSTILE, HOSTILE, 3)
@@ -261,8 +264,8 @@ def test_reviews_need_a_note(intake: tuple[CannedIntake, str]) -> None:
     rejected = json.loads(farmctl(addr, "review", "reject", "7", "--note", "rewards empty answers", "--planted",
                                   "--minutes", "4.5", "--json").stdout)
     (request,) = service.reviews
-    assert (request.id, request.approve, request.note, request.planted, request.minutes) == \
-        (7, False, "rewards empty answers", True, 4.5)
+    assert (request.id, request.approve, request.note, request.planted, seconds(request.review_time)) == \
+        (7, False, "rewards empty answers", True, 270.0)
     assert (rejected["state"], rejected["review_note"]) == ("rejected", "rewards empty answers")
     approved = farmctl(addr, "review", "approve", "7", "--note", "fine")
     assert approved.exit_code == 0 and "approved" in approved.stdout and service.reviews[-1].approve
@@ -293,7 +296,8 @@ def test_quarantine_bounties_contributor_funnel(intake: tuple[CannedIntake, str]
                                 "--payout", "50-200", "--wanted", "2", "--min-reputation", "0.5", "--json").stdout)
     assert posted["id"] == 3 and posted["created_at"] == 1e9
     (request,) = service.bounties
-    assert (request.payout_min, request.payout_max, request.wanted, request.min_reputation) == (50, 200, 2, 0.5)
+    assert (request.pay_min, request.pay_max, request.wanted, request.min_reputation) == (
+        money(50), money(200), 2, 0.5), "money as google.type.Money, in USD"
     assert farmctl(addr, "bounty", "post", "--domain", "d", "--requirements", "r", "--payout", "200-50",
                    "--wanted", "1").exit_code == 2
     assert [b["id"] for b in json.loads(farmctl(addr, "bounty", "list", "--open", "--json").stdout)] == [3]
@@ -303,6 +307,8 @@ def test_quarantine_bounties_contributor_funnel(intake: tuple[CannedIntake, str]
     ledger = farmctl(addr, "contributor", "show", "ada").stdout.partition("ledger (newest first)")[2]
     assert 0 <= ledger.index("+0.25") < ledger.index("+1.00"), "the ledger newest first"
     funnel = json.loads(farmctl(addr, "funnel", "--json").stdout)
-    assert funnel["states"]["in_review"] == 2 and funnel["usd_per_accepted"] == 80.0
-    assert funnel["per_accepted"]["box_cpu_s"] == 5.0 and funnel["tiers"][0]["tier"] == 1
-    assert "$80.00" in farmctl(addr, "funnel").stdout
+    assert funnel["states"]["in_review"] == 2 and funnel["cost_per_accepted"] == 80.0
+    assert funnel["per_accepted"]["box_cpu"] == 5.0 and funnel["tiers"][0]["tier"] == 1
+    assert funnel["per_accepted"]["cost"] == 0.00042, "a fraction of a cent is kept, not rounded to 0"
+    shown = farmctl(addr, "funnel").stdout
+    assert "$80.00" in shown and "$0.00042" in shown

@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 from farm.v1 import farm_pb2, node_pb2, node_pb2_grpc, trajectory_pb2
-from farm_client.convert import to_message
+from farm_client.convert import duration, to_message
 
 from farmd.records import Trajectory
 
@@ -46,7 +46,7 @@ class RawNode:
         return reply
 
     def lease(self, n: int = 64, wait_s: float = 1.0) -> list[node_pb2.LeasedJob]:
-        return list(self.call(lease=node_pb2.LeaseRequest(n=n, wait_s=wait_s)).leased.jobs)
+        return list(self.call(lease=node_pb2.LeaseRequest(n=n, wait=duration(wait_s))).leased.jobs)
 
     def report(self, records: list[Trajectory]) -> node_pb2.ResultsReply:
         parts = [node_pb2.ResultPart(job_id=t.id, owner=self.owner, last=True,

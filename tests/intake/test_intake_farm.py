@@ -84,7 +84,7 @@ def test_a_contributed_environment_goes_from_bounty_to_rollouts_to_quarantine(ru
                    for s in record.scores)
 
     ada = as_(farm, "ada", "contributor", "show", "--json")
-    assert ada["reputation"] == -10 and ada["paid"] == 100.0, ada
+    assert ada["reputation"] == -10 and ada["total_paid"] == 100.0, ada
     assert [e["delta"] for e in ada["ledger"]] == [-20, 10]
     funnel = as_(farm, "op", "funnel", "--json")
-    assert funnel["accepted"] == 1 and funnel["usd_per_accepted"] > 100
+    assert funnel["accepted"] == 1 and funnel["cost_per_accepted"] > 100

@@ -26,6 +26,7 @@ from farm_trainer.checkpoint import CheckpointError
 from farm_trainer.grpo import GRPOConfig
 from farm_trainer.hf_loop import HFTrainer
 from farm_trainer.loop import Trainer, TrainerConfig
+from farm_trainer.metrics import report_to
 from farm_trainer.runs import RunsTimeout
 
 __all__ = ["config_from_args", "main", "parser"]
@@ -39,6 +40,14 @@ def parser() -> argparse.ArgumentParser:
     g = GRPOConfig()
     p.add_argument("--addr", default=d.addr, help="the farm's address (default %(default)s)")
     p.add_argument("--token-file", type=Path, help="a file holding the farm's bearer token")
+    p.add_argument("--tls-ca", type=Path, metavar="PEM",
+                   help="talk TLS, trusting farmd's certificate if this CA signed it (or FARM_TLS_CA)")
+    p.add_argument("--tls-cert", type=Path, metavar="PEM",
+                   help="a client certificate, for a farmd started with --tls-ca (or FARM_TLS_CERT)")
+    p.add_argument("--tls-key", type=Path, metavar="PEM", help="the key of --tls-cert (or FARM_TLS_KEY)")
+    p.add_argument("--report-to", default="all", metavar="WHERE",
+                   help="where the metrics go besides metrics.jsonl, as TRL's report_to: all (TensorBoard in DIR/runs, "
+                        "and W&B when wandb is installed), none, or tensorboard,wandb (default %(default)s)")
     p.add_argument("--name", default=d.name, help="the policy line to publish; the stream's agent is torch:NAME")
     p.add_argument("--env", action="append", dest="envs", metavar="ENV",
                    help="a training environment (repeatable; default arith)")
@@ -70,7 +79,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainerConfig:
-    return TrainerConfig(addr=args.addr, name=args.name, envs=tuple(args.envs or ("arith",)),
+    """The trainer's settings from the command line; ValueError for a bad one."""
+    for flag in ("tls_ca", "tls_cert", "tls_key", "token_file"):
+        path = getattr(args, flag)
+        if path is not None and not path.is_file():
+            raise ValueError(f"--{flag.replace('_', '-')} {path}: no such file")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("a client certificate goes with its key: give --tls-cert and --tls-key together")
+    return TrainerConfig(addr=args.addr, report_to=report_to(args.report_to), name=args.name, envs=tuple(args.envs or ("arith",)),
                          consumer=args.consumer, checkpoint_dir=args.dir, time_budget_s=args.minutes * 60,
                          batch_size=args.batch_size, max_staleness=args.max_staleness,
                          grpo=GRPOConfig(kl_coef=args.kl, lr=args.lr), eval_every_s=args.eval_every_s,
@@ -90,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     token = args.token_file.read_text().strip() if args.token_file else None
-    with FarmClient(config.addr, token=token) as farm:
+    with FarmClient(config.addr, token=token, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key) as farm:
         trainer = HFTrainer(farm, config, args.hf_model) if args.hf_model else Trainer(farm, config)
 
         def stop(signum: int, frame: FrameType | None) -> None:

@@ -35,6 +35,7 @@ The farm talks to the trainer only through the ``FarmClient`` it is given: ``run
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -89,6 +90,8 @@ class TrainerConfig:
     """At most this long between checkpoints (and so between acks); 0 checkpoints after every batch."""
     metrics_path: str = ""
     """"" is ``metrics.jsonl`` in ``checkpoint_dir``."""
+    report_to: tuple[str, ...] = ()
+    """Where the metrics go besides their JSON lines (``farm_trainer.metrics.REPORTERS``: TensorBoard, W&B)."""
     time_budget_s: float = 300.0
     """How long this process trains, warm-up included; the final checkpoint and evaluation come after."""
     seed: int = 0
@@ -261,7 +264,7 @@ class Trainer:
         returns the summary (``summary()``)."""
         started = time.monotonic()
         deadline = started + self.config.time_budget_s
-        self.metrics = MetricsLog(self.config.metrics_file)
+        self.metrics = MetricsLog(self.config.metrics_file, self.config.report_to, dataclasses.asdict(self.config))
         try:
             self.start()
             if self.config.eval_at_start:

@@ -1,4 +1,9 @@
-"""The trainer's metrics log: one JSON object per line, appended (``metrics.jsonl`` in the checkpoint dir).
+"""The trainer's metrics log: one JSON object per line, appended (``metrics.jsonl`` in the checkpoint dir), and
+the same numbers where TRL users look for them (``report_to``): TensorBoard event files in ``runs/`` beside it,
+and a Weights & Biases run when ``wandb`` is installed. Each number of a record is a scalar named
+``KIND/FIELD`` (``step/loss``; an evaluation's ``eval/ENV/pass_rate``; a mapping's entries ``KIND/FIELD/KEY``,
+as ``step/pass_rate_by_level/1``), at the record's ``learner_step``. The JSON lines are always written: the
+``make run`` display and the report read them.
 
 A reader (the ``make run`` display, a learning-curve plot) reads it line by line; a restarted trainer
 appends to the same file, so ``elapsed_s`` restarts and ``time`` does not. Every record has:
@@ -52,13 +57,22 @@ trajectories carried), ``eval_policy_versions`` (version as string -> count), ``
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import logging
 import math
+import os
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["MetricsLog"]
+__all__ = ["REPORTERS", "MetricsLog", "report_to"]
+
+log = logging.getLogger("farm_trainer")
+
+REPORTERS = ("tensorboard", "wandb")
+"""Where the metrics may go besides the JSON lines, by TRL's ``report_to`` names."""
 
 
 def _plain(value: Any) -> Any:
@@ -72,14 +86,89 @@ def _plain(value: Any) -> Any:
     return value
 
 
-class MetricsLog:
-    """Appends records to ``path`` (its directory is made); each line is flushed as it is written."""
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
 
-    def __init__(self, path: str | Path) -> None:
+
+def report_to(value: str) -> tuple[str, ...]:
+    """``report_to`` as TRL takes it: ``"all"`` (TensorBoard, and W&B when ``wandb`` is installed), ``"none"``,
+    or names from ``REPORTERS`` joined by commas. ValueError for an unknown name, or one not installed."""
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if names == ["all"]:
+        return tuple(n for n in REPORTERS if _installed(n))
+    if names in ([], ["none"]):
+        return ()
+    unknown = [n for n in names if n not in REPORTERS]
+    if unknown:
+        raise ValueError(f"report_to takes all, none or some of {', '.join(REPORTERS)}; not {', '.join(unknown)}")
+    missing = [n for n in names if not _installed(n)]
+    if missing:
+        raise ValueError(f"report_to names {', '.join(missing)}, which is not installed (pip install "
+                         f"{' '.join(missing)})")
+    return tuple(dict.fromkeys(names))
+
+
+def _scalars(prefix: str, fields: dict[str, Any]) -> Iterator[tuple[str, float]]:
+    for key, value in fields.items():
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, int | float):
+            yield f"{prefix}/{key}", float(value)
+        elif isinstance(value, dict):
+            yield from _scalars(f"{prefix}/{key}", value)
+
+
+class _Reporter(Protocol):
+    def write(self, tag_prefix: str, step: int, fields: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
+
+
+class _TensorBoard:
+    def __init__(self, log_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when asked for
+
+        self._writer = SummaryWriter(log_dir=str(log_dir), flush_secs=10)
+
+    def write(self, tag_prefix: str, step: int, fields: dict[str, Any]) -> None:
+        for tag, value in _scalars(tag_prefix, fields):
+            self._writer.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class _WandB:
+    def __init__(self, directory: Path, config: dict[str, Any]) -> None:
+        import wandb
+
+        # The project from WANDB_PROJECT as W&B's own tools take it; a restarted trainer goes on with its run.
+        self._run = wandb.init(project=os.environ.get("WANDB_PROJECT", "farm"), dir=str(directory),
+                               config=config, resume="allow")
+
+    def write(self, tag_prefix: str, step: int, fields: dict[str, Any]) -> None:
+        self._run.log({**dict(_scalars(tag_prefix, fields)), "learner_step": step})
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class MetricsLog:
+    """Appends records to ``path`` (its directory is made); each line is flushed as it is written. ``reporters``:
+    of ``REPORTERS``, where the numbers go too (TensorBoard in ``runs/`` beside ``path``); one that cannot start
+    is said on the log and left out, never the training's end. ``config``: the run's settings, for W&B."""
+
+    def __init__(self, path: str | Path, reporters: Sequence[str] = (), config: dict[str, Any] | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.started = time.monotonic()
         self._file = self.path.open("a", encoding="utf-8")
+        self._reporters: list[_Reporter] = []
+        for name in reporters:
+            try:
+                self._reporters.append(_TensorBoard(self.path.parent / "runs") if name == "tensorboard"
+                                       else _WandB(self.path.parent, _plain(config or {})))
+            except Exception as exc:  # a reporter's own failure (no login, no disk) is not the trainer's
+                log.warning("metrics: %s does not start (%s); they go to %s only", name, exc, self.path)
 
     def write(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Append one record of ``kind`` with ``fields`` (after ``time`` and ``elapsed_s``); returns it."""
@@ -87,10 +176,19 @@ class MetricsLog:
                   "elapsed_s": round(time.monotonic() - self.started, 3), **_plain(fields)}
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
         self._file.flush()
+        if self._reporters:
+            # An evaluation's numbers under its environment too: a trainer may evaluate on several.
+            prefix = f"{kind}/{record['env']}" if kind == "eval" and isinstance(record.get("env"), str) else kind
+            step = int(record.get("learner_step") or 0)
+            numbers = {k: v for k, v in record.items() if k not in ("kind", "time", "learner_step")}
+            for reporter in self._reporters:
+                reporter.write(prefix, step, numbers)
         return record
 
     def close(self) -> None:
         self._file.close()
+        for reporter in self._reporters:
+            reporter.close()
 
     def __enter__(self) -> MetricsLog:
         return self

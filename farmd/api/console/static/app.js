@@ -193,8 +193,14 @@ function ratio(a, b) {
   return den ? toNum(a) / den : null;
 }
 
-function fmtUsd(v) {
-  const n = toNum(v);
+// google.type.Money ({currency_code, units: "12", nanos}) -> dollars; null when absent.
+function usdOf(m) {
+  if (absent(m)) return null;
+  return (toNum(m.units) ?? 0) + (toNum(m.nanos) ?? 0) / 1e9;
+}
+
+function fmtUsd(m) {
+  const n = usdOf(m);
   if (n === null || Number.isNaN(n)) return DASH;
   // Box time costs fractions of a cent: show those with two significant digits, not as $0.00.
   return n !== 0 && Math.abs(n) < 0.01 ? `$${n.toPrecision(2)}` : `$${n.toFixed(2)}`;
@@ -1449,16 +1455,16 @@ function funnelView(f) {
   return h("div", {},
     h("div", {class: "tiles"},
       tile("funnel-accepted", "accepted", f.accepted ?? "0", fmtCount(f.accepted ?? 0)),
-      tile("funnel-total-usd", "total cost", f.total_usd ?? 0, fmtUsd(f.total_usd ?? 0)),
-      tile("funnel-payouts-usd", "payouts", f.payouts_usd ?? 0, fmtUsd(f.payouts_usd ?? 0)),
-      tile("funnel-usd-per-accepted", "cost per accepted", f.usd_per_accepted ?? "", fmtUsd(f.usd_per_accepted)),
+      tile("funnel-total-usd", "total cost", usdOf(f.total_cost) ?? 0, fmtUsd(f.total_cost ?? {})),
+      tile("funnel-payouts-usd", "payouts", usdOf(f.payouts) ?? 0, fmtUsd(f.payouts ?? {})),
+      tile("funnel-usd-per-accepted", "cost per accepted", usdOf(f.cost_per_accepted) ?? "", fmtUsd(f.cost_per_accepted)),
       states.map(([k, v]) => tile(`funnel-state-${String(k).toLowerCase().replace(/[^a-z0-9_-]/g, "")}`, k, v, fmtCount(v)))),
     tierCostTable("funnel-tiers-table", tiers, f.per_accepted));
 }
 
 function tierCostTable(id, tiers, perAccepted) {
-  const row = (label, c) => ({cells: [label, numCell(fmtFloat(c.box_cpu_s ?? 0, 1)), numCell(fmtFloat(c.box_wall_s ?? 0, 1)),
-    numCell(fmtCount(c.box_calls ?? 0)), numCell(fmtCount(c.attacker_tokens ?? 0)), numCell(fmtFloat(c.review_s ?? 0, 0)), numCell(fmtUsd(c.usd ?? 0))]});
+  const row = (label, c) => ({cells: [label, numCell(fmtFloat(durationSeconds(c.box_cpu) ?? 0, 1)), numCell(fmtFloat(durationSeconds(c.box_wall) ?? 0, 1)),
+    numCell(fmtCount(c.box_calls ?? 0)), numCell(fmtCount(c.attacker_tokens ?? 0)), numCell(fmtFloat(durationSeconds(c.review) ?? 0, 0)), numCell(fmtUsd(c.cost ?? {}))]});
   const rows = tiers.map((c) => row(toNum(c.tier) ? `tier ${c.tier}` : "all tiers", c));
   if (perAccepted) rows.push({...row("per accepted env", perAccepted), attrs: {class: "total-row"}});
   return table(id, ["", ["box CPU s", "num"], ["box wall s", "num"], ["box calls", "num"], ["attacker tokens", "num"], ["review s", "num"], ["cost", "num"]],
@@ -1476,7 +1482,7 @@ function bountiesTable(bounties, page, reload) {
       const claimants = b.claimants || [];
       const cells = [
         numCell(String(b.id ?? "")), b.domain ?? "", h("div", {class: "requirements"}, b.requirements ?? ""),
-        numCell(`${fmtUsd(b.payout_min ?? 0)}–${fmtUsd(b.payout_max ?? 0)}`), numCell(fmtFloat(b.min_reputation ?? 0, 1)),
+        numCell(`${fmtUsd(b.pay_min ?? {})}–${fmtUsd(b.pay_max ?? {})}`), numCell(fmtFloat(b.min_reputation ?? 0, 1)),
         numCell(`${fmtCount(b.accepted ?? 0)}/${fmtCount(b.wanted ?? 0)}`),
         b.open ? h("span", {class: "badge tone-good"}, "open") : h("span", {class: "badge"}, "closed"),
         claimants.length ? claimants.map((c, i) => [i ? ", " : "", link(`#/contributor/${encodeURIComponent(c)}`, c)]) : DASH,
@@ -1657,8 +1663,8 @@ async function contributorPage(page, params, name) {
       tile("contrib-submitted", "submitted", c.submitted ?? 0, fmtCount(c.submitted ?? 0)),
       tile("contrib-accepted", "accepted", c.accepted ?? 0, fmtCount(c.accepted ?? 0)),
       tile("contrib-rejected", "rejected", c.rejected ?? 0, fmtCount(c.rejected ?? 0)),
-      tile("contrib-paid", "paid", c.paid ?? 0, fmtUsd(c.paid ?? 0)),
-      tile("contrib-max-payout", "max bounty payout", c.max_payout ?? 0, fmtUsd(c.max_payout ?? 0)),
+      tile("contrib-paid", "paid", usdOf(c.total_paid) ?? 0, fmtUsd(c.total_paid ?? {})),
+      tile("contrib-max-payout", "max bounty payout", usdOf(c.bounty_cap) ?? 0, fmtUsd(c.bounty_cap ?? {})),
       tile("contrib-seeds", "seeds per level", c.seeds ?? 0, fmtCount(c.seeds ?? 0)),
       tile("contrib-attack-budget", "attack budget", c.attack_budget ?? 0, fmtCount(c.attack_budget ?? 0))),
     section(`Reputation ledger (${ledger.length})`, table("ledger-table",
