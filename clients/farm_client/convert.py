@@ -109,9 +109,10 @@ def seconds(value: Any) -> float:
 
 
 def duration(value: float) -> duration_pb2.Duration:
-    """``value`` seconds as a Duration (the API's times are Durations, never seconds in a double)."""
+    """``value`` seconds as a Duration (the API's times are Durations, never seconds in a double). Its seconds and
+    nanos take one sign, as a Duration's must: -0.25 s is 0 s and -250000000 ns, not -1 s and +750000000 ns."""
     out = duration_pb2.Duration()
-    _set_seconds(out, value)
+    out.FromNanoseconds(round(value * 1e9))
     return out
 
 

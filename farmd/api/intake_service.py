@@ -18,7 +18,7 @@ from farmd.api.budget import Budgets
 from farmd.api.errors import guarded, guarded_stream
 from farmd.api.paging import make_token, read_token
 from farmd.config import ROLES, Credential
-from farmd.errors import BadRequest, NotFound
+from farmd.errors import BadRequest, Forbidden, NotFound
 from farmd.intake.funnel import Funnel
 from farmd.store.intake import STATES, BountyRow, CostRow, LedgerRow, SubmissionRow
 
@@ -121,9 +121,19 @@ class IntakeService(intake_pb2_grpc.IntakeServiceServicer):
     async def ReviewSubmission(self, request: intake_pb2.ReviewSubmissionRequest,
                                context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.ReviewSubmissionResponse:
         async def call() -> intake_pb2.ReviewSubmissionResponse:
-            caller = self._caller(context)
-            sub = await self._funnel.review(request.id, caller.name, approve=request.approve, note=request.note,
-                                            planted=request.planted, minutes=seconds(request.review_time) / 60)
+            caller = self._caller(context, request.reviewer)
+            try:
+                sub = await self._funnel.review(request.id, caller.name, approve=request.approve, note=request.note,
+                                                planted=request.planted, minutes=seconds(request.review_time) / 60)
+            except Forbidden as exc:
+                if self._credentials or exc.reason != "OWN_SUBMISSION":
+                    raise
+                # Without credentials every caller is who it says, anonymous unless it says: the first day's
+                # submit-then-review meets this, and is told how the review step is tried.
+                raise Forbidden(f"{exc}: on a farm without credentials, {caller.name!r} submitted it and reviews "
+                                "it; review as someone else (farmctl review approve ID --reviewer NAME), or give the "
+                                "farm credentials (farmctl token new --role contributor, and --role reviewer)",
+                                reason="OWN_SUBMISSION") from None
             return intake_pb2.ReviewSubmissionResponse(submission=self._submission_pb(sub))
         return await guarded(context, call)
 

@@ -285,18 +285,22 @@ def review_show(state: CliState, submission_id: int, as_json: bool) -> None:
 _NOTE = click.option("--note", required=True, help="What you saw (required: it is kept with the decision).")
 _MINUTES = click.option("--minutes", type=click.FloatRange(min=0), default=0.0,
                         help="Your time on it (default: from your first look until now).")
+_REVIEWER = click.option("--reviewer", default="", metavar="NAME",
+                         help="Who reviews, on a farm without credentials (with them, the token names the reviewer).")
 
 
 @review_group.command("approve")
 @click.argument("submission_id", type=int)
 @_NOTE
 @_MINUTES
+@_REVIEWER
 @json_option
 @click.pass_obj
-def review_approve(state: CliState, submission_id: int, note: str, minutes: float, as_json: bool) -> None:
+def review_approve(state: CliState, submission_id: int, note: str, minutes: float, reviewer: str,
+                   as_json: bool) -> None:
     """Approve: the task bank serves it as contrib:NAME@VERSION."""
     request = intake_pb2.ReviewSubmissionRequest(id=submission_id, approve=True, note=_required(note, "--note"),
-                                                 review_time=duration(minutes * 60))
+                                                 review_time=duration(minutes * 60), reviewer=reviewer)
     with intake(state) as farm:
         s = farm.review(request)
     emit_json(to_json(s)) if as_json else console().print(submission_line(s))
@@ -307,13 +311,15 @@ def review_approve(state: CliState, submission_id: int, note: str, minutes: floa
 @_NOTE
 @click.option("--planted", is_flag=True, help="It hides a deliberately planted exploit: tanks its author for good.")
 @_MINUTES
+@_REVIEWER
 @json_option
 @click.pass_obj
-def review_reject(state: CliState, submission_id: int, note: str, planted: bool, minutes: float,
+def review_reject(state: CliState, submission_id: int, note: str, planted: bool, minutes: float, reviewer: str,
                   as_json: bool) -> None:
     """Reject: it never runs in training."""
     request = intake_pb2.ReviewSubmissionRequest(id=submission_id, approve=False, note=_required(note, "--note"),
-                                                 planted=planted, review_time=duration(minutes * 60))
+                                                 planted=planted, review_time=duration(minutes * 60),
+                                                 reviewer=reviewer)
     with intake(state) as farm:
         s = farm.review(request)
     emit_json(to_json(s)) if as_json else console().print(submission_line(s))

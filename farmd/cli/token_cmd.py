@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from farmd.cli.common import EXIT_USAGE, console, emit_json, error_kind, fail, json_option
+from farmd.cli.common import EXIT_USAGE, emit_json, error_kind, fail, json_option
 from farmd.config import ROLES, Credential
 from farmd.errors import ConfigError
 from farmd.private import FILE_MODE
@@ -28,12 +28,13 @@ def token_group() -> None:
 @token_group.command("new")
 @click.option("--name", required=True, help="The credential's name: what logs and refusals show.")
 @click.option("--role", "roles", required=True, multiple=True, type=click.Choice(sorted(ROLES)),
-              help="A role it holds (repeat for several): operator, trainer or node.")
+              help=f"A role it holds (repeat for several): {', '.join(sorted(ROLES))}.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the token to this new file (mode 0600) instead of printing it.")
 @json_option
 def new(name: str, roles: tuple[str, ...], out: Path | None, as_json: bool) -> None:
-    """Make a token; print it (or write it to --out) and the [[credentials]] stanza for farm.toml."""
+    """Make a token; print the [[credentials]] stanza for farm.toml on stdout (so `>> farm.toml` appends it), and
+    the token on stderr, or write it to --out."""
     token = secrets.token_urlsafe(32)
     try:
         credential = Credential.from_token(name, frozenset(roles), token)
@@ -47,8 +48,11 @@ def new(name: str, roles: tuple[str, ...], out: Path | None, as_json: bool) -> N
                                  "token_sha256": credential.token_sha256, "toml": stanza}
         emit_json({**shown, "out": str(out)} if out is not None else {**shown, "token": token})
         return
+    # The stanza alone on stdout, so `farmctl token new ... >> farm.toml` appends exactly it; what a person reads
+    # (the token itself, when not written to --out) on stderr, where a terminal still shows it.
     where = f"token written to {out} (mode 0600)" if out is not None else f"token: {token}"
-    console().print(f"{where}\n\nfarm.toml (farmd keeps only the token's sha256):\n\n{stanza}", markup=False)
+    click.echo(f"{where}\nfor farm.toml (farmd keeps only the token's sha256), on stdout:", err=True)
+    click.echo(stanza, nl=False)
 
 
 def toml_stanza(credential: Credential) -> str:

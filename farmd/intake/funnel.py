@@ -418,7 +418,8 @@ class Funnel:
         if sub.state != "in_review":
             raise FailedPrecondition(f"submission {submission_id} is {sub.state}, not in review",
                                      reason="NOT_IN_REVIEW")
-        review_s = minutes * 60 if minutes else min(time.time() - (sub.first_look_at or time.time()), _REVIEW_CAP_S)
+        now = time.time()  # once: read twice, a review with no first look took a negative moment
+        review_s = minutes * 60 if minutes else min(now - (sub.first_look_at or now), _REVIEW_CAP_S)
         state = "approved" if approve else "rejected"
         if not await self._records.set_state(submission_id, state, tier=3, expect=["in_review"], decided=True,
                                              reviewer=reviewer, note=bounded(note, MAX_NOTE_CHARS),

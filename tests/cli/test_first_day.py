@@ -1,11 +1,15 @@
 """What a new user meets first, through real farmctl processes: a farmd that cannot be reached says what to
 check (nothing listening, a TLS port dialled in the clear, a CA that signed nothing there, a URL for an
-address), and progress goes to stderr while results go to stdout."""
+address), progress goes to stderr while results go to stdout, and a new token's stanza goes into farm.toml as
+it is printed."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import tomllib
 
 import pytest
 
@@ -80,3 +84,29 @@ def test_a_failed_run_says_why_wherever_it_is_read(running_farm, tmp_path) -> No
 
     ok = farm.farmctl("run", "--env", "arith", "--agent", "reference", "--rollouts", "2", "--wait", "--json")
     assert json.loads(ok.stdout)["last_error"] is None, "a run none of whose jobs failed has none"
+
+
+def test_a_new_tokens_stanza_appends_to_farm_toml_as_it_is(running_farm, tmp_path, clean_env) -> None:  # type: ignore[no-untyped-def]
+    """`farmctl token new --out F >> farm.toml`, the README's way: stdout is the stanza alone, so farmd starts on the
+    file it made and the token lets its holder in; without --out, the token is on stderr, never in the TOML."""
+    config = tmp_path / "farm.toml"
+    config.write_text("[scheduler]\nmax_attempts = 2\n\n")
+    made = farmctl("token", "new", "--name", "tess", "--role", "trainer", "--out", str(tmp_path / "tess.token"),
+                   env=clean_env)
+    with config.open("ab") as toml:
+        toml.write(made.stdout)
+    assert made.stdout.startswith(b"[[credentials]]") and b"tess.token" in made.stderr
+    loaded = tomllib.loads(config.read_text())
+    assert [c["name"] for c in loaded["credentials"]] == ["tess"] and loaded["scheduler"]["max_attempts"] == 2
+
+    shown = farmctl("token", "new", "--name", "ops", "--role", "operator", env=clean_env)
+    (token,) = re.findall(r"token: (\S+)", shown.stderr.decode())
+    assert token.encode() not in shown.stdout, "the secret is not in what >> appends"
+    stanza = tomllib.loads(shown.stdout.decode())["credentials"][0]
+    assert stanza["token_sha256"] == hashlib.sha256(token.encode()).hexdigest()
+
+    farm = running_farm("--workers", "0", "--config", str(config))
+    status = farmctl("--addr", farm.addr, "--token-file", str(tmp_path / "tess.token"), "status", "--json",
+                     env=clean_env)
+    assert json.loads(status.stdout)["version"]
+    assert farmctl("--addr", farm.addr, "status", check=False, env=clean_env).returncode != 0, "and none without it"

@@ -88,3 +88,23 @@ def test_a_contributed_environment_goes_from_bounty_to_rollouts_to_quarantine(ru
     assert [e["delta"] for e in ada["ledger"]] == [-20, 10]
     funnel = as_(farm, "op", "funnel", "--json")
     assert funnel["accepted"] == 1 and funnel["cost_per_accepted"] > 100
+
+
+def test_on_a_farm_without_credentials_the_review_step_says_how_it_is_tried(running_farm, tmp_path: Path
+                                                                            ) -> None:  # type: ignore[no-untyped-def]
+    """Without credentials every caller is `anonymous` unless named: reviewing what anonymous submitted is refused
+    with the way through, and a named reviewer approves it."""
+    config = tmp_path / "farm.toml"
+    config.write_text('[intake]\nseeds = [2, 2, 2]\nattack_budget = [2, 2, 2]\ntier2_tasks = 1\ntier2_sample = 8\n')
+    farm = running_farm("--workers", "2", "--config", str(config))
+    sub = json.loads(farm.farmctl("submit", str(EXAMPLE), "--wait", "--json").stdout)
+    assert sub["state"] == "in_review" and sub["contributor"] == "anonymous", sub
+
+    denied = farm.farmctl("review", "approve", str(sub["id"]), "--note", "fine", check=False)
+    said = (denied.stdout + denied.stderr).decode()
+    assert denied.returncode != 0 and "nobody reviews their own submission" in said
+    assert "--reviewer NAME" in said and "farmctl token new" in said, said
+
+    approved = json.loads(farm.farmctl("review", "approve", str(sub["id"]), "--note", "fine", "--reviewer", "rita",
+                                       "--json").stdout)
+    assert (approved["state"], approved["reviewer"]) == ("approved", "rita")
