@@ -86,13 +86,13 @@ def config_from_args(args: argparse.Namespace) -> TrainerConfig:
             raise ValueError(f"--{flag.replace('_', '-')} {path}: no such file")
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("a client certificate goes with its key: give --tls-cert and --tls-key together")
-    return TrainerConfig(addr=args.addr, report_to=report_to(args.report_to), name=args.name, envs=tuple(args.envs or ("arith",)),
+    return TrainerConfig(addr=args.addr, name=args.name, envs=tuple(args.envs or ("arith",)),
                          consumer=args.consumer, checkpoint_dir=args.dir, time_budget_s=args.minutes * 60,
                          batch_size=args.batch_size, max_staleness=args.max_staleness,
                          grpo=GRPOConfig(kl_coef=args.kl, lr=args.lr), eval_every_s=args.eval_every_s,
                          eval_seeds=args.eval_seeds, checkpoint_every_s=args.checkpoint_every_s,
                          warmup_target=args.warmup_target, seed=args.seed, agent=args.agent,
-                         eval_agent=args.eval_agent)
+                         eval_agent=args.eval_agent, report_to=report_to(args.report_to))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     token = args.token_file.read_text().strip() if args.token_file else None
-    with FarmClient(config.addr, token=token, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key) as farm:
+    tls = {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key}
+    with FarmClient(config.addr, token=token, **tls) as farm:
         trainer = HFTrainer(farm, config, args.hf_model) if args.hf_model else Trainer(farm, config)
 
         def stop(signum: int, frame: FrameType | None) -> None:

@@ -57,6 +57,7 @@ trajectories carried), ``eval_policy_versions`` (version as string -> count), ``
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -141,9 +142,11 @@ class _WandB:
     def __init__(self, directory: Path, config: dict[str, Any]) -> None:
         import wandb
 
-        # The project from WANDB_PROJECT as W&B's own tools take it; a restarted trainer goes on with its run.
+        # The project from WANDB_PROJECT as W&B's own tools take it. The run's id is its directory's: a trainer
+        # restarted on the same --dir goes on with its run, as it goes on from its checkpoint there.
+        run_id = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:16]
         self._run = wandb.init(project=os.environ.get("WANDB_PROJECT", "farm"), dir=str(directory),
-                               config=config, resume="allow")
+                               config=config, id=run_id, resume="allow")
 
     def write(self, tag_prefix: str, step: int, fields: dict[str, Any]) -> None:
         self._run.log({**dict(_scalars(tag_prefix, fields)), "learner_step": step})
