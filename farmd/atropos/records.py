@@ -172,9 +172,12 @@ def _conversation(messages: list[dict[str, Any]]) -> list[ChatMessage]:
     return out
 
 
-def _turns(tokens: list[int], masks: list[int], logprobs: list[float] | None,
-           messages: list[ChatMessage]) -> tuple[list[Turn], bool]:
-    """The turns, and whether they say exactly which positions are trained (no runs were merged)."""
+def _trained_runs(masks: list[int]) -> list[tuple[int, int]]:
+    """Each run of trained positions (mask not -100) as (start, end). The common shape, a prompt not trained then
+    a completion that is, is recognised by C loops (``count``, ``in``); others are walked position by position."""
+    ignored = masks.count(_IGNORED)
+    if _IGNORED not in masks[ignored:]:  # every ignored position is in the prefix, so all of it is ignored
+        return [(ignored, len(masks))] if ignored < len(masks) else []
     runs: list[tuple[int, int]] = []
     start: int | None = None
     for j, m in enumerate(masks):
@@ -185,6 +188,13 @@ def _turns(tokens: list[int], masks: list[int], logprobs: list[float] | None,
             start = None
     if start is not None:
         runs.append((start, len(masks)))
+    return runs
+
+
+def _turns(tokens: list[int], masks: list[int], logprobs: list[float] | None,
+           messages: list[ChatMessage]) -> tuple[list[Turn], bool]:
+    """The turns, and whether they say exactly which positions are trained (no runs were merged)."""
+    runs = _trained_runs(masks)
     exact = True
     if len(runs) > _MAX_TURNS:
         runs, exact = [*runs[:_MAX_TURNS - 1], (runs[_MAX_TURNS - 1][0], runs[-1][1])], False

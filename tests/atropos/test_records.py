@@ -98,3 +98,15 @@ def test_plain_sequences_made_from_one_seal_are_the_records_sealed_one_by_one(mo
     at_zero = made[4 + 1]  # details exactly at the bound with a one-digit index: over it with two
     assert ["truncated" in t.flags for t in at_zero] == [False] * 10 + [True] * 2
     assert "truncated" in made[-1][0].flags and "invalid_text" in made[3][0].flags
+
+
+def test_trained_runs_are_found_whatever_the_masks_shape() -> None:
+    def walked(masks: list[int]) -> list[tuple[int, int]]:
+        trained = [j for j, m in enumerate(masks) if m != -100]
+        return [(a, b + 1) for a, b in zip([t for t in trained if t - 1 not in trained],
+                                           [t for t in trained if t + 1 not in trained], strict=True)]
+
+    rng = random.Random(7)
+    for _ in range(3000):
+        masks = [rng.choice([-100, -100, 0, 5, -1]) for _ in range(rng.randrange(12))]
+        assert records._trained_runs(masks) == walked(masks), masks
