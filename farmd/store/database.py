@@ -203,10 +203,9 @@ class SqliteDatabase(Database):
         """One write transaction at a time on the writing connection (aiosqlite runs statements
         in order, but would interleave two coroutines' transactions)."""
         async with self._write_lock:
-            db = self._wdb
+            transaction = SqliteTransaction(self._wdb)
             try:
-                await db.execute("BEGIN IMMEDIATE")
-                yield SqliteTransaction(db)
+                yield transaction
             except BaseException:
                 # Also when the caller was cancelled: a statement already handed to the
                 # connection's thread runs anyway (a BEGIN included), so the transaction must
@@ -214,7 +213,8 @@ class SqliteDatabase(Database):
                 # behind it and shielded from a second cancellation.
                 await asyncio.shield(self._rollback())
                 raise
-            await db.execute("COMMIT")
+            if transaction.begun:
+                await self._wdb.execute("COMMIT")
 
     async def _rollback(self) -> None:
         # OperationalError: the BEGIN itself failed, so there is nothing to end.
@@ -232,12 +232,6 @@ class SqliteDatabase(Database):
     async def blob_slice(self, table: str, column: str, key: str, rowid: int, offset: int, size: int) -> bytes:
         """``size`` bytes of one blob from ``offset``, never the whole blob: in a thread."""
         return await asyncio.to_thread(_blob_slice, self.path, table, column, rowid, offset, size)
-
-
-def _executemany_each(conn: sqlite3.Connection, batch: list[tuple[str, list[Any]]]) -> None:
-    """On the connection's own thread (``SqliteTransaction.executemany_each``)."""
-    for sql, rows in batch:
-        conn.executemany(sql, rows)
 
 
 def _file_bytes(path: Path) -> int:
@@ -264,35 +258,70 @@ def _blob_slice(db_path: Path, table: str, column: str, rowid: int, offset: int,
 
 
 class SqliteTransaction:
-    """A ``Transaction`` on SQLite's writing connection."""
+    """A ``Transaction`` on SQLite's writing connection.
+
+    Each statement runs on the connection's thread in one hop there and back (aiosqlite's ``_execute``, as its
+    own methods run theirs: aiosqlite is pinned), and ``BEGIN IMMEDIATE`` runs in the first statement's hop, not
+    one of its own: a short write waited on its hops more than on SQLite."""
 
     sql = Dialect()
 
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self._conn = conn
+        self.begun = False
+        """Whether BEGIN was handed to the connection (then the transaction is COMMITted or rolled back)."""
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        first, self.begun = not self.begun, True
+        return await self._conn._execute(  # type: ignore[no-untyped-call]
+            _begun_then if first else _call, fn, self._conn._conn, *args)
 
     async def execute(self, sql: str, params: Iterable[Any] = ()) -> int:
-        cur = await self._conn.execute(sql, params)
-        return max(0, cur.rowcount)
+        return int(await self._run(_execute, sql, params))
 
     async def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> None:
-        await self._conn.executemany(sql, rows)
+        await self._run(_executemany_each, [(sql, rows)])
 
     async def executemany_each(self, statements: Iterable[tuple[str, Iterable[Iterable[Any]]]]) -> None:
-        batch: list[tuple[str, list[Any]]] = [(sql, list(rows)) for sql, rows in statements]
-        if not batch:
-            return
-        # aiosqlite runs each call on its connection's thread, one hop there and back per statement; this runs
-        # them all in one hop, as aiosqlite's own methods run theirs (``_execute``: aiosqlite is pinned).
-        await self._conn._execute(_executemany_each, self._conn._conn, batch)  # type: ignore[no-untyped-call]
+        batch: list[tuple[str, Iterable[Any]]] = [(sql, list(rows)) for sql, rows in statements]
+        if batch:
+            await self._run(_executemany_each, batch)
 
     async def execute_fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
-        return list(await self._conn.execute_fetchall(sql, params))
+        return list(await self._run(_fetchall, sql, params))
 
     async def fetchone(self, sql: str, params: Iterable[Any] = ()) -> Any:
         rows = await self.execute_fetchall(sql, params)
         return rows[0] if rows else None
 
     async def insert(self, sql: str, params: Iterable[Any] = ()) -> int:
-        cur = await self._conn.execute(sql, params)
-        return int(cur.lastrowid or 0) if cur.rowcount > 0 else 0
+        return int(await self._run(_insert, sql, params))
+
+
+# What ``SqliteTransaction`` runs on the connection's own thread.
+
+def _call(fn: Callable[..., Any], conn: sqlite3.Connection, *args: Any) -> Any:
+    return fn(conn, *args)
+
+
+def _begun_then(fn: Callable[..., Any], conn: sqlite3.Connection, *args: Any) -> Any:
+    conn.execute("BEGIN IMMEDIATE")
+    return fn(conn, *args)
+
+
+def _execute(conn: sqlite3.Connection, sql: str, params: Any) -> int:
+    return max(0, conn.execute(sql, params).rowcount)
+
+
+def _fetchall(conn: sqlite3.Connection, sql: str, params: Any) -> list[Any]:
+    return conn.execute(sql, params).fetchall()
+
+
+def _insert(conn: sqlite3.Connection, sql: str, params: Any) -> int:
+    cur = conn.execute(sql, params)
+    return int(cur.lastrowid or 0) if cur.rowcount > 0 else 0
+
+
+def _executemany_each(conn: sqlite3.Connection, batch: list[tuple[str, Iterable[Any]]]) -> None:
+    for sql, rows in batch:
+        conn.executemany(sql, rows)
