@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Any
 
 from farmd import domain, jsonio
@@ -119,6 +120,8 @@ def _ints(items: list[Any], loc: list[str | int]) -> list[int]:
 def _floats(items: list[Any], loc: list[str | int]) -> list[float]:
     """A row of finite numbers, as floats (checked as ``_ints`` is)."""
     kinds = set(map(type, items))
+    if kinds <= {float} and math.isfinite(sum(items)):  # a NaN or an infinity makes the sum so (or an overflow:
+        return items                                     # then the row is looked at item by item below)
     if kinds <= {float, int} and all(map(math.isfinite, items)):
         return items if kinds <= {float} else [float(x) for x in items]
     return [_float(x, [*loc, j]) for j, x in enumerate(items)]
@@ -146,6 +149,13 @@ def _sampled(rows: list[list[float]] | None, masks: list[list[int]], name: str) 
     other positions 1.0, and a row not one per token is not read as turns)."""
     for i, (row, mask) in enumerate(zip(rows or [], masks, strict=False)):
         if len(row) != len(mask):
+            continue
+        # The trained positions' logprobs picked by C loops (``compress``, ``map``), where a Python loop over every
+        # position was a third of a group's check; the row is finite floats already (``_floats``), so only its
+        # bounds are left to check. Only a row that fails is walked, for the place.
+        trained_logprobs = list(compress(row, map(_IGNORED.__ne__, mask)))
+        if not trained_logprobs or (max(trained_logprobs) <= domain.LOGPROB_SLACK
+                                    and min(trained_logprobs) >= -domain.FLOAT32_MAX):
             continue
         trained = [j for j, m in enumerate(mask) if m != _IGNORED]
         bad = domain.bad_logprob([row[j] for j in trained])

@@ -21,10 +21,19 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 from farmd.flags import EXTERNAL_SCORE
-from farmd.records import MAX_DETAILS_CHARS, MAX_TOKEN_ENTRIES, ChatMessage, PosedTask, Trajectory, Turn
+from farmd.records import (
+    MAX_DETAILS_CHARS,
+    MAX_MESSAGES,
+    MAX_TOKEN_ENTRIES,
+    ChatMessage,
+    PosedTask,
+    Trajectory,
+    Turn,
+)
 
 AGENT = "atropos"
 """Whose attempts pushed groups are: an Atropos environment's own inference (farm does not know the model)."""
@@ -62,6 +71,8 @@ def as_trajectories(group: dict[str, Any]) -> list[Trajectory]:
     sealed to the record's bounds."""
     out = []
     logprob_rows = group.get("inference_logprobs")
+    plain: tuple[Trajectory, dict[str, Any]] | None = None
+    """A sequence's record that sealing left as it was, with its details as sealed: see ``_like``."""
     for i, tokens in enumerate(group["tokens"]):
         score = float(group["scores"][i])
         masks = group["masks"][i]
@@ -74,20 +85,27 @@ def as_trajectories(group: dict[str, Any]) -> list[Trajectory]:
         if _has(group.get("overrides"), i):
             details["overrides"] = group["overrides"][i]
         turns, exact = _turns(tokens, masks, logprobs, messages)
-        out.append(Trajectory(
-            id=0, group_id=0, env="atropos", env_version="", seed=0, difficulty=0, agent=AGENT, policy_version=0,
-            reward=score, passed=score > 0, status="ok",
-            reasons=["scored by the Atropos environment that pushed it; farm's verifier did not judge it"],
-            flags=[EXTERNAL_SCORE], verifier_version=VERIFIER_VERSION, node="atropos",
-            verdict_details={"atropos": details}, messages=messages,
-            task=PosedTask(prompt=next((m.content for m in messages if m.role == "user"), ""),
-                           metadata={"source": "atropos"}),
-            turns=turns).sealed())
+        record = _like(plain, i, score, turns) if plain is not None and _plain(messages, details, turns) else None
+        if record is None:
+            record = Trajectory(
+                id=0, group_id=0, env="atropos", env_version="", seed=0, difficulty=0, agent=AGENT, policy_version=0,
+                reward=score, passed=score > 0, status="ok",
+                reasons=["scored by the Atropos environment that pushed it; farm's verifier did not judge it"],
+                flags=[EXTERNAL_SCORE], verifier_version=VERIFIER_VERSION, node="atropos",
+                verdict_details={"atropos": details}, messages=messages,
+                task=PosedTask(prompt=next((m.content for m in messages if m.role == "user"), ""),
+                               metadata={"source": "atropos"}),
+                turns=turns).sealed()
+            if plain is None and _plain(messages, details, turns) and record.flags == [EXTERNAL_SCORE] \
+                    and record.verdict_details == {"atropos": details} \
+                    and len(json.dumps(record.verdict_details, default=str)) + _INDEX_SLACK <= MAX_DETAILS_CHARS:
+                plain = record, dict(details)
+        out.append(record)
         # Per-token rows the turns do not already say join after the seal: they are numbers the group's check
         # found finite, and walking them as JSON trees was half of a push's time. Masks that are the tokens
         # where trained and -100 elsewhere, and logprobs one per token, are in the turns.
         per_token = {name: group[name][i] for name in ("advantages", "ref_logprobs") if _has(group.get(name), i)}
-        if not exact or any(m != _IGNORED and m != tok for m, tok in zip(masks, tokens, strict=True)):
+        if not exact or not _masks_are_turns(masks, tokens, turns):
             per_token["masks"] = masks
         if logprobs is None and logprob_rows is not None and _has(logprob_rows, i):
             per_token["inference_logprobs"] = logprob_rows[i]  # not one per token: kept as sent
@@ -100,12 +118,45 @@ def as_trajectories(group: dict[str, Any]) -> list[Trajectory]:
     return out
 
 
+_INDEX_SLACK = 8
+"""Characters a sequence's index may add to details that were sealed under another index (at most 4096
+sequences: four digits), and a margin; measured as the seal measures details (``json.dumps`` of them all)."""
+
+
+def _plain(messages: list[ChatMessage], details: dict[str, Any], turns: list[Turn]) -> bool:
+    """Whether sealing a sequence's record can change nothing but what it shares with its group's other plain
+    sequences: no conversation, no overrides of its own, and turns within the record's token budget (their text
+    is empty: there are no messages to take it from)."""
+    return not messages and "overrides" not in details and len(turns) <= MAX_MESSAGES and \
+        sum(len(t.prompt_token_ids) + len(t.token_ids) + len(t.logprobs) for t in turns) <= MAX_TOKEN_ENTRIES
+
+
+def _like(plain: tuple[Trajectory, dict[str, Any]], index: int, score: float, turns: list[Turn]) -> Trajectory:
+    """A plain sequence's record made from another plain sequence's of the same group, sealed already (one seal a
+    group, where each sequence's was a seventh of a push's time): what differs between them (the score, the
+    turns, the index in the details) is what sealing leaves as it is for a plain sequence (``_plain``). A test
+    holds this to sealing each record on its own."""
+    sealed, details = plain
+    return replace(sealed, reward=score, passed=score > 0, turns=turns, reasons=list(sealed.reasons),
+                   flags=list(sealed.flags), verdict_details={"atropos": {**details, "index": index}}, messages=[],
+                   steps=[], scores=[])
+
+
 def name(records: list[Trajectory], *, env: str, group: int) -> None:
     """Where the queue put them: the environment they are listed under, and the Atropos group (``seed``).
     Both are columns, not the stored body: the body is packed before the queue names them."""
     for t in records:
         t.env = env
         t.seed = group
+
+
+def _masks_are_turns(masks: list[int], tokens: list[int], turns: list[Turn]) -> bool:
+    """Whether the masks are the tokens where trained and -100 elsewhere, as the turns say them (made by
+    ``_turns`` with no runs merged): each turn's span of the masks equals its tokens, slice to slice (C loops,
+    where a Python loop over every position was a tenth of a push's time); outside the turns they are -100 by how
+    the runs were found."""
+    return all(masks[len(t.prompt_token_ids):len(t.prompt_token_ids) + len(t.token_ids)] == t.token_ids
+               for t in turns)
 
 
 def _has(rows: Any, i: int) -> bool:
@@ -121,9 +172,12 @@ def _conversation(messages: list[dict[str, Any]]) -> list[ChatMessage]:
     return out
 
 
-def _turns(tokens: list[int], masks: list[int], logprobs: list[float] | None,
-           messages: list[ChatMessage]) -> tuple[list[Turn], bool]:
-    """The turns, and whether they say exactly which positions are trained (no runs were merged)."""
+def _trained_runs(masks: list[int]) -> list[tuple[int, int]]:
+    """Each run of trained positions (mask not -100) as (start, end). The common shape, a prompt not trained then
+    a completion that is, is recognised by C loops (``count``, ``in``); others are walked position by position."""
+    ignored = masks.count(_IGNORED)
+    if _IGNORED not in masks[ignored:]:  # every ignored position is in the prefix, so all of it is ignored
+        return [(ignored, len(masks))] if ignored < len(masks) else []
     runs: list[tuple[int, int]] = []
     start: int | None = None
     for j, m in enumerate(masks):
@@ -134,6 +188,13 @@ def _turns(tokens: list[int], masks: list[int], logprobs: list[float] | None,
             start = None
     if start is not None:
         runs.append((start, len(masks)))
+    return runs
+
+
+def _turns(tokens: list[int], masks: list[int], logprobs: list[float] | None,
+           messages: list[ChatMessage]) -> tuple[list[Turn], bool]:
+    """The turns, and whether they say exactly which positions are trained (no runs were merged)."""
+    runs = _trained_runs(masks)
     exact = True
     if len(runs) > _MAX_TURNS:
         runs, exact = [*runs[:_MAX_TURNS - 1], (runs[_MAX_TURNS - 1][0], runs[-1][1])], False

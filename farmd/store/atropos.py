@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farmd.records import Trajectory
-from farmd.store.codec import pack_body
+from farmd.store.codec import deflate, pack_body
 from farmd.store.database import Database
-from farmd.store.groups import insert_finished
+from farmd.store.groups import finished_statements
 from farmd.store.names import assign_in, forget_in
 
 LIVE_STATES = ("buffered", "queued", "formed")
@@ -59,13 +59,15 @@ class GroupChange:
 
 
 def pack(payload: bytes) -> bytes:
-    return zlib.compress(payload, 1)
+    """A group's JSON as stored: a zlib stream (``unpack``), written by ISA-L (``codec.deflate``)."""
+    return deflate(payload)
 
 
 def pack_records(records: list[Trajectory]) -> list[bytes]:
     """Trajectories' stored bodies: everything but their columns (ids, env, seed, reward, ...), which may still
-    be set after this."""
-    return [pack_body(t) for t in records]
+    be set after this. Made from a checked group (``farmd.atropos.groups``: every number in its domain, every float
+    finite), so orjson writes them (``pack_body``'s ``finite``)."""
+    return [pack_body(t, finite=True) for t in records]
 
 
 class AtroposRecords:
@@ -94,15 +96,13 @@ class AtroposRecords:
         finished = [c.records for c in changes if c.new and c.records]
         bodies = [b for c in changes if c.new and c.records for b in c.bodies]
         async with self._db.write() as db:
-            if finished:
-                await insert_finished(db, finished, bodies, source="atropos", now=now)
-            await db.execute("INSERT INTO state(key, value) VALUES (?,?) ON CONFLICT(key) DO UPDATE SET "
-                             "value=excluded.value", (_STATE_KEY, json.dumps(state)))
-            if added:
-                await db.executemany("INSERT INTO atropos_groups(id, env_id, size, state, batch, payload, pushed_at, "
-                                     "source) VALUES (?,?,?,?,?,?,?,?)", added)
-            if moved:
-                await db.executemany("UPDATE atropos_groups SET state=?, batch=? WHERE id=?", moved)
+            await db.executemany_each([
+                *(await finished_statements(db, finished, bodies, source="atropos", now=now) if finished else []),
+                ("INSERT INTO state(key, value) VALUES (?,?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                 [(_STATE_KEY, json.dumps(state))]),
+                ("INSERT INTO atropos_groups(id, env_id, size, state, batch, payload, pushed_at, source) "
+                 "VALUES (?,?,?,?,?,?,?,?)", added),
+                ("UPDATE atropos_groups SET state=?, batch=? WHERE id=?", moved)])
             if owned is not None:
                 await assign_in(db, *owned)
 

@@ -19,6 +19,9 @@ from collections.abc import Sequence
 from dataclasses import fields, is_dataclass
 from typing import Any
 
+import orjson
+from isal import isal_zlib
+
 from farmd import domain
 from farmd.records import ChatMessage, Trajectory, Turn, from_plain
 from farmd.text import valid_text, valid_tree
@@ -43,6 +46,7 @@ _ARRAYS = (("prompt_token_ids", "u32", "I"), ("token_ids", "u32", "I"), ("logpro
 ``{kind: length}``. As JSON text they were most of a body's bytes, and a float's shortest repr made them
 most of the time spent packing and reading one; random-looking ids and logprobs gain little from zlib."""
 _SWAP = sys.byteorder == "big"
+_DEFLATE_LEVEL = 1
 assert array("I").itemsize == 4 and array("d").itemsize == 8, "the arrays' item sizes are the body format's"
 
 
@@ -59,16 +63,34 @@ def _as_json(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def pack_body(traj: Trajectory) -> bytes:
+def pack_body(traj: Trajectory, *, finite: bool = False) -> bytes:
     """Everything of a trajectory that is not a column: compressed JSON of the record's own field list,
-    then the turns' arrays."""
+    then the turns' arrays.
+
+    ``finite``: the caller found every number of ``traj`` in its domain and every float finite, so orjson writes
+    the JSON: several times faster than ``json`` where details hold per-token rows (an Atropos group's advantages),
+    and it reads back the same. orjson would write a NaN or an infinity as ``null``, silently, so anything else is
+    written by ``json`` (a NaN as ``NaN``, as details may hold one). orjson refuses what it cannot write exactly (a
+    lone surrogate, an integer past 64 bits, a key that is not text); that record is written by ``json`` too."""
     body: dict[str, Any] = {"v": _BODY_VERSION}
     for name in _PACKED_FIELDS:
         body[name] = getattr(traj, name)
     arrays = bytearray()
     body["turns"] = [_pack_turn(turn, traj.messages, arrays) for turn in traj.turns]
+    if finite:
+        try:
+            return deflate(orjson.dumps(body, default=_as_json)) + arrays
+        except (orjson.JSONEncodeError, TypeError):
+            pass
     text = json.dumps(body, separators=(",", ":"), ensure_ascii=False, default=_as_json)
-    return zlib.compress(_utf8(text), 1) + arrays
+    return deflate(_utf8(text)) + arrays
+
+
+def deflate(data: bytes) -> bytes:
+    """``data`` as a zlib stream, as ``zlib.compress(data, 1)`` makes one (any zlib reads it back: bodies stored
+    before and after read alike), by ISA-L: about four times faster than zlib's fastest level, and no larger.
+    Compressing a body was a fifth of an Atropos push's time."""
+    return isal_zlib.compress(data, _DEFLATE_LEVEL)
 
 
 def checked_bodies(records: dict[int, Trajectory]) -> tuple[dict[int, bytes], dict[int, list[str]]]:
@@ -79,8 +101,8 @@ def checked_bodies(records: dict[int, Trajectory]) -> tuple[dict[int, bytes], di
         found = domain.problems(t)
         if found:
             refused[tid] = found
-        else:
-            bodies[tid] = pack_body(t)
+        else:  # details are the one tree the domain lets hold a NaN or an infinity
+            bodies[tid] = pack_body(t, finite=domain.tree_problem(t.verdict_details, "") is None)
     return bodies, refused
 
 

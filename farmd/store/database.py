@@ -96,6 +96,10 @@ class Transaction(Protocol):
 
     async def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> None: ...
 
+    async def executemany_each(self, statements: Iterable[tuple[str, Iterable[Iterable[Any]]]]) -> None:
+        """``executemany`` of each (statement, rows) in order, in one round trip to the driver where it allows
+        (SQLite's thread: a hop each was most of what a short write waited on, on a loaded machine)."""
+
     async def execute_fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
         """The rows a statement returns (a SELECT's, or an UPDATE's RETURNING)."""
 
@@ -199,10 +203,9 @@ class SqliteDatabase(Database):
         """One write transaction at a time on the writing connection (aiosqlite runs statements
         in order, but would interleave two coroutines' transactions)."""
         async with self._write_lock:
-            db = self._wdb
+            transaction = SqliteTransaction(self._wdb)
             try:
-                await db.execute("BEGIN IMMEDIATE")
-                yield SqliteTransaction(db)
+                yield transaction
             except BaseException:
                 # Also when the caller was cancelled: a statement already handed to the
                 # connection's thread runs anyway (a BEGIN included), so the transaction must
@@ -210,7 +213,8 @@ class SqliteDatabase(Database):
                 # behind it and shielded from a second cancellation.
                 await asyncio.shield(self._rollback())
                 raise
-            await db.execute("COMMIT")
+            if transaction.begun:
+                await self._wdb.execute("COMMIT")
 
     async def _rollback(self) -> None:
         # OperationalError: the BEGIN itself failed, so there is nothing to end.
@@ -254,27 +258,70 @@ def _blob_slice(db_path: Path, table: str, column: str, rowid: int, offset: int,
 
 
 class SqliteTransaction:
-    """A ``Transaction`` on SQLite's writing connection."""
+    """A ``Transaction`` on SQLite's writing connection.
+
+    Each statement runs on the connection's thread in one hop there and back (aiosqlite's ``_execute``, as its
+    own methods run theirs: aiosqlite is pinned), and ``BEGIN IMMEDIATE`` runs in the first statement's hop, not
+    one of its own: a short write waited on its hops more than on SQLite."""
 
     sql = Dialect()
 
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self._conn = conn
+        self.begun = False
+        """Whether BEGIN was handed to the connection (then the transaction is COMMITted or rolled back)."""
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        first, self.begun = not self.begun, True
+        return await self._conn._execute(  # type: ignore[no-untyped-call]
+            _begun_then if first else _call, fn, self._conn._conn, *args)
 
     async def execute(self, sql: str, params: Iterable[Any] = ()) -> int:
-        cur = await self._conn.execute(sql, params)
-        return max(0, cur.rowcount)
+        return int(await self._run(_execute, sql, params))
 
     async def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> None:
-        await self._conn.executemany(sql, rows)
+        await self._run(_executemany_each, [(sql, rows)])
+
+    async def executemany_each(self, statements: Iterable[tuple[str, Iterable[Iterable[Any]]]]) -> None:
+        batch: list[tuple[str, Iterable[Any]]] = [(sql, list(rows)) for sql, rows in statements]
+        if batch:
+            await self._run(_executemany_each, batch)
 
     async def execute_fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
-        return list(await self._conn.execute_fetchall(sql, params))
+        return list(await self._run(_fetchall, sql, params))
 
     async def fetchone(self, sql: str, params: Iterable[Any] = ()) -> Any:
         rows = await self.execute_fetchall(sql, params)
         return rows[0] if rows else None
 
     async def insert(self, sql: str, params: Iterable[Any] = ()) -> int:
-        cur = await self._conn.execute(sql, params)
-        return int(cur.lastrowid or 0) if cur.rowcount > 0 else 0
+        return int(await self._run(_insert, sql, params))
+
+
+# What ``SqliteTransaction`` runs on the connection's own thread.
+
+def _call(fn: Callable[..., Any], conn: sqlite3.Connection, *args: Any) -> Any:
+    return fn(conn, *args)
+
+
+def _begun_then(fn: Callable[..., Any], conn: sqlite3.Connection, *args: Any) -> Any:
+    conn.execute("BEGIN IMMEDIATE")
+    return fn(conn, *args)
+
+
+def _execute(conn: sqlite3.Connection, sql: str, params: Any) -> int:
+    return max(0, conn.execute(sql, params).rowcount)
+
+
+def _fetchall(conn: sqlite3.Connection, sql: str, params: Any) -> list[Any]:
+    return conn.execute(sql, params).fetchall()
+
+
+def _insert(conn: sqlite3.Connection, sql: str, params: Any) -> int:
+    cur = conn.execute(sql, params)
+    return int(cur.lastrowid or 0) if cur.rowcount > 0 else 0
+
+
+def _executemany_each(conn: sqlite3.Connection, batch: list[tuple[str, Iterable[Any]]]) -> None:
+    for sql, rows in batch:
+        conn.executemany(sql, rows)

@@ -9,6 +9,7 @@ quarantine, ``atropos``' pushed groups), so a group ends the same way whoever en
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from farmd.records import VERIFIED_EXTERNAL, Trajectory
 from farmd.store.codec import INSERT_TRAJECTORY, traj_row
@@ -57,11 +58,22 @@ async def insert_finished(db: Transaction, groups: list[list[Trajectory]], bodie
     here. Inside the caller's transaction; ``bodies`` are the trajectories' ``pack_body``, in order.
     ``verified_by``: whose verdicts they hold (an Atropos environment's own scores, or the farm's, for
     completions a trainer sent to be judged)."""
+    await db.executemany_each(await finished_statements(db, groups, bodies, source=source, now=now,
+                                                        verified_by=verified_by))
+
+
+async def finished_statements(db: Transaction, groups: list[list[Trajectory]], bodies: list[bytes], *, source: str,
+                              now: float, verified_by: str = VERIFIED_EXTERNAL
+                              ) -> list[tuple[str, list[tuple[Any, ...]]]]:
+    """``insert_finished``'s statements and their rows, ids given, for a caller that runs them with its own
+    (``executemany_each``: one round trip for all)."""
     tops = await db.execute_fetchall("SELECT (SELECT COALESCE(MAX(id), 0) FROM groups), "
                                      "(SELECT COALESCE(MAX(id), 0) FROM jobs), "
                                      "(SELECT COALESCE(MAX(seq), 0) FROM trajectories)")
     group_id, job_id, seq = (int(v) for v in next(iter(tops)))
-    group_rows, job_rows, traj_rows = [], [], []
+    group_rows: list[tuple[Any, ...]] = []
+    job_rows: list[tuple[Any, ...]] = []
+    traj_rows: list[tuple[Any, ...]] = []
     body = iter(bodies)
     for members in groups:
         group_id += 1
@@ -75,12 +87,12 @@ async def insert_finished(db: Transaction, groups: list[list[Trajectory]], bodie
             t.verified_by = verified_by
             job_rows.append((job_id, group_id, t.env, t.seed, t.difficulty, t.agent, source, now, now))
             traj_rows.append(traj_row(t, next(body)))
-    await db.executemany("INSERT INTO groups(id, env, seed, difficulty, agent, size, source, created_at, run_id) "
-                         "VALUES (?,?,?,?,?,?,?,?,0)", group_rows)
-    await db.executemany("INSERT INTO jobs(id, group_id, env, seed, difficulty, agent, state, source, created_at, "
-                         "updated_at) VALUES (?,?,?,?,?,?,'done',?,?,?)", job_rows)
-    await db.executemany(INSERT_TRAJECTORY, traj_rows)
-    await finish_groups(db, [row[0] for row in group_rows])
+    return [("INSERT INTO groups(id, env, seed, difficulty, agent, size, source, created_at, run_id) "
+             "VALUES (?,?,?,?,?,?,?,?,0)", group_rows),
+            ("INSERT INTO jobs(id, group_id, env, seed, difficulty, agent, state, source, created_at, "
+             "updated_at) VALUES (?,?,?,?,?,?,'done',?,?,?)", job_rows),
+            (INSERT_TRAJECTORY, traj_rows),
+            (FINISH_GROUPS, [(row[0],) for row in group_rows])]
 
 
 async def fail_job(db: Transaction, job_id: int, attempts: int, error: str, now: float,
@@ -101,10 +113,13 @@ async def finish_group_of(db: Transaction, job_id: int) -> None:
 async def finish_groups(db: Transaction, group_ids: list[int]) -> None:
     """Groups whose last job just ended get their places in the done order (whole-group streams),
     and the running total of trajectories in groups finished so far (how far a group cursor is)."""
-    await db.executemany(
-        "UPDATE groups SET done_seq = (SELECT COALESCE(MAX(done_seq), 0) + 1 FROM groups), "
-        "done_total = COALESCE((SELECT done_total FROM groups WHERE done_seq = "
-        "(SELECT MAX(done_seq) FROM groups)), 0) + (SELECT COUNT(*) FROM trajectories WHERE group_id = groups.id) "
-        "WHERE id = ? AND done_seq IS NULL AND canary IS NULL AND NOT EXISTS "
-        "(SELECT 1 FROM jobs WHERE group_id = groups.id AND state IN ('queued', 'leased'))",
-        [(g,) for g in group_ids])
+    await db.executemany(FINISH_GROUPS, [(g,) for g in group_ids])
+
+
+FINISH_GROUPS = (
+    "UPDATE groups SET done_seq = (SELECT COALESCE(MAX(done_seq), 0) + 1 FROM groups), "
+    "done_total = COALESCE((SELECT done_total FROM groups WHERE done_seq = "
+    "(SELECT MAX(done_seq) FROM groups)), 0) + (SELECT COUNT(*) FROM trajectories WHERE group_id = groups.id) "
+    "WHERE id = ? AND done_seq IS NULL AND canary IS NULL AND NOT EXISTS "
+    "(SELECT 1 FROM jobs WHERE group_id = groups.id AND state IN ('queued', 'leased'))")
+"""``finish_groups``' statement, one group id a row."""

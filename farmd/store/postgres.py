@@ -239,6 +239,10 @@ class PostgresTransaction:
         if batch:
             await self._conn.executemany(translate(sql), batch)
 
+    async def executemany_each(self, statements: Iterable[tuple[str, Iterable[Iterable[Any]]]]) -> None:
+        for sql, rows in statements:
+            await self.executemany(sql, rows)
+
     async def execute_fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
         return [tuple(r) for r in await self._conn.fetch(translate(sql), *_bound(params))]
 

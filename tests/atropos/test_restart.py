@@ -7,14 +7,17 @@ trainer, no queue, step 0); farmd's comes back as it was.
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from farm_client import FarmClient
 
 from tests.api.test_atropos import REGISTRATION, group
 from tests.conftest import FARMD
@@ -83,3 +86,52 @@ def test_atropos_loses_its_queue_on_a_restart_and_farmd_keeps_it(tmp_path: Path)
     kept = after["farmd"]
     assert kept["/status"] == before["farmd"]["/status"] and kept["/info"] == before["farmd"]["/info"]
     assert [g["tokens"][0][0] for g in kept["/batch"]["batch"]] == [200], "the next batch it had cut"
+
+
+def test_every_push_answered_before_a_kill_9_is_there_after_it(tmp_path: Path) -> None:
+    """A push is answered once its group and its farm records are committed: farmd killed (SIGKILL) while an
+    environment pushes loses no push it answered, neither from Atropos's queue nor from farm's trajectories."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [FARMD, "serve", "--listen", "127.0.0.1:0", "--workers", "0", "--data", str(tmp_path / "farm"),
+           "--atropos", f"127.0.0.1:{port}"]
+    proc = started(cmd, url)
+    httpx.post(url + "/register", json={**REGISTRATION, "batch_size": 4})
+    httpx.get(url + "/batch")
+    answered: list[int] = []
+    refused: list[str] = []
+
+    def push() -> None:
+        with httpx.Client(base_url=url, timeout=10) as client:
+            for first in range(1000, 1_000_000, 10):
+                sent = group(4, first, advantages=[[0.5] * 3] * 4, inference_logprobs=[[1.0, -0.5, -0.25]] * 4)
+                try:
+                    reply = client.post("/scored_data", json=sent)
+                except httpx.TransportError:
+                    return
+                if reply.status_code != 200:
+                    refused.append(reply.text)
+                    return
+                answered.append(first)
+
+    pusher = threading.Thread(target=push)
+    pusher.start()
+    deadline = time.monotonic() + 60
+    while len(answered) < 20 and pusher.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    proc.kill()  # SIGKILL while the pusher goes on: a push is cut wherever it is
+    pusher.join(30)
+    proc.wait(30)
+    assert len(answered) >= 20 and not refused, refused
+    proc = started(cmd, url)
+    try:
+        queued: list[int] = []
+        while batch := httpx.get(url + "/batch").json()["batch"]:
+            queued += [g["tokens"][0][0] for g in batch]
+        assert set(answered) <= set(queued), f"{sorted(set(answered) - set(queued))} were answered, then lost"
+        with FarmClient(json.loads((tmp_path / "farm" / "farmd.json").read_text())["addr"]) as farm:
+            stored = farm.trajectories("atropos", limit=1000, full=True)
+        firsts = {t.turns[0].prompt_token_ids[0] for t in stored}
+        assert set(answered) <= firsts and len(stored) == 4 * len(queued), "each group's four records, once"
+    finally:
+        stopped(proc)

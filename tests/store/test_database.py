@@ -1,0 +1,84 @@
+"""The one write transaction at a time: what a writer that is cancelled or writes nothing leaves behind, and the
+round trips a write costs on SQLite's thread."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import pytest
+
+from farmd.store import Store
+
+
+async def _keys(store: Store) -> list[str]:
+    return sorted(str(r[0]) for r in await store.db.all("SELECT key FROM state WHERE key LIKE 'test-%'"))
+
+
+@pytest.mark.parametrize("when", ["in its first statement", "after its first statement"])
+async def test_a_cancelled_writer_leaves_nothing_and_no_transaction_open(tmp_path: Path, when: str) -> None:
+    store = await Store.open(tmp_path / "farm.db")
+    try:
+        wrote = asyncio.Event()
+
+        async def writer() -> None:
+            async with store.db.write() as tx:
+                await tx.execute("INSERT INTO state(key, value) VALUES ('test-cancelled', 'x')")
+                wrote.set()
+                await asyncio.sleep(60)
+
+        task = asyncio.create_task(writer())
+        if when == "in its first statement":
+            await asyncio.sleep(0)  # it has handed its first statement (and its BEGIN) to the connection
+        else:
+            await wrote.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with store.db.write() as tx:
+            await tx.execute("INSERT INTO state(key, value) VALUES ('test-after', 'y')")
+        assert await _keys(store) == ["test-after"]
+    finally:
+        await store.close()
+
+
+async def test_a_write_of_nothing_leaves_no_transaction_open(tmp_path: Path) -> None:
+    store = await Store.open(tmp_path / "farm.db")
+    try:
+        async with store.db.write():
+            pass
+        async with store.db.write() as tx:
+            await tx.execute("INSERT INTO state(key, value) VALUES ('test-next', 'y')")
+        assert await _keys(store) == ["test-next"]
+    finally:
+        await store.close()
+
+
+@pytest.mark.sqlite_only
+async def test_a_writes_begin_goes_with_its_first_statement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each statement is a round trip to the connection's thread; BEGIN IMMEDIATE is not one of its own (on the
+    branch point a one-statement write made three: BEGIN, the statement, COMMIT), and a list of statements is one."""
+    store = await Store.open(tmp_path / "farm.db")
+    hops = 0
+    handed = aiosqlite.Connection._execute
+
+    async def counted(self: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal hops
+        hops += 1
+        return await handed(self, fn, *args, **kwargs)
+
+    try:
+        monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
+        async with store.db.write() as tx:
+            await tx.execute("INSERT INTO state(key, value) VALUES ('test-one', 'x')")
+        assert hops == 2, "the statement with its BEGIN, then COMMIT"
+        hops = 0
+        async with store.db.write() as tx:
+            await tx.executemany_each([("INSERT INTO state(key, value) VALUES (?, ?)", [("test-a", "1"), ("test-b", "2")]),
+                                       ("DELETE FROM state WHERE key = ?", [("test-one",)])])
+        assert hops == 2 and await _keys(store) == ["test-a", "test-b"]
+    finally:
+        monkeypatch.undo()
+        await store.close()
