@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 from farm.v1 import intake_pb2, intake_pb2_grpc
 from farm_client.convert import dollars, duration, money, seconds
+from google.type import money_pb2
 
 from farmd.api.auth import OPERATOR, REVIEWER, credential_for
 from farmd.api.budget import Budgets
@@ -162,7 +163,7 @@ class IntakeService(intake_pb2_grpc.IntakeServiceServicer):
             caller = self._caller(context)
             bounty = await self._funnel.post_bounty(
                 caller.name, domain=request.domain, requirements=request.requirements,
-                payout_min=dollars(request.pay_min), payout_max=dollars(request.pay_max),
+                payout_min=_usd(request.pay_min, "pay_min"), payout_max=_usd(request.pay_max, "pay_max"),
                 wanted=request.wanted, min_reputation=request.min_reputation)
             return intake_pb2.PostBountyResponse(bounty=_bounty_pb(bounty))
         return await guarded(context, call)
@@ -246,6 +247,13 @@ class IntakeService(intake_pb2_grpc.IntakeServiceServicer):
         _ts(message, "created_at", sub.created_at)
         _ts(message, "decided_at", sub.decided_at)
         return message
+
+
+def _usd(amount: money_pb2.Money, field: str) -> float:
+    try:
+        return dollars(amount)
+    except ValueError as exc:
+        raise BadRequest(f"{field}: {exc}") from None
 
 
 def _state_name(value: int) -> str | None:

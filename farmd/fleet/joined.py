@@ -29,7 +29,7 @@ from farmd.agents.registry import RedTeamFactory
 from farmd.config import Config, sandbox_for
 from farmd.envs import Environment, VerifyContext
 from farmd.envs.catalog import CONTRIBUTED_PREFIX, Catalog
-from farmd.errors import ConfigError, FarmError, InfraFailure, IsolationUnavailable
+from farmd.errors import ConfigError, FarmError, InfraFailure, IsolationUnavailable, JoinRefused
 from farmd.fleet.link import Link
 from farmd.fleet.outbox import Outbox
 from farmd.fleet.policy_cache import PolicyCache
@@ -141,6 +141,9 @@ class JoinedNode:
         assert welcome is not None
         key = VerifierKey(welcome.verifier_key)
         lease_s, heartbeat_s = seconds(welcome.lease), seconds(welcome.heartbeat_every)
+        if lease_s <= 0:  # the welcome of a farmd from before these were Durations: its leases are unknown here
+            raise JoinRefused(f"the coordinator at {config.join} (farmd {welcome.version[:40]!r}) says no lease "
+                              "time: it is older than this node; run the same farmd version on both")
         lease_s = min(lease_s, 3 * heartbeat_s) if heartbeat_s > 0 else lease_s
         self.worker = Worker(self.remote, VerifyContext(sandbox=self.sandbox, key=key), slots=self.workers,
                              lease_s=lease_s, node=self.name, metrics=self.metrics, endpoints=config.endpoints,

@@ -6,6 +6,8 @@ from collections.abc import Iterator
 
 import grpc
 from farm.v1 import intake_pb2, intake_pb2_grpc
+from farm_client.convert import money
+from google.type import money_pb2
 
 from tests.intake import hostile_tars
 from tests.probe import LoopProbe
@@ -38,3 +40,24 @@ def test_an_archive_that_declares_gigabytes_costs_farmd_what_it_sent(running_far
             assert "not a tarball farm reads" in (refused.details() or ""), (name, refused.details())
     assert rss.grew_mb < 64, f"farmd grew {rss.grew_mb:.0f} MB reading archives that declare 256 MiB each"
     assert probe.worst_s < 0.5, f"farmd's loop was held {probe.worst_s:.2f} s reading them"
+
+
+def test_a_bountys_money_is_exact_and_in_us_dollars(running_farm) -> None:  # type: ignore[no-untyped-def]
+    """Payouts travel as google.type.Money: what was posted is read back to the cent, and an amount in another
+    currency is refused as the caller's error, not taken for dollars."""
+    farm = running_farm("--workers", "0")
+    with grpc.insecure_channel(farm.addr) as channel:
+        stub = intake_pb2_grpc.IntakeServiceStub(channel)
+        posted = stub.PostBounty(intake_pb2.PostBountyRequest(
+            domain="text", requirements="counting tasks", wanted=2, pay_min=money(0.3), pay_max=money(1234.56)),
+            timeout=30).bounty
+        assert (posted.pay_min, posted.pay_max) == (money(0.3), money(1234.56))
+        assert (posted.pay_max.units, posted.pay_max.nanos, posted.pay_max.currency_code) == (1234, 560000000, "USD")
+        euros = money_pb2.Money(currency_code="EUR", units=50)
+        try:
+            stub.PostBounty(intake_pb2.PostBountyRequest(domain="text", requirements="r", wanted=1, pay_min=euros,
+                                                         pay_max=euros), timeout=30)
+            raise AssertionError("a bounty in euros was taken")
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT and "farm's money is in USD" in (exc.details() or "")
+        assert [b.id for b in stub.ListBounties(intake_pb2.ListBountiesRequest(), timeout=30).bounties] == [posted.id]

@@ -126,3 +126,30 @@ def test_with_a_ca_a_node_joins_with_the_certificate_it_signed(tmp_path: Path, r
             time.sleep(0.2)
         assert client.get_run(run["id"])["passed"] == 4
     assert signed.proc.poll() is None
+
+
+class _OldCoordinator(node_pb2_grpc.NodeServiceServicer):
+    """A coordinator whose welcome has no lease time: what a farmd from before the welcome's Durations sends."""
+
+    def Work(self, request_iterator, context):  # type: ignore[no-untyped-def]
+        first = next(request_iterator)
+        yield node_pb2.WorkResponse(reply_to=first.id, welcome=node_pb2.Welcome(
+            name=first.hello.name, version="0.0.9", verifier_key=b"k" * 32))
+        for _ in request_iterator:  # whatever it asks afterwards goes unanswered
+            pass
+
+
+def test_a_node_refuses_a_welcome_without_a_lease_time(worker_node) -> None:  # type: ignore[no-untyped-def]
+    """A zero lease would run its heartbeats without pause: the node says what is wrong and exits instead."""
+    from concurrent import futures
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    node_pb2_grpc.add_NodeServiceServicer_to_server(_OldCoordinator(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        node = worker_node(f"127.0.0.1:{port}", "current", wait=False)
+        assert node.exited() == 5, node.text()[-2000:]
+        assert "says no lease time: it is older than this node" in node.text(), node.text()[-2000:]
+    finally:
+        server.stop(0)
