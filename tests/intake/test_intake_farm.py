@@ -5,7 +5,6 @@ stream, telling it which."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from farm_client import FarmClient
 
 from tests.conftest import RunningFarm
 from tests.intake.contrib_example import EXAMPLE
+from tests.intake.farm_config import intake_farm_toml
 
 pytestmark = [pytest.mark.sandbox]
 
@@ -24,14 +24,7 @@ ENV = "contrib:word-count@1.0.0"
 
 
 def farm_toml(tmp_path: Path) -> Path:
-    config = tmp_path / "farm.toml"
-    entries = "".join(f'\n[[credentials]]\nname = "{who}"\nroles = ["{ROLES[who]}"]\n'
-                      f'token_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"\n'
-                      for who, token in TOKENS.items())
-    # Fewer seeds than a farm asks of a new contributor: the same checks, a cheaper test.
-    config.write_text('[intake]\nseeds = [2, 2, 2]\nattack_budget = [2, 2, 2]\ntier2_tasks = 1\ntier2_sample = 8\n'
-                      + entries)
-    return config
+    return intake_farm_toml(tmp_path / "farm.toml", TOKENS, ROLES)
 
 
 def as_(farm: RunningFarm, who: str, *args: str, check: bool = True) -> Any:
@@ -94,8 +87,7 @@ def test_on_a_farm_without_credentials_the_review_step_says_how_it_is_tried(runn
                                                                             ) -> None:  # type: ignore[no-untyped-def]
     """Without credentials every caller is `anonymous` unless named: reviewing what anonymous submitted is refused
     with the way through, and a named reviewer approves it."""
-    config = tmp_path / "farm.toml"
-    config.write_text('[intake]\nseeds = [2, 2, 2]\nattack_budget = [2, 2, 2]\ntier2_tasks = 1\ntier2_sample = 8\n')
+    config = intake_farm_toml(tmp_path / "farm.toml")
     farm = running_farm("--workers", "2", "--config", str(config))
     sub = json.loads(farm.farmctl("submit", str(EXAMPLE), "--wait", "--json").stdout)
     assert sub["state"] == "in_review" and sub["contributor"] == "anonymous", sub

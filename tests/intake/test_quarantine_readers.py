@@ -11,7 +11,6 @@ directory, so the tests run in file order.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from farm_client import FarmClient
 
 from tests.conftest import RunningFarm
 from tests.intake.contrib_example import EXAMPLE
+from tests.intake.farm_config import intake_farm_toml
 
 pytestmark = [pytest.mark.sandbox]
 
@@ -69,11 +69,7 @@ class Flow:
 @pytest.fixture(scope="module")
 def flow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
     root = tmp_path_factory.mktemp("quarantine")
-    config = root / "farm.toml"
-    config.write_text('[intake]\nseeds = [2, 2, 2]\nattack_budget = [2, 2, 2]\ntier2_tasks = 1\ntier2_sample = 8\n' +
-                      "".join(f'\n[[credentials]]\nname = "{who}"\nroles = ["{ROLES[who]}"]\n'
-                              f'token_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"\n'
-                              for who, token in TOKENS.items()))
+    config = intake_farm_toml(root / "farm.toml", TOKENS, ROLES)
     farm = RunningFarm(root / "data", "--workers", "2", "--http", "127.0.0.1:0", "--config", str(config))
     try:
         f = Flow(farm, root)

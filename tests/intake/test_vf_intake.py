@@ -6,7 +6,6 @@ another task each time it loads."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from farmd.sandbox import Sandbox
 from farmd.verifier import VerifierKey
 from tests.conftest import RunningFarm
 from tests.intake import vf_example
+from tests.intake.farm_config import intake_farm_toml
 from tests.intake.vf_example import ANY, formatted, source, submission
 
 pytestmark = [pytest.mark.sandbox]
@@ -41,13 +41,7 @@ async def sandbox() -> AsyncIterator[Sandbox]:
 
 
 def farm_toml(tmp_path: Path) -> Path:
-    config = tmp_path / "farm.toml"
-    entries = "".join(f'\n[[credentials]]\nname = "{who}"\nroles = ["{ROLES[who]}"]\n'
-                      f'token_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"\n'
-                      for who, token in TOKENS.items())
-    config.write_text('[intake]\nseeds = [2, 2, 2]\nattack_budget = [2, 2, 2]\ntier2_tasks = 1\ntier2_sample = 8\n'
-                      + entries)
-    return config
+    return intake_farm_toml(tmp_path / "farm.toml", TOKENS, ROLES)
 
 
 def as_(farm: RunningFarm, who: str, *args: str, timeout: float = 120) -> Any:
