@@ -122,7 +122,11 @@ class RunningFarm:
             [FARMD, "serve", "--listen", listen, "--data", str(data_dir), *extra],
             stdout=self._log_fh, stderr=subprocess.STDOUT, env=env,
         )
-        self.addr = self._wait_for_addr()
+        try:
+            self.addr = self._wait_for_addr()
+        except BaseException:  # pytest's timeout too: the caller never holds this farm, so nobody else stops it
+            self.stop(sig=9)
+            raise
 
     def _wait_for_addr(self, timeout_s: float = 60) -> str:
         import time

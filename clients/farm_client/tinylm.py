@@ -86,6 +86,10 @@ class Tokenizer:
         return "".join(self.vocab[i - SPECIALS] for i in ids if SPECIALS <= i < SPECIALS + len(self.vocab))
 
 
+KeysValues = tuple[torch.Tensor, torch.Tensor]
+"""One block's attention keys and values of the positions so far, each [B, heads, T, head_dim]."""
+
+
 class _Block(nn.Module):
     def __init__(self, d: int, heads: int) -> None:
         super().__init__()
@@ -97,12 +101,20 @@ class _Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attend(x, None)[0]
+
+    def attend(self, x: torch.Tensor, past: KeysValues | None) -> tuple[torch.Tensor, KeysValues]:
+        """``x`` [B, T, D] through the block, after the positions whose keys and values are ``past`` (None: none);
+        and the keys and values of every position so far."""
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        # Causal within ``x``; a single new position attends to every one before it, which is what causal means there.
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=past is None and t > 1)
         x = x + self.out(att.transpose(1, 2).reshape(b, t, d))
         out: torch.Tensor = x + self.mlp(self.ln2(x))
-        return out
+        return out, (k, v)
 
 
 class TinyLM(nn.Module):
@@ -133,6 +145,24 @@ class TinyLM(nn.Module):
             x = block(x)
         logits: torch.Tensor = self.ln(x) @ self.embed.weight.T
         return logits
+
+    def extend(self, ids: torch.Tensor, past: list[KeysValues] | None = None
+               ) -> tuple[torch.Tensor, list[KeysValues]]:
+        """Logits [B, V] of the position after ``ids`` [B, T], which follow the positions whose keys and values are
+        ``past`` (one per block; None: ``ids`` start the sequence); and the keys and values with ``ids``' added. What
+        ``forward``'s last position would give, each earlier position computed once: sampling's KV cache."""
+        start = 0 if past is None else past[0][0].shape[2]
+        t = ids.shape[1]
+        if start + t > self.config.max_len:
+            raise ValueError(f"{start + t} tokens; the model has {self.config.max_len} positions")
+        x = self.embed(ids) + self.pos(torch.arange(start, start + t, device=ids.device))
+        cache: list[KeysValues] = []
+        for i, block in enumerate(self.blocks):
+            assert isinstance(block, _Block)
+            x, kv = block.attend(x, None if past is None else past[i])
+            cache.append(kv)
+        logits: torch.Tensor = self.ln(x[:, -1]) @ self.embed.weight.T
+        return logits, cache
 
     @property
     def device(self) -> torch.device:
@@ -201,8 +231,10 @@ def _sample_equal(model: TinyLM, prompts: list[Sequence[int]], max_new_tokens: i
     logps = torch.zeros(b, steps)
     done = torch.zeros(b, dtype=torch.bool, device=device)
     ends = torch.full((b,), steps, dtype=torch.long)
+    logits, cache = model.extend(ids) if steps else (None, [])
     for t in range(steps):
-        logits = model(ids)[:, -1, :].float()
+        assert logits is not None
+        logits = logits.float()
         if noise is not None:
             logp = F.log_softmax(logits / temperature, dim=-1)
             tok = (logp + noise[:, t]).argmax(dim=-1)
@@ -216,7 +248,8 @@ def _sample_equal(model: TinyLM, prompts: list[Sequence[int]], max_new_tokens: i
         done |= newly
         if bool(done.all()):
             break
-        ids = torch.cat([ids, tok[:, None]], dim=1)
+        if t + 1 < steps:  # the next position's logits, from this token and the cache of those before it
+            logits, cache = model.extend(tok[:, None], cache)
     out = []
     for r in range(b):
         n = int(ends[r])

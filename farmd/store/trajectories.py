@@ -54,6 +54,29 @@ class PassRate:
     errors: int
 
 
+@dataclasses.dataclass(slots=True)
+class _PassCounts:
+    """Pass rates' sums by (env, level) over the trajectories stored up to ``seq``, with every verdict as it was at
+    ``verdicts`` (the newest score's and withdrawal's marks): added to as trajectories are stored, read again from
+    the start once a verdict changes."""
+
+    seq: int
+    verdicts: tuple[int, int]
+    sums: dict[tuple[str, int], list[float]] = dataclasses.field(default_factory=dict)
+    """(trajectories, passed, sum of counted rewards, counted rewards, errors)."""
+
+    def add(self, rows: list[tuple[str, int, int, int, float, int, int]]) -> None:
+        for env, difficulty, *figures in rows:
+            sums = self.sums.setdefault((env, difficulty), [0, 0, 0.0, 0, 0])
+            for i, figure in enumerate(figures):
+                sums[i] += figure
+
+    def rates(self) -> list[PassRate]:
+        return [PassRate(env=env, difficulty=difficulty, trajectories=int(n), passed=int(p),
+                         mean_reward=rs / rn if rn else None, errors=int(err))
+                for (env, difficulty), (n, p, rs, rn, err) in sorted(self.sums.items())]
+
+
 class TrajectoryRecords:
     """``recent``: records this process stored lately (``Recent``), served for rows unchanged since."""
 
@@ -61,6 +84,10 @@ class TrajectoryRecords:
         self._db = db
         self._recent = recent or Recent()
         self._verdicts = VerdictRecords(db)
+        self._pass_counts: _PassCounts | None = None
+        """What ``pass_rates`` counted so far, and the marks it counted to."""
+        self._pass_lock = asyncio.Lock()
+        """One count at a time: two status reads at once would each add the same new trajectories."""
 
     # -- groups as they finished ------------------------------------------------------------------
 
@@ -196,19 +223,41 @@ class TrajectoryRecords:
         """Per environment and level, by each trajectory's current verdict: trajectories, passed, mean reward,
         errors (never scores); withdrawn ones left out (a quarantine took them back: their verdicts say nothing of
         the policy, and their withdrawn 0 would read as it failing), and a red team's attempts (wrong on purpose,
-        they would read as a policy failing)."""
+        they would read as a policy failing).
+
+        Read every stored trajectory once, then only those stored since (``_PassCounts``): a status read every
+        second would otherwise scan the whole table every second, a cost that grows with the farm's age. Any
+        verdict given or trajectory withdrawn since the last read makes it read them all again (rare: a rescore, a
+        quarantine, a coordinator's check that disagreed)."""
+        async with self._pass_lock:
+            return await self._pass_rates()
+
+    async def _pass_rates(self) -> list[PassRate]:
+        marks = await self._db.one("SELECT (SELECT COALESCE(MAX(seq), 0) FROM trajectories), "
+                                   "(SELECT COALESCE(MAX(seq), 0) FROM scores), (SELECT COALESCE(MAX(seq), 0) FROM withdrawals)")
+        seq, verdicts = int(marks[0]), (int(marks[1]), int(marks[2]))
+        counts = self._pass_counts
+        if counts is None or counts.verdicts != verdicts or seq < counts.seq:
+            counts = _PassCounts(seq=0, verdicts=verdicts)
+        if seq > counts.seq:
+            counts.add(await self._pass_rows(counts.seq, seq))
+            counts.seq = seq
+        self._pass_counts = counts
+        return counts.rates()
+
+    async def _pass_rows(self, after: int, upto: int) -> list[tuple[str, int, int, int, float, int, int]]:
         # Only rewards in a reward's domain count in the mean: one stored out of it (an infinity, a text) would
         # make every status read show it (``farmd.domain``; its record is served as unreadable).
         bound = domain.EXTERNAL_SCORE_BOUND
+        counted = f"status='ok' AND {self._db.sql.is_number('reward')} AND reward BETWEEN ? AND ?"
         rows = await self._db.all(
-            f"SELECT env, difficulty, COUNT(*), SUM(CASE WHEN status='ok' AND passed=1 THEN 1 ELSE 0 END), AVG(CASE WHEN status='ok' AND "
-            f"{self._db.sql.is_number('reward')} AND reward BETWEEN ? AND ? THEN reward END), "
-            f"SUM(CASE WHEN status='error' THEN 1 ELSE 0 END) FROM trajectories WHERE substr(agent, 1, ?) != ? AND NOT {WITHDRAWN_SQL} "
-            "GROUP BY env, difficulty ORDER BY env, difficulty",
-            (-bound, bound, len(RED_TEAM_PREFIX), RED_TEAM_PREFIX))
-        return [PassRate(env=e, difficulty=d, trajectories=n, passed=int(p or 0),
-                         mean_reward=float(r) if r is not None else None, errors=int(err or 0))
-                for e, d, n, p, r, err in rows]
+            "SELECT env, difficulty, COUNT(*), SUM(CASE WHEN status='ok' AND passed=1 THEN 1 ELSE 0 END), "
+            f"SUM(CASE WHEN {counted} THEN reward ELSE 0 END), SUM(CASE WHEN {counted} THEN 1 ELSE 0 END), "
+            "SUM(CASE WHEN status='error' THEN 1 ELSE 0 END) FROM trajectories WHERE seq > ? AND seq <= ? "
+            f"AND substr(agent, 1, ?) != ? AND NOT {WITHDRAWN_SQL} GROUP BY env, difficulty",
+            (-bound, bound, -bound, bound, after, upto, len(RED_TEAM_PREFIX), RED_TEAM_PREFIX))
+        return [(e, int(d), int(n), int(p or 0), float(rs or 0.0), int(rn or 0), int(err or 0))
+                for e, d, n, p, rs, rn, err in rows]
 
     async def finished_since(self, since: float) -> int:
         row = await self._db.one("SELECT COUNT(*) FROM trajectories WHERE finished_at >= ?", (since,))

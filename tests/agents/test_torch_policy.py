@@ -335,3 +335,19 @@ async def test_a_policy_that_declares_more_than_it_holds_is_refused_before_it_is
             await agent.attempt(_task(), None, source.publish(hostile))
         assert not caught.value.transient, name
     assert runtime.loads == 0
+
+
+def test_sampling_computes_each_position_once_and_gets_what_the_whole_sequence_gives(blob: bytes) -> None:
+    """``extend`` with its keys and values (sampling's cache) gives the logits ``forward`` gives at each position."""
+    model = tinylm.load(blob)
+    ids = torch.tensor([model.tokenizer.prompt(t.prompt) for t in (ARITH.generate(s, 1) for s in range(40))
+                        if len(t.prompt) == len(ARITH.generate(0, 1).prompt)][:4])
+    with torch.no_grad():
+        whole = model(ids)
+        logits, cache = model.extend(ids[:, :3])
+        assert torch.allclose(logits, whole[:, 2], atol=1e-5)
+        for t in range(3, ids.shape[1]):
+            logits, cache = model.extend(ids[:, t:t + 1], cache)
+            assert torch.allclose(logits, whole[:, t], atol=1e-5), t
+        with pytest.raises(ValueError, match="positions"):
+            model.extend(ids[:, :1].repeat(1, model.config.max_len), cache)

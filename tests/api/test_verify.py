@@ -217,7 +217,10 @@ def _hidden(t: SampledTask, data_dir: Path) -> list[str]:
 def test_code_is_judged_in_the_box_and_nothing_hidden_is_in_any_reply(farm: Any) -> None:
     f = farm()
     with FarmClient(f.addr) as client:
-        tasks = client.sample_tasks("py-func", 2, difficulty=3)  # lists as inputs: long enough to look for
+        # Lists as inputs, long enough to look for; a task whose hidden inputs are all short (a few families take
+        # scalars) has nothing to look for, so two that have are taken.
+        tasks = [t for t in client.sample_tasks("py-func", 12, difficulty=3) if _hidden(t, f.config.data_dir)][:2]
+        assert len(tasks) == 2, "two of twelve tasks have hidden inputs long enough to look for"
         a, b = tasks
         assert a.entry_point and a.entry_point in a.prompt
         hostile = "```python\nimport os\nos._exit(0)\n```"
@@ -233,7 +236,6 @@ def test_code_is_judged_in_the_box_and_nothing_hidden_is_in_any_reply(farm: Any)
         seen = "\n".join(str(r) for r in replies) + "\n" + "\n".join(repr(v) for v in verdicts)
         for t in tasks:
             hidden = _hidden(t, f.config.data_dir)
-            assert hidden, "the task has hidden inputs to look for"
             leaked = [h for h in hidden if h in seen or h.replace(" ", "") in seen]
             assert not leaked, leaked[:3]
 

@@ -143,6 +143,17 @@ async def test_consumers_scores_policies_state(store: Store) -> None:
     assert await store.get_state("bank") == {"x": [1, 2]}
 
 
+async def test_job_counts_are_the_farms_work_and_leave_a_nodes_canaries_out(store: Store) -> None:
+    await store.enqueue([("py-func", 1, 1, "reference", 3)])
+    (job,) = await store.lease("w", 1, 30, 0)
+    await store.complete([("w", traj(job.id))])
+    assert await store.nodes.enqueue_canary("n1", job.id, "reference") is not None
+    assert await store.nodes.enqueue_canary("n2", job.id, "reference") is not None
+    assert await store.job_counts() == {"done": 1, "queued": 2}, "six canaries, none of them the farm's work"
+    await store.nodes.cancel_canaries("n1")
+    assert await store.job_counts() == {"done": 1, "queued": 2}
+
+
 async def test_everything_survives_a_reopen(tmp_path: Path) -> None:
     path = tmp_path / "farm.db"
     s = await Store.open(path)

@@ -85,6 +85,23 @@ async def test_an_error_is_kept_never_current(store: Store) -> None:
     assert [s.status for s in kept.scores] == ["ok", "error"]
 
 
+async def test_pass_rates_read_once_follow_what_is_stored_and_every_later_verdict(store: Store) -> None:
+    """Pass rates count what was stored since their last read, and read it all again once a verdict changed."""
+    def rates(rs: list) -> dict[str, tuple[int, int, float | None]]:  # type: ignore[type-arg]
+        return {r.env: (r.trajectories, r.passed, r.mean_reward) for r in rs}
+
+    a, _ = await stored(store, attempt(env="py-func", reward=1.0), attempt(env="py-func", reward=0.0))
+    assert rates(await store.pass_rates()) == {"py-func": (2, 1, 0.5)}
+    await stored(store, attempt(env="py-func", reward=1.0), attempt(env=ENV, reward=1.0))
+    assert rates(await store.pass_rates()) == {"py-func": (3, 2, 2 / 3), ENV: (1, 1, 1.0)}, "those stored since"
+    await store.add_scores([(a.id, "2", 0.0, False, "ok", ["a stricter check"], [])])
+    assert rates(await store.pass_rates()) == {"py-func": (3, 1, 1 / 3), ENV: (1, 1, 1.0)}, "a rescore, counted"
+    assert await store.intake.quarantine(1, ENV, "a hedge passes") == 1
+    assert rates(await store.pass_rates()) == {"py-func": (3, 1, 1 / 3)}, "a withdrawal, counted"
+    await stored(store, attempt(env="py-func", reward=0.0))
+    assert rates(await store.pass_rates()) == {"py-func": (4, 1, 0.25)}
+
+
 async def test_a_withdrawal_is_current_for_good_and_listings_leave_it_out_unless_asked(store: Store) -> None:
     made = await stored(store, *(attempt(env=ENV, reward=1.0) for _ in range(3)),
                         attempt(env="py-func", reward=1.0))
