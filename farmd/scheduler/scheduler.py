@@ -489,8 +489,8 @@ class Scheduler:
                                                  "bank": self.bank.to_json()})
 
     async def status(self) -> FarmStatus:
-        """``pulse``, the pass rates by environment and level (these read every stored trajectory), the disk, and
-        the newest job failures."""
+        """``pulse``, the pass rates by environment and level (each read counts what was stored since the last), the
+        disk, and the newest job failures."""
         return FarmStatus(pulse=await self.pulse(), pass_rates=await self.store.pass_rates(),
                           disk=await self.retention.disk(), recent_failures=await self.store.failures(RECENT_FAILURES))
 
