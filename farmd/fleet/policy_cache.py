@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -31,7 +32,7 @@ class PolicyCache:
         self.directory = directory
         self.max_bytes = max_bytes
         self._fetch = fetch
-        self._versions: dict[int, str] = {}
+        self._versions: OrderedDict[int, str] = OrderedDict()
         self._fetching: dict[str, asyncio.Future[bytes]] = {}
         self.counters = {"hits": 0, "fetched": 0, "evicted": 0}
 
@@ -44,7 +45,7 @@ class PolicyCache:
             self._versions.pop(version, None)
             self._versions[version] = sha256
             while len(self._versions) > _KNOWN_VERSIONS:
-                self._versions.pop(next(iter(self._versions)))
+                self._versions.popitem(last=False)
 
     async def sha256_of(self, version: int) -> str:
         sha = self._versions.get(version)

@@ -15,6 +15,7 @@ import logging
 import sys
 import zlib
 from array import array
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import fields, is_dataclass
 from typing import Any
@@ -240,7 +241,7 @@ def _record(columns: dict[str, Any], body: bytes | None) -> Trajectory:
     return from_plain(Trajectory, plain)
 
 
-_LOGGED_UNREADABLE: dict[object, None] = {}
+_LOGGED_UNREADABLE: OrderedDict[object, None] = OrderedDict()
 """Rows logged as unreadable by this process (the last few thousand): every stream that passes one meets it
 again, and one line per row says it."""
 
@@ -251,7 +252,7 @@ def log_unreadable(traj_id: object, problems: list[str]) -> None:
         return
     _LOGGED_UNREADABLE[key] = None
     if len(_LOGGED_UNREADABLE) > 4096:
-        _LOGGED_UNREADABLE.pop(next(iter(_LOGGED_UNREADABLE)))
+        _LOGGED_UNREADABLE.popitem(last=False)
     log.error("stored trajectory %s cannot be read (%s): served as an unreadable stub", key,
               "; ".join(problems[:3])[:1000], extra={"event": "unreadable_trajectory", "trajectory": key})
 
@@ -282,7 +283,9 @@ class Recent:
         self._keep = keep
         self._body_bytes = body_bytes
         self._bytes = 0
-        self._kept: dict[int, tuple[tuple[Any, ...], Trajectory]] = {}
+        # Oldest first, dropped from the front: a plain dict's first item, after thousands dropped before it, is
+        # found by skipping every emptied slot (17 us a record at 16k kept, measured), an OrderedDict's at once.
+        self._kept: OrderedDict[int, tuple[tuple[Any, ...], Trajectory]] = OrderedDict()
 
     def remember(self, rows: Sequence[tuple[Any, ...]], records: Sequence[Trajectory]) -> None:
         """``records`` were just committed as ``rows`` (``traj_row``'s)."""
@@ -293,7 +296,7 @@ class Recent:
             self._kept[int(row[0])] = (row, dataclasses.replace(record, verdict_version=int(row[_VERDICT_INDEX]),
                                                                 scores=[]))
         while self._kept and (len(self._kept) > self._keep or self._bytes > self._body_bytes):
-            gone, _ = self._kept.pop(next(iter(self._kept)))
+            _, (gone, _) = self._kept.popitem(last=False)
             self._bytes -= len(gone[_BODY_INDEX])
 
     def kept(self) -> list[int]:
