@@ -34,7 +34,9 @@ from farm_client.record import Trajectory
 from farmd.cli.vllm_server import VllmServer, ensure_model, vllm_python
 from farmd.errors import VllmFailed
 
-pytestmark = pytest.mark.slow
+# The module's servers start inside its first test's time: two vLLM servers on two cores beside the rest of the
+# suite took 141 s once (20-40 s alone), past pytest's 120 s; each server's own wait (240 s) says why first.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(360)]
 
 
 class Proxy:
