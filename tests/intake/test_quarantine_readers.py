@@ -85,8 +85,10 @@ def flow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
             # The farm's own canary groups for the new environment run beside the runs and may land after them:
             # what is listed here must be all that will ever be exported.
             deadline = time.monotonic() + 60
-            while sum(client.status()["queue"][k] for k in ("queued", "leased")) and time.monotonic() < deadline:
+            while (open_jobs := sum(client.status()["queue"][k] for k in ("queued", "leased"))) \
+                    and time.monotonic() < deadline:
                 time.sleep(0.2)
+            assert not open_jobs, f"{open_jobs} jobs still open after 60 s"
             listed = client.trajectories(limit=1000)
             f.ids = sorted(t.id for t in listed if t.env == ENV and t.agent == "reference")
             f.arith = sorted(t.id for t in listed if t.env == LIVE)
