@@ -88,7 +88,18 @@ def test_the_learning_loop_config_loads(tmp_path: Path) -> None:
 
     config = load(write(tmp_path, loop_toml("uniform")))
     assert (config.scheduler.demand_agent, config.scheduler.demand_envs) == ("torch:tiny", ("arith",))
-    assert (config.taskbank.sampling, config.taskbank.max_groups_per_task) == ("uniform", 2)
+    assert (config.taskbank.sampling, config.taskbank.max_groups_per_task) == ("uniform", 1)
+    assert (config.scheduler.demand_per_version, config.scheduler.demand_lag, config.scheduler.demand_buffer) == \
+        (512, 0, 1024)
+
+
+def test_demand_per_version_and_lag_are_whole_numbers(tmp_path: Path) -> None:
+    for name, value in (("demand_per_version", "-8"), ("demand_lag", "-1"), ("demand_lag", "true"),
+                        ("demand_per_version", "1.5")):
+        with pytest.raises(ConfigError, match=name):
+            load(write(tmp_path, f"[scheduler]\n{name} = {value}\n"))
+    config = load(write(tmp_path, "[scheduler]\ndemand_per_version = 512\ndemand_lag = 0\n"))
+    assert (config.scheduler.demand_per_version, config.scheduler.demand_lag) == (512, 0)
 
 
 # -- credentials and TLS ---------------------------------------------------------------------------

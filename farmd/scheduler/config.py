@@ -24,6 +24,18 @@ class SchedulerConfig:
     """How often expired leases are requeued and finished groups fed to the task bank."""
     demand_buffer: int = 256
     """Unconsumed trajectories (stored or in the queue) to keep ahead of the slowest streaming trainer."""
+    demand_per_version: int = 0
+    """What the trainer learns from per version of the demand agent's policy (its batch), for demand to queue: a
+    batch more with each new version, at most ``demand_lag`` + 1 unqueued at any time (0: no such limit, only
+    ``demand_buffer``). A buffer alone lets production run on while the trainer gathers its batch, and some of
+    what it sends is two versions old by the time it is learned from: measured in one process on the tiny loop,
+    two versions behind learned less than half as much per rollout as one or none (held-out +0.16 against +0.45
+    in 90 s)."""
+    demand_lag: int = 1
+    """With ``demand_per_version``: how many versions the policy that samples a batch may be behind the one that
+    learns from it. 1: the farm samples the next batch while the trainer learns from this one (sampling and
+    learning overlap). 0: lockstep, each batch sampled by the version just published (nothing overlaps, and the
+    ratio to the sampling policy starts at 1)."""
     demand_agent: str | None = None
     """The agent demand-driven rollouts use (the current policy's); None: only explicit requests run."""
     demand_envs: tuple[str, ...] = ()
@@ -78,6 +90,10 @@ class SchedulerConfig:
                 or self.policy_keep_newest < 1 or not self.policy_sweep_s > 0:
             raise ValueError(f"policy_keep_newest is at least 1 (a line's current version is always kept) and "
                              f"policy_sweep_s above 0, not {self.policy_keep_newest!r} and {self.policy_sweep_s!r}")
+        for name in ("demand_per_version", "demand_lag"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} is a whole number, 0 or more, not {value!r}")
         if not 0 <= self.reverify_tolerance < 1:
             raise ValueError(f"reverify_tolerance is 0 to below 1, not {self.reverify_tolerance!r}")
 

@@ -44,6 +44,9 @@ _LAG_SHOWN_S = 3600.0
 _BANK_SAVE_EVERY_S = 5.0
 """The bank's state is a few hundred kB of JSON: saved this often while groups finish (and on stop), not at
 every upkeep round. A crash loses at most this much of its evidence, never a trajectory."""
+_DEMAND_DRY_S = 5.0
+"""Under ``demand_per_version``, how long nothing on its way to the trainer and no new version may last before
+demand queues a batch anyway (the last one's jobs failed, or the trainer publishes less often than a batch)."""
 RECENT_FAILURES = 5
 """Job failures ``status`` shows, newest first: enough to see a cause repeat, few enough to read."""
 
@@ -125,6 +128,14 @@ class Scheduler:
                                    every_s=self.config.policy_sweep_s)
         """Unused policy content removed in the background; the disk the store takes, and its growth."""
         self._submit_lock = asyncio.Lock()
+        self._demand_version = 0
+        self._demand_credit = self.config.demand_lag * self.config.demand_per_version
+        """Demand rollouts that may still be queued (``demand_per_version``): ``demand_lag`` batches to start with, one
+        more with each new version, ``demand_lag`` + 1 at most (lag 1: the batch the trainer learns from next and the
+        one sampled meanwhile)."""
+        self._demand_moved = 0.0
+        self._upkeep_now = asyncio.Event()
+        """Set when upkeep should not wait for its period: a new policy version (demand may queue for it)."""
         self._work = asyncio.Event()
         """Set (and replaced) whenever jobs may have become leasable: what a node's parked lease waits on."""
         self.counters: dict[str, int] = {"completed": 0, "failed": 0, "retried": 0, "requeued": 0, "enqueued": 0,
@@ -240,10 +251,33 @@ class Scheduler:
         counts = await self.store.open_job_counts()
         pending = counts.get(JobState.QUEUED, 0) + counts.get(JobState.LEASED, 0)
         want = cfg.demand_buffer - (unconsumed + pending)
+        if cfg.demand_per_version:
+            want = min(want, self._demand_credit_now(unconsumed + pending))
+        want -= want % cfg.group_size  # whole groups: a short one carries less signal than it costs
         if want < cfg.group_size:
             return
         env = cfg.demand_envs[self._rng.randrange(len(cfg.demand_envs))]
-        await self.submit(env, cfg.demand_agent, want, source="demand")
+        _, queued = await self.submit(env, cfg.demand_agent, want, source="demand")
+        self._demand_credit -= queued
+
+    def _demand_credit_now(self, in_flight: int) -> int:
+        """What demand may queue now under ``demand_per_version``: a batch more for each version the demand agent's
+        line has moved to, ``demand_lag`` + 1 at most, so that what the trainer learns from is at most that many
+        versions old."""
+        per, agent = self.config.demand_per_version, self.config.demand_agent
+        assert agent is not None
+        version = self.policies.version_for(agent)
+        now = time.monotonic()
+        if version != self._demand_version:
+            self._demand_version, self._demand_moved = version, now
+            self._demand_credit = min(self._demand_credit + per, (self.config.demand_lag + 1) * per)
+        elif in_flight:
+            self._demand_moved = now
+        elif now - self._demand_moved >= _DEMAND_DRY_S:
+            # Nothing on its way to the trainer and no new version for a while: its jobs failed, or it publishes
+            # less often than a batch. Never leave it waiting for good.
+            self._demand_credit = max(self._demand_credit, per)
+        return self._demand_credit
 
     # -- judged for trainers that sample themselves (the Verify API) -------------------------------
 
@@ -396,12 +430,15 @@ class Scheduler:
         if version > self.policy_version:
             self.policy_version = version
             self.bank.set_policy_version(version)
+        self._upkeep_now.set()
 
     # -- upkeep -----------------------------------------------------------------------------------
 
     async def _maintain(self) -> None:
         while True:
-            await asyncio.sleep(self.config.maintenance_every_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._upkeep_now.wait(), self.config.maintenance_every_s)
+            self._upkeep_now.clear()
             try:
                 await self._requeue_expired()
                 if await self._observe_finished() and time.monotonic() - self._bank_saved >= _BANK_SAVE_EVERY_S:

@@ -65,7 +65,10 @@ def test_a_short_loop_learns_through_the_farm(tmp_path: Path, running_farm) -> N
     metrics = read_jsonl(files.metrics)
     published = {r["version"]: r["sha256"] for r in metrics if r["kind"] == "publish"}
     assert len(published) >= 5, f"the policy version advanced only to {sorted(published)}"
-    assert all(r["staleness_max"] <= 2 for r in metrics if r["kind"] == "step" and r["staleness_max"] is not None)
+    stale = [r["staleness_max"] for r in metrics if r["kind"] == "step" and r["staleness_max"] is not None]
+    # One batch a version (demand_per_version): learned from one version after sampling, or none; a retried job
+    # can land a batch later.
+    assert stale and max(stale) <= 2 and sum(s <= 1 for s in stale) >= 0.9 * len(stale), stale
 
     keep = tmp_path / "keep.toml"
     keep.write_text(f"[scheduler]\npolicy_keep_newest = {KEEP_ALL}\n")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from farmd.records import JobState, Trajectory
 from farmd.scheduler import PolicyChunk, Scheduler, SchedulerConfig
 from farmd.store import Store
@@ -170,6 +172,42 @@ async def test_demand_follows_open_streams_and_stays_bounded(farm) -> None:  # t
     reading.cancel()
     await asyncio.gather(reading, return_exceptions=True)
     await stream.aclose()
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+async def test_demand_per_version_queues_lag_batches_ahead_and_one_more_per_version(farm, lag: int) -> None:  # type: ignore[no-untyped-def]
+    store, open_ = farm
+    # A long period: only a publish can wake upkeep within the test, so what is queued at once is its doing.
+    s = await open_(group_size=4, demand_buffer=100, demand_per_version=8, demand_lag=lag, demand_agent="torch:tiny",
+                    demand_envs=("rg:chain_sum",), maintenance_every_s=30)
+    await s.start()
+    stream = s.delivery.batches("trainer", whole_groups=False, batch_size=8, max_staleness=0, body=False)
+    reading = asyncio.create_task(anext(stream))
+    try:
+        await asyncio.sleep(0.2)  # the stream is open before the first version
+        first = await s.policies.publish(_chunks(b"tiny-1", "tiny"))
+        # Lag 1: the batch to learn from and the one sampled meanwhile; lag 0: the one to learn from.
+        assert await _queued_within(store, 8 * (lag + 1)) == 8 * (lag + 1)
+        assert {j.policy_version for j in await s.lease("w", 100)} == {first.version}
+        await asyncio.sleep(0.3)
+        assert (await store.job_counts()).get("queued", 0) == 0, "no more until a new version"
+        second = await s.policies.publish(_chunks(b"tiny-2", "tiny"))
+        assert await _queued_within(store, 8) == 8, "one batch more for the new version, not two"
+        assert {j.policy_version for j in await s.lease("w", 100)} == {second.version}
+    finally:
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+        await stream.aclose()
+
+
+async def _queued_within(store: Store, n: int, timeout_s: float = 2.0) -> int:
+    """How many jobs are queued once ``n`` are (a publish wakes demand at once, not at the next period)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while (queued := (await store.job_counts()).get("queued", 0)) < n:
+        assert loop.time() < deadline, f"{queued} of {n} jobs queued after {timeout_s} s"
+        await asyncio.sleep(0.02)
+    return queued
 
 
 async def test_the_task_bank_survives_a_restart(farm) -> None:  # type: ignore[no-untyped-def]
