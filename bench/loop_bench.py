@@ -115,9 +115,10 @@ def render(rep: dict[str, Any], console: Console) -> None:
     }, [
         "held-out pass rates are measured on 300 seeds at level 1 (about 0.03 of noise each): a single "
         "run's gain is a noisy figure; the curve in each data dir's report says more",
-        "through farmd the sampler (farmd, one torch thread) and the learner (the trainer, one thread) run in "
-        "two processes on the two cores, and every rollout also pays its lease, record, store write, stream "
-        "read and protos; in one process sampling and learning take turns, torch using both cores",
+        "through farmd the sampler (farmd) and the learner (the trainer) take turns in two processes, each with "
+        "torch on every core in its turn, as the one process does; every rollout also pays its lease, record, "
+        "store write, stream read and protos (a step is about 2.7 times the one process's: docs/trainers.md)",
+        "the farm's evaluations (every 10 s, 600 greedy rollouts) run through the same farm, beside training",
         "the farm loop's time to a gain is read at its evaluations (every 10 s)",
     ], how=" (read from the loops' own reports)")
 

@@ -105,6 +105,10 @@ class Config:
     """PEM of the CA whose client certificates the API requires (mutual TLS): every caller needs one."""
     workers: int | None = None
     """Rollout workers on this node (None: one per core; 0: coordinator only)."""
+    torch_threads: int = 1
+    """torch's threads for sampling ``torch:NAME`` policies on this node. One by default: a trainer beside farmd
+    on the same cores would otherwise fight it for every core. A loop in lockstep (the trainer waits while the
+    farm samples, and the farm waits while it learns) can give sampling every core."""
     log_level: str = "info"
     log_format: str = "text"
     """``text`` for people, ``json`` (one object per line) for log pipelines."""
@@ -159,6 +163,9 @@ class Config:
         calls = self.max_concurrent_calls
         if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
             raise ConfigError(f"max_concurrent_calls must be a whole number of at least 1, not {calls!r}")
+        threads = self.torch_threads
+        if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024:
+            raise ConfigError(f"torch_threads must be a whole number from 1 to 1024, not {threads!r}")
         if min(self.credential_streams, self.credential_pending_bytes, self.credential_pending_pieces) < 1:
             raise ConfigError("credential_streams, credential_pending_bytes and credential_pending_pieces are at least 1")
         if self.store is not None and not (isinstance(self.store, str)

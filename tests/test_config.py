@@ -91,6 +91,14 @@ def test_the_learning_loop_config_loads(tmp_path: Path) -> None:
     assert (config.taskbank.sampling, config.taskbank.max_groups_per_task) == ("uniform", 1)
     assert (config.scheduler.demand_per_version, config.scheduler.demand_lag, config.scheduler.demand_buffer) == \
         (512, 0, 1024)
+    assert config.torch_threads == 1
+    assert load(write(tmp_path, loop_toml(torch_threads=2))).torch_threads == 2
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "true", "1.5", '"2"', "100000"])
+def test_torch_threads_is_a_whole_number_of_threads(tmp_path: Path, value: str) -> None:
+    with pytest.raises(ConfigError, match="torch_threads must be a whole number from 1 to 1024"):
+        load(write(tmp_path, f"[farm]\ntorch_threads = {value}\n"))
 
 
 def test_demand_per_version_and_lag_are_whole_numbers(tmp_path: Path) -> None:

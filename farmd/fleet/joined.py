@@ -148,7 +148,7 @@ class JoinedNode:
         self.worker = Worker(self.remote, VerifyContext(sandbox=self.sandbox, key=key), slots=self.workers,
                              lease_s=lease_s, node=self.name, metrics=self.metrics, endpoints=config.endpoints,
                              policies=policies, owner=self.owner, envs=self.catalog.get, prepare=self._prepare_env,
-                             red_team=self._red_team)
+                             red_team=self._red_team, torch_threads=config.torch_threads)
         await self.worker.start()
         write_file(config.data_dir / "farmd.json",
                    json.dumps({"pid": os.getpid(), "node": self.name, "coordinator": config.join}).encode())

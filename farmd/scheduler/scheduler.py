@@ -138,6 +138,8 @@ class Scheduler:
         """Set when upkeep should not wait for its period: a new policy version (demand may queue for it)."""
         self._work = asyncio.Event()
         """Set (and replaced) whenever jobs may have become leasable: what a node's parked lease waits on."""
+        self.on_work: list[Callable[[], None]] = []
+        """Called whenever jobs may have become leasable: this node's own worker, which leases in-process."""
         self.counters: dict[str, int] = {"completed": 0, "failed": 0, "retried": 0, "requeued": 0, "enqueued": 0,
                                          "canaries": 0}
         self.canaries: CanaryPlan | None = None
@@ -322,6 +324,8 @@ class Scheduler:
     def _work_queued(self) -> None:
         self._work.set()
         self._work = asyncio.Event()
+        for wake in self.on_work:
+            wake()
 
     async def wait_for_work(self, timeout_s: float) -> None:
         """Until jobs may have been queued (or requeued), or ``timeout_s``: an idle node's lease waits here

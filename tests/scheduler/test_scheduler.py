@@ -140,6 +140,24 @@ async def test_expired_leases_go_back_to_the_queue(farm) -> None:  # type: ignor
     assert await s.complete("live-worker", [scored(again)]) == [again.id]
 
 
+async def test_queued_and_requeued_work_wakes_the_in_process_worker_at_once(farm) -> None:  # type: ignore[no-untyped-def]
+    _store, open_ = farm
+    s = await open_(group_size=1, lease_s=0.05, maintenance_every_s=0.05)
+    woken: list[int] = []
+    s.on_work.append(lambda: woken.append(len(woken)))
+    await s.submit("rg:chain_sum", "reference", 1)
+    assert woken, "a submitted run wakes the worker that leases in-process"
+    [job] = await s.lease("dead-worker", 1)
+    woken.clear()
+    await s.start()
+    for _ in range(100):  # the expired lease is requeued by upkeep
+        if woken:
+            break
+        await asyncio.sleep(0.02)
+    assert woken, "a requeued job wakes it too"
+    assert (await s.lease("live-worker", 1))[0].id == job.id
+
+
 async def test_a_restarted_node_requeues_what_its_last_incarnation_held(farm) -> None:  # type: ignore[no-untyped-def]
     _store, open_ = farm
     s = await open_(group_size=1, max_attempts=2)
