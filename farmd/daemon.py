@@ -181,7 +181,7 @@ class Daemon:
         self.scheduler.canaries = self.funnel.canaries  # production keeps checking what intake approved
         await self.funnel.start()  # approved versions served before a worker leases their jobs
         if self.worker is not None:
-            self.scheduler.on_work.append(self.worker.work_queued)
+            self.scheduler.on_work.append(self.worker.wake_up)
             await self.worker.start()
         # Joined nodes' verdicts are checked on the coordinator's own boxes (its workers', or intake's few).
         own = ctx or (VerifyContext(sandbox=self.sandbox, key=key, scratch_dir=None) if self.sandbox else None)

@@ -108,7 +108,7 @@ class Worker:
         self._model_jobs: dict[str, set[int]] = {e.name: set() for e in endpoints}
         """Each endpoint's jobs running here: they hold no slot, and count against their endpoint's cap."""
         for replica_set in self.replicas.values():
-            replica_set.on_change = self._wake_up
+            replica_set.on_change = self.wake_up
         self._done: list[Trajectory] = []
         self._flushing = False
         """A batch of results is on its way: with ``LeasesWithResults`` it asks for the slots it frees."""
@@ -125,12 +125,10 @@ class Worker:
     def in_flight(self) -> int:
         return len(self._running)
 
-    def _wake_up(self) -> None:
-        self._wake.set()
-
-    def work_queued(self) -> None:
-        """Jobs may be leasable now (the coordinator queued some): an idle lease loop asks at once rather than
-        at its next poll. In a lockstep loop every batch starts so; the poll alone cost it 50 ms on average."""
+    def wake_up(self) -> None:
+        """Jobs may be leasable now (the coordinator queued some, or a replica came back): an idle lease loop asks at
+        once rather than at its next poll. In a lockstep loop every batch starts so; the poll alone cost it 50 ms
+        on average."""
         self._wake.set()
 
     def _free(self) -> tuple[int, dict[str, int]]:
