@@ -52,8 +52,11 @@ protos:
 
 # On every core, a file's tests on one worker (they share its module fixtures); then the clocked tests, which assert
 # on time or speed, alone. JOBS=1 runs it all in one process.
+# Byte-compiled first: where PYTHONDONTWRITEBYTECODE is set (CI's machines), every farmd and farmctl a test starts
+# would otherwise compile farm's modules from source again (0.25 s of each farmd's 1.7 s start).
 JOBS ?= auto
 test: setup browser postgresql vllm-setup
+	$(BIN)/python -m compileall -q -j 0 farmd clients bench tests >/dev/null
 	$(BIN)/python -m pytest -q --durations=15 -m "not clocked" $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
 	$(BIN)/python -m pytest -q -m clocked
 

@@ -14,12 +14,14 @@ import argparse
 import importlib.metadata as metadata
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from farmd.sandbox.config import SandboxConfig
+from farmd.sandbox.runtime import SITE_STAMP
 
 _PACKAGES = ("numpy",)
 _WITH_DEPENDENCIES = ("verifiers",)
@@ -116,6 +118,8 @@ def install(target: Path, python: Path) -> str:
                 check=True,
             )
         how = f"installed numpy and {len(wanted[LIBRARIES])} distributions for the box's Python {box_version}"
+    # A new value each build: the sandbox names the runtime it copies this site into by it (runtime.SITE_STAMP).
+    (tmp / SITE_STAMP).write_text(f"{secrets.token_hex(16)}\n")
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
     return how
