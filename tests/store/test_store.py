@@ -154,6 +154,19 @@ async def test_job_counts_are_the_farms_work_and_leave_a_nodes_canaries_out(stor
     assert await store.job_counts() == {"done": 1, "queued": 2}
 
 
+async def test_job_counts_hold_still_while_canaries_come_and_go(store: Store) -> None:
+    """The counts are one snapshot: read beside a node's canaries changing state, the farm's work is what it was
+    (read as two, a canary cancelled between them made a count -1, and GetStatus failed)."""
+    await store.enqueue([("py-func", 1, 1, "reference", 3)])
+    (job,) = await store.lease("w", 1, 30, 0)
+    await store.complete([("w", traj(job.id))])
+    for _ in range(20):
+        for _ in range(3):
+            await store.nodes.enqueue_canary("n1", job.id, "reference")
+        counts, _ = await asyncio.gather(store.job_counts(), store.nodes.cancel_canaries("n1"))
+        assert counts == {"done": 1, "queued": 2}
+
+
 async def test_everything_survives_a_reopen(tmp_path: Path) -> None:
     path = tmp_path / "farm.db"
     s = await Store.open(path)
