@@ -63,13 +63,15 @@ protos:
 
 # On every core, a file's tests on one worker (they share its module fixtures); then the clocked tests, which assert
 # on time or speed, alone. JOBS=1 runs it all in one process.
-# Byte-compiled first: where PYTHONDONTWRITEBYTECODE is set (CI's machines), every farmd and farmctl a test starts
-# would otherwise compile farm's modules from source again (0.25 s of each farmd's 1.7 s start).
+# Byte-compiled first, and pytest may cache the test modules it rewrites: where PYTHONDONTWRITEBYTECODE is set (CI's
+# machines), every farmd and farmctl a test starts would otherwise compile farm's modules from source again (0.25 s
+# of each farmd's 1.7 s start), and each pytest process rewrite every test module (half of its 10 s collection).
 JOBS ?= auto
+TEST_PYTHON := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python
 test: setup browser postgresql vllm-setup
 	$(BIN)/python -m compileall -q -j 0 farmd clients bench tests >/dev/null
-	$(BIN)/python -m pytest -q --durations=15 -m "not clocked" $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
-	$(BIN)/python -m pytest -q -m clocked
+	$(TEST_PYTHON) -m pytest -q --durations=15 -m "not clocked" $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
+	$(TEST_PYTHON) -m pytest -q -m clocked
 
 # The console's tests drive Debian's Chromium through its chromedriver (selenium comes with the dev extra).
 # As root (CI), installed here when missing; otherwise the line to run is printed.
