@@ -63,13 +63,12 @@ protos:
 
 # On every core, a file's tests on one worker (they share its module fixtures); then the clocked tests, which assert
 # on time or speed, alone. JOBS=1 runs it all in one process.
-# Byte-compiled first, and pytest may cache the test modules it rewrites: where PYTHONDONTWRITEBYTECODE is set (CI's
-# machines), every farmd and farmctl a test starts would otherwise compile farm's modules from source again (0.25 s
-# of each farmd's 1.7 s start), and each pytest process rewrite every test module (half of its 10 s collection).
+# Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set (CI's machines): otherwise every farmd and farmctl a
+# test starts compiles farm's modules from source again (0.25 s of each farmd's 1.7 s start), and each pytest process
+# rewrites every test module (half of its 10 s collection). Boxes keep their own setting.
 JOBS ?= auto
 TEST_PYTHON := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python
 test: setup browser postgresql vllm-setup
-	$(BIN)/python -m compileall -q -j 0 farmd clients bench tests >/dev/null
 	$(TEST_PYTHON) -m pytest -q --durations=15 -m "not clocked" $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
 	$(TEST_PYTHON) -m pytest -q -m clocked
 

@@ -2,8 +2,8 @@
 
 vLLM runs from its own venv (``make vllm-setup``: ``.venv-vllm``, a link to its CPU build, which the checkouts on a
 machine share), as ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` looks for a distribution named
-"vllm" that the CPU wheel does not have), with ``VLLM_SERVER_DEV_MODE=1`` so farmd can reload weights and set and read the weight
-label (``farmd.agents.weights``). The model is the loop's, built here (``farm_trainer.hf.build_model``: nothing
+"vllm" that the CPU wheel does not have), with ``VLLM_SERVER_DEV_MODE=1`` so farmd can reload weights and set and
+read the weight label (``farmd.agents.weights``). The model is the loop's, built here (``farm_trainer.hf.build_model``: nothing
 is downloaded). The server is its own process group, stopped with SIGTERM (its engine and worker processes go
 with it), SIGKILL after a grace.
 
