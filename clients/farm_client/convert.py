@@ -37,6 +37,8 @@ _TIMESTAMP = "google.protobuf.Timestamp"
 _DURATION = "google.protobuf.Duration"
 _STRUCT = "google.protobuf.Struct"
 _VALUE = "google.protobuf.Value"
+_WELL_KNOWN = (_TIMESTAMP, _DURATION, _STRUCT, _VALUE)
+"""Messages a record holds as plain values, not as a record of their own."""
 
 
 def enum_prefix(enum: EnumDescriptor) -> str:
@@ -195,29 +197,81 @@ def _item_hint(hint: Any) -> Any:
     return args[-1] if args else Any
 
 
-_TO_PLANS: dict[tuple[type, Descriptor], tuple[tuple[str, Callable[[Message, Any], None]], ...]] = {}
-_FROM_PLANS: dict[tuple[type, Descriptor], tuple[tuple[str, Callable[[Message], Any]], ...]] = {}
+_Converter = Callable[..., Any]
+_TO: dict[tuple[type, Descriptor], _Converter] = {}
+_FROM: dict[tuple[type, Descriptor], _Converter] = {}
 
 
-def _to_plan(cls: type, descriptor: Descriptor) -> tuple[tuple[str, Callable[[Message, Any], None]], ...]:
-    known = _TO_PLANS.get((cls, descriptor))
-    if known is not None:
-        return known
-    plan = []
-    for f in dataclasses.fields(cls):
+def _compiled(cache: dict[tuple[type, Descriptor], _Converter], key: tuple[type, Descriptor],
+              compile_: Callable[[type, Descriptor], _Converter]) -> _Converter:
+    """``key``'s converter, compiled once. A record type met again while its converter is being compiled (a
+    message that nests itself) gets one that looks the finished converter up when it runs."""
+    known = cache.get(key)
+    if known is None:
+        cache[key] = lambda *args: cache[key](*args)
+        try:
+            cache[key] = known = compile_(*key)
+        except BaseException:
+            del cache[key]
+            raise
+    return known
+
+
+def _fields(cls: type, descriptor: Descriptor) -> list[tuple[int, str, FieldDescriptor]]:
+    out = []
+    for i, f in enumerate(dataclasses.fields(cls)):
         fd = descriptor.fields_by_name.get(f.name)
         if fd is None:
             raise TypeError(f"{cls.__name__}.{f.name} has no field in {descriptor.full_name}")
-        plan.append((f.name, _to_setter(fd)))
-    _TO_PLANS[(cls, descriptor)] = tuple(plan)
-    return _TO_PLANS[(cls, descriptor)]
+        out.append((i, f.name, fd))
+    return out
+
+
+def _function(source: str, namespace: dict[str, Any]) -> _Converter:
+    """``convert``, defined by ``source``: written by this module from descriptors' field names (identifiers, as
+    protoc and dataclasses require), never from a message's contents. This is how ``dataclasses`` makes
+    ``__init__``."""
+    exec(source, namespace)
+    return typing.cast(_Converter, namespace["convert"])
+
+
+def _compile_to(cls: type, descriptor: Descriptor) -> _Converter:
+    """``convert(record, message)`` for ``cls``, written out as straight-line code: a record is dozens of
+    fields in a dozen nested messages, and a call per field was most of what a stream's protos cost."""
+    ns: dict[str, Any] = {"set_seconds": _set_seconds}
+    lines = ["def convert(r, m):"]
+    for i, name, fd in _fields(cls, descriptor):
+        lines += [f"    v = r.{name}", *("    " + line for line in _to_statements(fd, name, i, ns))]
+    lines.append("    return m")
+    return _function("\n".join(lines) + "\n", ns)
+
+
+def _to_statements(fd: FieldDescriptor, name: str, i: int, ns: dict[str, Any]) -> list[str]:
+    """Statements that put ``v`` (the record's value) into ``m.<name>``: what ``_to_setter`` does, inline for
+    the common kinds."""
+    message_type = fd.message_type if fd.type == FieldDescriptor.TYPE_MESSAGE else None
+    if message_type is None and fd.type != FieldDescriptor.TYPE_ENUM:
+        if _is_repeated(fd):
+            return [f"m.{name}.extend(v)"]
+        if fd.has_presence:
+            return ["if v is not None:", f"    m.{name} = v"]
+        return [f"m.{name} = v"]
+    if message_type is not None and not _is_map(fd) and message_type.full_name in (_TIMESTAMP, _DURATION) \
+            and not _is_repeated(fd):
+        return ["if v:", f"    set_seconds(m.{name}, v)"]
+    if message_type is not None and not _is_map(fd) and message_type.full_name not in _WELL_KNOWN:
+        ns[f"c{i}"] = to_message  # by the nested record's own type, whatever the field declares
+        if _is_repeated(fd):
+            return [f"field = m.{name}", "for item in v:", f"    c{i}(item, field.add())"]
+        return ["if v is not None:", f"    c{i}(v, m.{name})"]
+    ns[f"s{i}"] = _to_setter(fd)
+    return [f"s{i}(m, v)"]
 
 
 def to_message(record: Any, message: M) -> M:
     """Fill ``message`` (a new one, or a field of one) from ``record``; returns it."""
-    for name, setter in _to_plan(type(record), _descriptor(message)):
-        setter(message, getattr(record, name))
-    return message
+    convert = _compiled(_TO, (type(record), _descriptor(message)), _compile_to)
+    return typing.cast(M, convert(record, message))
 
 
 # -- message -> record --------------------------------------------------------------------------------
@@ -263,24 +317,44 @@ def _from_getter(fd: FieldDescriptor, hint: Any) -> Callable[[Message], Any]:
     return lambda m: from_message(getattr(m, name), item)
 
 
-def _from_plan(cls: type, descriptor: Descriptor) -> tuple[tuple[str, Callable[[Message], Any]], ...]:
-    known = _FROM_PLANS.get((cls, descriptor))
-    if known is not None:
-        return known
+def _compile_from(cls: type, descriptor: Descriptor) -> _Converter:
+    """``convert(message)`` for ``cls``: one call of the record's constructor with every field's value written
+    out inline (``_from_getter`` says what each kind of field becomes; the common kinds are inlined, the
+    rest call it)."""
     hints = typing.get_type_hints(cls)
-    plan = []
-    for f in dataclasses.fields(cls):
-        fd = descriptor.fields_by_name.get(f.name)
-        if fd is None:
-            raise TypeError(f"{cls.__name__}.{f.name} has no field in {descriptor.full_name}")
-        plan.append((f.name, _from_getter(fd, hints[f.name])))
-    _FROM_PLANS[(cls, descriptor)] = tuple(plan)
-    return _FROM_PLANS[(cls, descriptor)]
+    ns: dict[str, Any] = {"cls": cls, "seconds": seconds}
+    values = [f"{name}={_from_expression(fd, hints[name], i, ns)}" for i, name, fd in _fields(cls, descriptor)]
+    return _function(f"def convert(m):\n    return cls({', '.join(values)})\n", ns)
+
+
+def _from_expression(fd: FieldDescriptor, hint: Any, i: int, ns: dict[str, Any]) -> str:
+    name, value = fd.name, f"m.{fd.name}"
+    message_type = fd.message_type if fd.type == FieldDescriptor.TYPE_MESSAGE else None
+    if message_type is None and fd.type != FieldDescriptor.TYPE_ENUM:
+        if _is_repeated(fd):
+            return f"list({value})"
+        return f"({value} if m.HasField({name!r}) else None)" if fd.has_presence else value
+    if message_type is not None and not _is_map(fd) and message_type.full_name in (_TIMESTAMP, _DURATION) \
+            and not _is_repeated(fd):
+        return f"(seconds({value}) if m.HasField({name!r}) else 0.0)"
+    if message_type is not None and not _is_map(fd) and message_type.full_name not in _WELL_KNOWN:
+        item = _item_hint(hint) if _is_repeated(fd) else hint
+        optional = not _is_repeated(fd) and type(None) in typing.get_args(hint)
+        if optional:
+            item = next(a for a in typing.get_args(hint) if a is not type(None))
+        if isinstance(item, str) or item is Any:
+            raise TypeError(f"{fd.full_name}: the record's type {hint!r} names no dataclass")
+        ns[f"c{i}"] = _compiled(_FROM, (item, message_type), _compile_from)
+        if _is_repeated(fd):
+            return f"[c{i}(x) for x in {value}]"
+        return f"(c{i}({value}) if m.HasField({name!r}) else None)" if optional else f"c{i}({value})"
+    ns[f"g{i}"] = _from_getter(fd, hint)
+    return f"g{i}(m)"
 
 
 def from_message(message: Message, cls: type[R]) -> R:
     """The ``cls`` record ``message`` holds."""
-    return cls(**{name: get(message) for name, get in _from_plan(cls, _descriptor(message))})
+    return typing.cast(R, _compiled(_FROM, (cls, _descriptor(message)), _compile_from)(message))
 
 
 def mismatched_fields(cls: type, descriptor: Descriptor) -> tuple[set[str], set[str]]:
