@@ -3,8 +3,10 @@ field, convert both ways without loss, and a record is bounded before it is stor
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
+import threading
 import typing
 
 import farm_client.record as client_record
@@ -93,6 +95,35 @@ def test_a_record_goes_over_the_wire_and_back_unchanged() -> None:
         assert to_plain(got) == to_plain(sent), cls  # logprobs chosen exact in float32
     unseeded = to_message(dataclasses.replace(sent, sampling=SamplingParams()), trajectory_pb2.Trajectory())
     assert not unseeded.sampling.HasField("seed") and from_message(unseeded, Trajectory).sampling.seed is None
+
+
+def test_converters_compiled_on_many_threads_at_once_convert_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """farmd converts on its worker threads and a client on its own: the first records of a type, converted on
+    several threads together, all come back whole (each converter is compiled once, by one of them)."""
+    from farm_client import convert
+
+    monkeypatch.setattr(convert, "_TO", {})
+    monkeypatch.setattr(convert, "_FROM", {})
+    compiled: list[tuple[type, typing.Any]] = []
+    compile_from = convert._compile_from
+
+    def counted(cls: type, descriptor: typing.Any) -> typing.Any:
+        compiled.append((cls, descriptor))
+        return compile_from(cls, descriptor)
+
+    monkeypatch.setattr(convert, "_compile_from", counted)
+    sent = full_record()
+    barrier = threading.Barrier(8)
+
+    def both_ways(_: int) -> dict[str, typing.Any]:
+        barrier.wait()
+        message = to_message(sent, trajectory_pb2.Trajectory())
+        return to_plain(from_message(trajectory_pb2.Trajectory.FromString(message.SerializeToString()), Trajectory))
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(both_ways, range(8)))
+    assert got == [to_plain(sent)] * 8
+    assert len(compiled) == len(set(compiled)) == len(convert._FROM), "each record type compiled once"
 
 
 def test_plain_values_round_trip() -> None:

@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import math
 import re
+import threading
 import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -200,21 +201,32 @@ def _item_hint(hint: Any) -> Any:
 _Converter = Callable[..., Any]
 _TO: dict[tuple[type, Descriptor], _Converter] = {}
 _FROM: dict[tuple[type, Descriptor], _Converter] = {}
+_COMPILING = threading.RLock()
+"""Held while a converter is compiled: re-entered by the same thread for the record types nested in it."""
+_IN_PROGRESS: set[tuple[int, type, Descriptor]] = set()
 
 
 def _compiled(cache: dict[tuple[type, Descriptor], _Converter], key: tuple[type, Descriptor],
               compile_: Callable[[type, Descriptor], _Converter]) -> _Converter:
-    """``key``'s converter, compiled once. A record type met again while its converter is being compiled (a
-    message that nests itself) gets one that looks the finished converter up when it runs."""
+    """``key``'s converter, compiled once (under a lock: farmd and clients convert on several threads). A record
+    type met again while its own converter is being compiled (a message that nests itself) gets one that looks
+    the finished converter up when it runs; no other thread ever sees that stand-in."""
     known = cache.get(key)
-    if known is None:
-        cache[key] = lambda *args: cache[key](*args)
+    if known is not None:
+        return known
+    with _COMPILING:
+        known = cache.get(key)
+        if known is not None:
+            return known
+        mark = (id(cache), *key)
+        if mark in _IN_PROGRESS:
+            return lambda *args: cache[key](*args)
+        _IN_PROGRESS.add(mark)
         try:
-            cache[key] = known = compile_(*key)
-        except BaseException:
-            del cache[key]
-            raise
-    return known
+            known = cache[key] = compile_(*key)
+        finally:
+            _IN_PROGRESS.discard(mark)
+        return known
 
 
 def _fields(cls: type, descriptor: Descriptor) -> list[tuple[int, str, FieldDescriptor]]:
