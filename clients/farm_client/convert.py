@@ -38,8 +38,6 @@ _TIMESTAMP = "google.protobuf.Timestamp"
 _DURATION = "google.protobuf.Duration"
 _STRUCT = "google.protobuf.Struct"
 _VALUE = "google.protobuf.Value"
-_WELL_KNOWN = (_TIMESTAMP, _DURATION, _STRUCT, _VALUE)
-"""Messages a record holds as plain values, not as a record of their own."""
 
 
 def enum_prefix(enum: EnumDescriptor) -> str:
@@ -150,7 +148,24 @@ def _is_repeated(fd: FieldDescriptor) -> bool:
 # -- record -> message --------------------------------------------------------------------------------
 
 
+def _kind(fd: FieldDescriptor) -> str:
+    """How a field converts. Inline in a compiled converter: ``value`` (a scalar, or a list of them, as it is),
+    ``seconds`` (a Timestamp or Duration as float seconds), ``record`` (a nested record, or a list of them).
+    ``other`` (enums, maps, Struct, Value) goes through ``_to_setter`` and ``_from_getter``."""
+    if fd.type == FieldDescriptor.TYPE_ENUM or _is_map(fd):
+        return "other"
+    if fd.type != FieldDescriptor.TYPE_MESSAGE:
+        return "value"
+    full = _message_type(fd).full_name
+    if full in (_TIMESTAMP, _DURATION):
+        if _is_repeated(fd):
+            raise TypeError(f"{fd.full_name}: repeated {full} is not a record field type")
+        return "seconds"
+    return "other" if full in (_STRUCT, _VALUE) else "record"
+
+
 def _to_setter(fd: FieldDescriptor) -> Callable[[Message, Any], None]:
+    """A field of kind ``other``: ``setter(message, value)``."""
     name = fd.name
     if fd.type == FieldDescriptor.TYPE_ENUM:
         numbers = _enum_maps(fd.enum_type)[0]
@@ -167,30 +182,11 @@ def _to_setter(fd: FieldDescriptor) -> Callable[[Message, Any], None]:
                     to_message(item, getattr(m, name)[key])
             return set_map
         return lambda m, v: getattr(m, name).update(v)
-    if fd.type != FieldDescriptor.TYPE_MESSAGE:
-        if _is_repeated(fd):
-            return lambda m, v: getattr(m, name).extend(v)
-        if fd.has_presence:
-            return lambda m, v: None if v is None else setattr(m, name, v)
-        return lambda m, v: setattr(m, name, v)
-    full = _message_type(fd).full_name
-    if full in (_TIMESTAMP, _DURATION):
-        if _is_repeated(fd):
-            raise TypeError(f"{fd.full_name}: repeated {full} is not a record field type")
-        return lambda m, v: _set_seconds(getattr(m, name), v) if v else None
-    if full == _STRUCT:
+    if _message_type(fd).full_name == _STRUCT:
         return lambda m, v: getattr(m, name).update(v) if v else None
-    if full == _VALUE:
-        if _is_repeated(fd):
-            return lambda m, v: getattr(m, name).extend(json_format.ParseDict(x, struct_pb2.Value()) for x in v)
-        return lambda m, v: json_format.ParseDict(v, getattr(m, name))
-    if _is_repeated(fd):
-        def add_all(m: Message, v: Any) -> None:
-            field = getattr(m, name)
-            for item in v:
-                to_message(item, field.add())
-        return add_all
-    return lambda m, v: None if v is None else to_message(v, getattr(m, name))
+    if _is_repeated(fd):  # google.protobuf.Value
+        return lambda m, v: getattr(m, name).extend(json_format.ParseDict(x, struct_pb2.Value()) for x in v)
+    return lambda m, v: json_format.ParseDict(v, getattr(m, name))
 
 
 def _item_hint(hint: Any) -> Any:
@@ -259,19 +255,17 @@ def _compile_to(cls: type, descriptor: Descriptor) -> _Converter:
 
 
 def _to_statements(fd: FieldDescriptor, name: str, i: int, ns: dict[str, Any]) -> list[str]:
-    """Statements that put ``v`` (the record's value) into ``m.<name>``: what ``_to_setter`` does, inline for
-    the common kinds."""
-    message_type = fd.message_type if fd.type == FieldDescriptor.TYPE_MESSAGE else None
-    if message_type is None and fd.type != FieldDescriptor.TYPE_ENUM:
+    """Statements that put ``v`` (the record's value) into ``m.<name>`` (``_kind``)."""
+    kind = _kind(fd)
+    if kind == "value":
         if _is_repeated(fd):
             return [f"m.{name}.extend(v)"]
         if fd.has_presence:
             return ["if v is not None:", f"    m.{name} = v"]
         return [f"m.{name} = v"]
-    if message_type is not None and not _is_map(fd) and message_type.full_name in (_TIMESTAMP, _DURATION) \
-            and not _is_repeated(fd):
+    if kind == "seconds":
         return ["if v:", f"    set_seconds(m.{name}, v)"]
-    if message_type is not None and not _is_map(fd) and message_type.full_name not in _WELL_KNOWN:
+    if kind == "record":
         ns[f"c{i}"] = to_message  # by the nested record's own type, whatever the field declares
         if _is_repeated(fd):
             return [f"field = m.{name}", "for item in v:", f"    c{i}(item, field.add())"]
@@ -290,6 +284,7 @@ def to_message(record: Any, message: M) -> M:
 
 
 def _from_getter(fd: FieldDescriptor, hint: Any) -> Callable[[Message], Any]:
+    """A field of kind ``other``: ``getter(message)``, its value as the record holds it."""
     name = fd.name
     if fd.type == FieldDescriptor.TYPE_ENUM:
         names = _enum_maps(fd.enum_type)[1]
@@ -302,37 +297,16 @@ def _from_getter(fd: FieldDescriptor, hint: Any) -> Callable[[Message], Any]:
             item = _item_hint(hint)
             return lambda m: {k: from_message(v, item) for k, v in getattr(m, name).items()}
         return lambda m: dict(getattr(m, name))
-    if fd.type != FieldDescriptor.TYPE_MESSAGE:
-        if _is_repeated(fd):
-            return lambda m: list(getattr(m, name))
-        if fd.has_presence:
-            return lambda m: getattr(m, name) if m.HasField(name) else None
-        return lambda m: getattr(m, name)
-    full = _message_type(fd).full_name
-    if full in (_TIMESTAMP, _DURATION):
-        return lambda m: seconds(getattr(m, name)) if m.HasField(name) else 0.0
-    if full == _STRUCT:
+    if _message_type(fd).full_name == _STRUCT:
         return lambda m: _from_struct(getattr(m, name))
-    if full == _VALUE:
-        if _is_repeated(fd):
-            return lambda m: [_from_value(x) for x in getattr(m, name)]
-        return lambda m: _from_value(getattr(m, name)) if m.HasField(name) else None
-    item = _item_hint(hint) if _is_repeated(fd) else hint
-    if isinstance(item, str) or item is Any:
-        raise TypeError(f"{fd.full_name}: the record's type {hint!r} names no dataclass")
-    if _is_repeated(fd):
-        return lambda m: [from_message(x, item) for x in getattr(m, name)]
-    optional = type(None) in typing.get_args(hint)
-    if optional:
-        item = next(a for a in typing.get_args(hint) if a is not type(None))
-        return lambda m: from_message(getattr(m, name), item) if m.HasField(name) else None
-    return lambda m: from_message(getattr(m, name), item)
+    if _is_repeated(fd):  # google.protobuf.Value
+        return lambda m: [_from_value(x) for x in getattr(m, name)]
+    return lambda m: _from_value(getattr(m, name)) if m.HasField(name) else None
 
 
 def _compile_from(cls: type, descriptor: Descriptor) -> _Converter:
     """``convert(message)`` for ``cls``: one call of the record's constructor with every field's value written
-    out inline (``_from_getter`` says what each kind of field becomes; the common kinds are inlined, the
-    rest call it)."""
+    out inline (``_from_expression``)."""
     hints = typing.get_type_hints(cls)
     ns: dict[str, Any] = {"cls": cls, "seconds": seconds}
     values = [f"{name}={_from_expression(fd, hints[name], i, ns)}" for i, name, fd in _fields(cls, descriptor)]
@@ -340,23 +314,22 @@ def _compile_from(cls: type, descriptor: Descriptor) -> _Converter:
 
 
 def _from_expression(fd: FieldDescriptor, hint: Any, i: int, ns: dict[str, Any]) -> str:
-    name, value = fd.name, f"m.{fd.name}"
-    message_type = fd.message_type if fd.type == FieldDescriptor.TYPE_MESSAGE else None
-    if message_type is None and fd.type != FieldDescriptor.TYPE_ENUM:
+    """The expression of the record's value for ``m.<name>`` (``_kind``)."""
+    name, value, kind = fd.name, f"m.{fd.name}", _kind(fd)
+    if kind == "value":
         if _is_repeated(fd):
             return f"list({value})"
         return f"({value} if m.HasField({name!r}) else None)" if fd.has_presence else value
-    if message_type is not None and not _is_map(fd) and message_type.full_name in (_TIMESTAMP, _DURATION) \
-            and not _is_repeated(fd):
+    if kind == "seconds":
         return f"(seconds({value}) if m.HasField({name!r}) else 0.0)"
-    if message_type is not None and not _is_map(fd) and message_type.full_name not in _WELL_KNOWN:
+    if kind == "record":
         item = _item_hint(hint) if _is_repeated(fd) else hint
         optional = not _is_repeated(fd) and type(None) in typing.get_args(hint)
         if optional:
             item = next(a for a in typing.get_args(hint) if a is not type(None))
         if isinstance(item, str) or item is Any:
             raise TypeError(f"{fd.full_name}: the record's type {hint!r} names no dataclass")
-        ns[f"c{i}"] = _compiled(_FROM, (item, message_type), _compile_from)
+        ns[f"c{i}"] = _compiled(_FROM, (item, _message_type(fd)), _compile_from)
         if _is_repeated(fd):
             return f"[c{i}(x) for x in {value}]"
         return f"(c{i}({value}) if m.HasField({name!r}) else None)" if optional else f"c{i}({value})"
