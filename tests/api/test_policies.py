@@ -115,10 +115,14 @@ def test_a_wrong_hash_stores_nothing(running_farm) -> None:  # type: ignore[no-u
 
 
 def _slow_upload(stub: farm_pb2_grpc.FarmStub, release: threading.Event) -> grpc.Future:
-    """An upload that sends 3 MiB, then waits for ``release`` before it sends the rest."""
-    def chunks() -> Iterator[farm_pb2.PolicyChunk]:
-        for _ in range(3):
-            yield farm_pb2.PublishPolicyRequest(data=bytes(MB))
+    """An upload that sends 3 MiB, then waits for ``release`` before it sends the rest. It declares the whole
+    content's hash, as FarmClient does: gRPC's server sees a client's cancel as the end of the request stream,
+    so without it a cancelled upload's first 3 MiB could be taken for the whole policy."""
+    digest = hashlib.sha256(bytes(3 * MB) + b"end").hexdigest()
+
+    def chunks() -> Iterator[farm_pb2.PublishPolicyRequest]:
+        for i in range(3):
+            yield farm_pb2.PublishPolicyRequest(data=bytes(MB), sha256=digest if i == 0 else "")
         release.wait(60)
         yield farm_pb2.PublishPolicyRequest(data=b"end")
 
