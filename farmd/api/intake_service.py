@@ -71,18 +71,18 @@ class IntakeService(intake_pb2_grpc.IntakeServiceServicer):
         async def call() -> intake_pb2.SubmitResponse:
             limit = self._funnel.config.max_package_bytes
             data: list[bytes] = []
-            bounty_id, claimed, size = 0, "", 0
+            bounty_id, claimed, declared, size = 0, "", "", 0
             async with self._budgets.stream(context, "Submit") as share:
                 async for chunk in request_iterator:
                     if not data and not size:
-                        bounty_id, claimed = chunk.bounty_id, chunk.contributor
+                        bounty_id, claimed, declared = chunk.bounty_id, chunk.contributor, chunk.sha256
                     size += len(chunk.data)
                     if size > limit:  # bounded as it arrives: the rest is never read
                         raise BadRequest(f"the package is over {limit} bytes", reason="PACKAGE_TOO_LARGE")
                     share.take(len(chunk.data), pieces=1)
                     data.append(chunk.data)
                 caller = self._caller(context, claimed)
-                sub = await self._funnel.submit(caller.name, b"".join(data), bounty_id)
+                sub = await self._funnel.submit(caller.name, b"".join(data), bounty_id, sha256=declared)
             return intake_pb2.SubmitResponse(submission=self._submission_pb(sub))
         return await guarded(context, call)
 

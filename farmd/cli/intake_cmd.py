@@ -9,6 +9,7 @@ packed tarball of the files it checked.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import sys
 import time
@@ -68,8 +69,11 @@ class Intake:
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
     def submit(self, data: bytes, bounty_id: int, contributor: str) -> intake_pb2.Submission:
+        digest = hashlib.sha256(data).hexdigest()  # a cancelled upload then cannot pass for a whole one
+
         def chunks() -> Iterator[intake_pb2.SubmitRequest]:
-            yield intake_pb2.SubmitRequest(data=data[:CHUNK_BYTES], bounty_id=bounty_id, contributor=contributor)
+            yield intake_pb2.SubmitRequest(data=data[:CHUNK_BYTES], bounty_id=bounty_id, contributor=contributor,
+                                           sha256=digest)
             for start in range(CHUNK_BYTES, len(data), CHUNK_BYTES):
                 yield intake_pb2.SubmitRequest(data=data[start:start + CHUNK_BYTES])
 

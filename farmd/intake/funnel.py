@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import random
 import secrets
@@ -79,6 +80,7 @@ _CANARIES_READ = 500
 _REVIEW_CAP_S = 2 * 3600.0
 """A reviewer's time taken from their first look is capped: a submission left open overnight is not work."""
 _SOUND_EVERY_S = 60.0
+_HEX = frozenset("0123456789abcdef")
 
 Serve = Callable[[str, Package], Awaitable[None]]
 Unserve = Callable[[str], Awaitable[None]]
@@ -204,15 +206,19 @@ class Funnel:
 
     # -- submitting ----------------------------------------------------------------------------------
 
-    async def submit(self, contributor: str, data: bytes, bounty_id: int = 0) -> SubmissionRow:
+    async def submit(self, contributor: str, data: bytes, bounty_id: int = 0, *, sha256: str = "") -> SubmissionRow:
+        """Take ``data`` in for checking. A declared ``sha256`` must be the bytes': an upload cancelled part way
+        reaches the server as a shorter one, and only the hash tells them apart."""
         if self._sandbox is None:
             raise FailedPrecondition("this coordinator's host cannot isolate untrusted code (farmctl doctor says "
                                      "why), so it checks no submission", reason="NO_ISOLATION")
         if len(data) > self.config.max_package_bytes:
             raise BadRequest(f"the package is {len(data)} bytes; at most {self.config.max_package_bytes}",
                              reason="PACKAGE_TOO_LARGE")
+        if sha256 and not (len(sha256) == 64 and set(sha256) <= _HEX):
+            raise BadRequest("a package's sha256 is 64 lowercase hex digits")
         try:
-            package = await asyncio.to_thread(read_package, data)
+            package = await asyncio.to_thread(_read_whole, data, sha256)
         except PackageError as exc:
             raise BadRequest("the package is not valid: " + "; ".join(exc.problems)[:1500],
                              reason="INVALID_PACKAGE") from exc
@@ -646,6 +652,14 @@ class Funnel:
         return Figures(states=raw.states, tiers=tiers, accepted=accepted, payouts_usd=raw.payouts_usd,
                        total_usd=total_usd, usd_per_accepted=total_usd / accepted if accepted else None,
                        per_accepted=per)
+
+
+def _read_whole(data: bytes, sha256: str) -> Package:
+    """The package ``data`` holds, once it hashes to ``sha256`` (when one is declared)."""
+    if sha256 and (actual := hashlib.sha256(data).hexdigest()) != sha256:
+        raise BadRequest(f"the package hashes to {actual}, not the declared {sha256}: was its upload cut short?",
+                         reason="PACKAGE_HASH_MISMATCH")
+    return read_package(data)
 
 
 def _first_blocking(findings: Sequence[FindingRow]) -> FindingRow | None:

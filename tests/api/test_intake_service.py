@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 
 import grpc
@@ -61,3 +62,27 @@ def test_a_bountys_money_is_exact_and_in_us_dollars(running_farm) -> None:  # ty
         except grpc.RpcError as exc:
             assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT and "farm's money is in USD" in (exc.details() or "")
         assert [b.id for b in stub.ListBounties(intake_pb2.ListBountiesRequest(), timeout=30).bounties] == [posted.id]
+
+
+def test_a_package_that_is_not_what_its_hash_declares_is_refused_before_it_is_read(running_farm) -> None:  # type: ignore[no-untyped-def]
+    """gRPC's server sees a client's cancel as the end of the request stream: a declared hash is what tells an
+    upload cut short from a whole one, so a mismatch is refused as such and nothing is kept."""
+    farm = running_farm("--workers", "0")
+    blob = b"the first half of a package"
+    with grpc.insecure_channel(farm.addr) as channel:
+        stub = intake_pb2_grpc.IntakeServiceStub(channel)
+        for declared, wanted in ((hashlib.sha256(blob + b" and its end").hexdigest(), "not the declared"),
+                                 ("ABC", "64 lowercase hex digits")):
+            try:
+                stub.Submit(iter([intake_pb2.SubmitRequest(data=blob, contributor="mallory", sha256=declared)]),
+                            timeout=30)
+                raise AssertionError("a package unlike its declared hash was taken")
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT and wanted in (exc.details() or ""), exc
+        try:  # the same bytes with their own hash are read, and refused only for what they are
+            stub.Submit(iter([intake_pb2.SubmitRequest(data=blob, contributor="mallory",
+                                                       sha256=hashlib.sha256(blob).hexdigest())]), timeout=30)
+            raise AssertionError("a blob that is no package was taken")
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT and "not valid" in (exc.details() or ""), exc
+        assert list(stub.ListSubmissions(intake_pb2.ListSubmissionsRequest(), timeout=30).submissions) == []
