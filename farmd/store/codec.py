@@ -186,7 +186,13 @@ def traj_row(t: Trajectory, body: bytes) -> tuple[Any, ...]:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
+    """A column's JSON (a record's reasons or flags), by orjson: ``json.dumps`` with options makes an encoder
+    per call, and a stored trajectory has two of these. Both are lists of text (``domain``), which orjson writes
+    exactly; what it refuses (a lone surrogate) is written by ``json``."""
+    try:
+        return orjson.dumps(value).decode()
+    except (orjson.JSONEncodeError, TypeError):
+        return json.dumps(value, ensure_ascii=False)
 
 
 def _utf8(text: str) -> bytes:

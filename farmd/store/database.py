@@ -94,11 +94,13 @@ class Transaction(Protocol):
     async def execute(self, sql: str, params: Iterable[Any] = ()) -> int:
         """Run one statement; how many rows it changed (0 for one that changes none)."""
 
-    async def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> None: ...
+    async def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> None:
+        """Run one statement for each of ``rows``. It may be sent with the transaction's next statement, or its
+        commit, and an error of it raised there (SQLite's: a hop to its thread was most of what a short write
+        waited on, on a loaded machine)."""
 
     async def executemany_each(self, statements: Iterable[tuple[str, Iterable[Iterable[Any]]]]) -> None:
-        """``executemany`` of each (statement, rows) in order, in one round trip to the driver where it allows
-        (SQLite's thread: a hop each was most of what a short write waited on, on a loaded machine)."""
+        """``executemany`` of each (statement, rows) in order, in one round trip to the driver where it allows."""
 
     async def execute_fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
         """The rows a statement returns (a SELECT's, or an UPDATE's RETURNING)."""
@@ -206,6 +208,7 @@ class SqliteDatabase(Database):
             transaction = SqliteTransaction(self._wdb)
             try:
                 yield transaction
+                await transaction.commit()
             except BaseException:
                 # Also when the caller was cancelled: a statement already handed to the
                 # connection's thread runs anyway (a BEGIN included), so the transaction must
@@ -213,8 +216,6 @@ class SqliteDatabase(Database):
                 # behind it and shielded from a second cancellation.
                 await asyncio.shield(self._rollback())
                 raise
-            if transaction.begun:
-                await self._wdb.execute("COMMIT")
 
     async def _rollback(self) -> None:
         # OperationalError: the BEGIN itself failed, so there is nothing to end.
@@ -261,8 +262,10 @@ class SqliteTransaction:
     """A ``Transaction`` on SQLite's writing connection.
 
     Each statement runs on the connection's thread in one hop there and back (aiosqlite's ``_execute``, as its
-    own methods run theirs: aiosqlite is pinned), and ``BEGIN IMMEDIATE`` runs in the first statement's hop, not
-    one of its own: a short write waited on its hops more than on SQLite."""
+    own methods run theirs: aiosqlite is pinned); a short write waited on its hops more than on SQLite, so no
+    hop is spent on what can ride with another. ``BEGIN IMMEDIATE`` runs in the first statement's hop, and
+    ``executemany`` and ``executemany_each``, which answer nothing, wait for the next statement's hop or the
+    COMMIT's (an error of theirs is raised there, still inside the transaction, which is then rolled back)."""
 
     sql = Dialect()
 
@@ -270,22 +273,28 @@ class SqliteTransaction:
         self._conn = conn
         self.begun = False
         """Whether BEGIN was handed to the connection (then the transaction is COMMITted or rolled back)."""
+        self._pending: list[tuple[str, list[Any]]] = []
+        """Statements with rows, sent with the next hop."""
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         first, self.begun = not self.begun, True
+        pending, self._pending = self._pending, []
         return await self._conn._execute(  # type: ignore[no-untyped-call]
-            _begun_then if first else _call, fn, self._conn._conn, *args)
+            _in_hop, first, pending, fn, self._conn._conn, *args)
+
+    async def commit(self) -> None:
+        """COMMIT, with whatever waits to be sent; nothing when nothing was."""
+        if self.begun or self._pending:
+            await self._run(_commit)
 
     async def execute(self, sql: str, params: Iterable[Any] = ()) -> int:
         return int(await self._run(_execute, sql, params))
 
     async def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> None:
-        await self._run(_executemany_each, [(sql, rows)])
+        self._pending.append((sql, list(rows)))
 
     async def executemany_each(self, statements: Iterable[tuple[str, Iterable[Iterable[Any]]]]) -> None:
-        batch: list[tuple[str, Iterable[Any]]] = [(sql, list(rows)) for sql, rows in statements]
-        if batch:
-            await self._run(_executemany_each, batch)
+        self._pending.extend((sql, list(rows)) for sql, rows in statements)
 
     async def execute_fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
         return list(await self._run(_fetchall, sql, params))
@@ -300,13 +309,16 @@ class SqliteTransaction:
 
 # What ``SqliteTransaction`` runs on the connection's own thread.
 
-def _call(fn: Callable[..., Any], conn: sqlite3.Connection, *args: Any) -> Any:
+def _in_hop(begin: bool, pending: list[tuple[str, list[Any]]], fn: Callable[..., Any], conn: sqlite3.Connection,
+           *args: Any) -> Any:
+    if begin:
+        conn.execute("BEGIN IMMEDIATE")
+    _executemany_each(conn, pending)
     return fn(conn, *args)
 
 
-def _begun_then(fn: Callable[..., Any], conn: sqlite3.Connection, *args: Any) -> Any:
-    conn.execute("BEGIN IMMEDIATE")
-    return fn(conn, *args)
+def _commit(conn: sqlite3.Connection) -> None:
+    conn.execute("COMMIT")
 
 
 def _execute(conn: sqlite3.Connection, sql: str, params: Any) -> int:

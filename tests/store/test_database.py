@@ -4,6 +4,7 @@ round trips a write costs on SQLite's thread."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,9 @@ async def test_a_write_of_nothing_leaves_no_transaction_open(tmp_path: Path) -> 
 @pytest.mark.sqlite_only
 async def test_a_writes_begin_goes_with_its_first_statement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each statement is a round trip to the connection's thread; BEGIN IMMEDIATE is not one of its own (on the
-    branch point a one-statement write made three: BEGIN, the statement, COMMIT), and a list of statements is one."""
+    branch point a one-statement write made three: BEGIN, the statement, COMMIT), and statements that answer
+    nothing ride with the next hop: a write of only those is one, BEGIN and COMMIT included. An error of theirs is
+    raised where they run, and the whole transaction is rolled back."""
     store = await Store.open(tmp_path / "farm.db")
     hops = 0
     handed = aiosqlite.Connection._execute
@@ -78,7 +81,20 @@ async def test_a_writes_begin_goes_with_its_first_statement(tmp_path: Path, monk
         async with store.db.write() as tx:
             await tx.executemany_each([("INSERT INTO state(key, value) VALUES (?, ?)", [("test-a", "1"), ("test-b", "2")]),
                                        ("DELETE FROM state WHERE key = ?", [("test-one",)])])
-        assert hops == 2 and await _keys(store) == ["test-a", "test-b"]
+        assert hops == 1 and await _keys(store) == ["test-a", "test-b"]
+        hops = 0
+        async with store.db.write() as tx:
+            await tx.executemany("INSERT INTO state(key, value) VALUES (?, ?)", [("test-c", "3")])
+            assert (await tx.execute_fetchall("SELECT value FROM state WHERE key='test-c'")) == [("3",)]
+        assert hops == 2, "the rows went with the read that follows them"
+        with pytest.raises(sqlite3.IntegrityError):
+            async with store.db.write() as tx:
+                await tx.execute("DELETE FROM state WHERE key = 'test-a'")
+                await tx.executemany("INSERT INTO state(key, value) VALUES (?, ?)", [("test-d", "4"), ("test-c", "5")])
+        assert await _keys(store) == ["test-a", "test-b", "test-c"], "the failed write left nothing"
+        async with store.db.write() as tx:
+            await tx.executemany("INSERT INTO state(key, value) VALUES (?, ?)", [("test-d", "4")])
+        assert await _keys(store) == ["test-a", "test-b", "test-c", "test-d"]
     finally:
         monkeypatch.undo()
         await store.close()
