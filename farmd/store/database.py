@@ -334,6 +334,6 @@ def _insert(conn: sqlite3.Connection, sql: str, params: Any) -> int:
     return int(cur.lastrowid or 0) if cur.rowcount > 0 else 0
 
 
-def _executemany_each(conn: sqlite3.Connection, batch: list[tuple[str, Iterable[Any]]]) -> None:
+def _executemany_each(conn: sqlite3.Connection, batch: list[tuple[str, list[Any]]]) -> None:
     for sql, rows in batch:
         conn.executemany(sql, rows)
