@@ -216,6 +216,8 @@ class _Sealer:
         self.cut = 0
 
     def text(self, value: str, bound: int) -> str:
+        if value.isascii() and len(value) <= bound:  # most of a record's text: valid, and within its bound
+            return value
         value, n = valid_text(value)
         value, clipped = clip(value, max(bound, 0))
         self.repaired += n
@@ -223,6 +225,8 @@ class _Sealer:
         return value
 
     def tree(self, value: Any, bound: int, what: str) -> Any:
+        if not value:  # most records' (no examples, no metadata): nothing to repair, and well within any bound
+            return value
         value, n = valid_tree(value)
         self.repaired += n
         if len(json.dumps(value, default=str)) > bound:

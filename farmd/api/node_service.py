@@ -13,7 +13,6 @@ what comes from it is held to the record's bounds again, whatever the node did.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
@@ -67,7 +66,8 @@ def _trajectory(data: bytes, job_id: int, node: str) -> Trajectory:
         raise BadRequest(f"the record sent for job {job_id} is job {trajectory.id}'s")
     # Every number in its domain, the reward in farm's own (a node's verdict is never an outside score):
     # a record out of it is refused whole, with each problem named (OutOfDomain), and never stored.
-    return domain.check(dataclasses.replace(trajectory, node=node).sealed(), external=False)
+    trajectory.node = node  # this parse's own object: no copy made for it
+    return domain.check(trajectory.sealed(), external=False)
 
 
 def _trajectories(whole: list[tuple[int, str, bytes]], node: str) -> list[Trajectory | Exception]:
