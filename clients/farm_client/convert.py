@@ -70,7 +70,10 @@ def _plain_number(value: Any) -> Any:
 
 
 def _from_struct(struct: Any) -> dict[str, Any]:
-    return {k: _from_value(v) for k, v in struct.fields.items()}
+    fields = struct.fields
+    if not fields:  # most of a record's (its task's metadata, its sampling's extra): no walk of an empty map
+        return {}
+    return {k: _from_value(v) for k, v in fields.items()}
 
 
 def _from_value(value: Any) -> Any:
