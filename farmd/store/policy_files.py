@@ -121,6 +121,11 @@ class PolicyUpload:
                 self._path.unlink(missing_ok=True)
 
 
+def _close_opened(opening: asyncio.Future[int]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        os.close(opening.result())
+
+
 class PolicyFiles:
     """The ``policies/`` folder of a data directory."""
 
@@ -129,7 +134,16 @@ class PolicyFiles:
         self.folder = data_dir / FOLDER
 
     async def upload(self) -> PolicyUpload:
-        return await asyncio.to_thread(self._upload)
+        """A new upload's temporary file. The file is made in a thread, which runs on when the caller is cancelled
+        (a client that cancels as its upload starts): the upload it made is then discarded here, since no caller
+        holds it to discard."""
+        made = asyncio.ensure_future(asyncio.to_thread(self._upload))
+        try:
+            return await asyncio.shield(made)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await (await asyncio.shield(made)).discard()
+            raise
 
     # What the store calls (``farmd.store.policies``, ``retention``): a store on PostgreSQL keeps content in the
     # database instead (``farmd.store.policy_chunks``), behind the same four.
@@ -162,7 +176,13 @@ class PolicyFiles:
         folder, _, base = name.partition("/")
         if folder != FOLDER or not _NAME.fullmatch(base):
             raise ValueError(f"not a policy file: {name!r}")
-        fd = await asyncio.to_thread(os.open, self.folder / base, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        opening = asyncio.ensure_future(asyncio.to_thread(os.open, self.folder / base,
+                                                          os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
+        try:
+            fd = await asyncio.shield(opening)
+        except asyncio.CancelledError:  # as ``upload``: the descriptor its thread opens anyway is closed
+            opening.add_done_callback(_close_opened)
+            raise
         try:
             while chunk := await asyncio.to_thread(os.read, fd, chunk_bytes):
                 yield chunk

@@ -8,6 +8,7 @@ import hashlib
 import os
 import sqlite3
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from farmd.store import Store
+from farmd.store.policy_files import PolicyFiles, PolicyUpload
 from farmd.store.schema import MIGRATIONS
 
 
@@ -77,6 +79,34 @@ async def test_a_discarded_upload_leaves_nothing_even_mid_write(tmp_path: Path) 
             await upload.write(b"late")
         await upload.discard()  # twice is fine
     finally:
+        await store.close()
+
+
+async def test_an_upload_cancelled_while_its_file_is_made_leaves_nothing(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file is made in a thread, which runs on when its caller is cancelled (a client that cancels as its
+    upload starts): nobody holds that upload to discard it, so making it discards it. CI found the file left."""
+    store = await Store.open(tmp_path / "farm.db")
+    made = threading.Event()
+    making = PolicyFiles._upload
+
+    def slowly(self: PolicyFiles) -> PolicyUpload:
+        upload = making(self)
+        made.set()
+        time.sleep(0.3)  # the caller is cancelled meanwhile
+        return upload
+
+    try:
+        monkeypatch.setattr(PolicyFiles, "_upload", slowly)
+        opening = asyncio.create_task(store.policy_upload())
+        await asyncio.to_thread(made.wait, 10)
+        assert len(uploads(tmp_path / "policies")) == 1
+        opening.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await opening
+        assert uploads(tmp_path / "policies") == []
+    finally:
+        monkeypatch.undo()
         await store.close()
 
 
