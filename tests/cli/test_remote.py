@@ -30,14 +30,18 @@ def test_run_status_trajectories_export_rescore(running_farm, tmp_path: Path) ->
     assert status["queue"]["done"] == 14 and status["queue"]["failed"] == 0
     rates = {(r["env"], r["difficulty"]): r for r in status["pass_rates"]}
     assert sum(r["trajectories"] for r in rates.values()) == 14
-    assert sum(r["passed"] for (env, _), r in rates.items() if env == "rg:chain_sum") == 0
+    # A random answer is right for about 1 task in 200 (measured: 3 of 600 at level 1), so the
+    # status is checked against what the runs themselves counted, not against 0.
+    random_passed = sum(r["passed"] for r in runs if r["env"] == "rg:chain_sum")
+    assert sum(r["passed"] for (env, _), r in rates.items() if env == "rg:chain_sum") == random_passed
     human = farm.farmctl("status").stdout.decode()
     assert "pass rate by environment and level" in human and "task bank" in human and "py-func" in human
 
     listed = json.loads(farm.farmctl("trajectories", "list", "--env", "py-func", "--json").stdout)
     assert len(listed) == 6 and all(t["passed"] for t in listed)
     failed = json.loads(farm.farmctl("trajectories", "list", "--agent", "random", "--max-reward", "0.5", "--json").stdout)
-    assert len(failed) == 8 and {t["env"] for t in failed} == {"rg:chain_sum"}, "narrowed by agent and reward"
+    assert len(failed) == 8 - random_passed and {t["env"] for t in failed} <= {"rg:chain_sum"}, \
+        "narrowed by agent and reward"
     assert json.loads(farm.farmctl("trajectories", "list", "--node", "elsewhere", "--json").stdout) == []
     shown = json.loads(farm.farmctl("trajectories", "show", "--json", str(listed[0]["id"])).stdout)
     assert shown["id"] == listed[0]["id"] and "def " in shown["final"] and shown["steps"]
