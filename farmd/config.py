@@ -26,6 +26,7 @@ from farmd.intake.settings import IntakeConfig
 from farmd.sandbox.config import SandboxConfig
 from farmd.scheduler.config import SchedulerConfig
 from farmd.taskbank import BankConfig, TaskBankError
+from farmd.text import is_sha256
 
 if TYPE_CHECKING:
     # Agents load environments, boxes and clients: a config that names no agent or endpoint (every farmctl
@@ -42,7 +43,6 @@ SHARED = "shared"
 """The name the legacy single ``token`` takes as a credential: it holds every role."""
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 _CREDENTIAL_KEYS = ("name", "roles", "token_sha256", "token_file")
 _TLS_KEYS = ("cert", "key", "ca")
 
@@ -72,7 +72,7 @@ class Credential:
             why = f"no role {unknown[0]!r}" if unknown else "no roles"
             raise ConfigError(f"credential {self.name!r} has {why}: give roles from {', '.join(sorted(ROLES))}")
         digest = self.token_sha256.lower() if isinstance(self.token_sha256, str) else ""
-        if not _SHA256.fullmatch(digest):  # the value is not quoted: it may be a token pasted by mistake
+        if not is_sha256(digest):  # the value is not quoted: it may be a token pasted by mistake
             raise ConfigError(f"credential {self.name!r}: token_sha256 must be 64 hex digits, the sha256 of the "
                               "token (`farmctl token new` prints one)")
         object.__setattr__(self, "roles", frozenset(self.roles))

@@ -32,6 +32,7 @@ _FORMAT = ("\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-
            "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f")
 _UNSAFE = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_FORMAT}]")
 _UNSAFE_INLINE = re.compile(f"[\x00-\x1f\x7f-\x9f{_FORMAT}]")
+_HEX = frozenset("0123456789abcdef")
 
 
 def valid_text(text: str) -> tuple[str, int]:
@@ -59,6 +60,11 @@ def valid_tree(value: Any) -> tuple[Any, int]:
         replaced = sum(kn + vn for (_, kn), (_, vn) in pairs)
         return ({k: v for (k, _), (v, _) in pairs} if replaced else value), replaced
     return value, 0
+
+
+def is_sha256(text: str) -> bool:
+    """Whether ``text`` is a sha256 as farm writes one: 64 lowercase hex digits."""
+    return len(text) == 64 and set(text) <= _HEX
 
 
 def decode(data: bytes) -> tuple[str, int]:

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from farmd.errors import InfraFailure, NotFound
 from farmd.private import make_dir
+from farmd.text import is_sha256
 
 log = logging.getLogger("farmd.fleet.policies")
 
-_HEX = frozenset("0123456789abcdef")
 _KNOWN_VERSIONS = 4096
 
 
@@ -41,7 +41,7 @@ class PolicyCache:
 
     def learn(self, version: int, sha256: str) -> None:
         """A lease said ``version`` is ``sha256`` (the coordinator's word: the content is checked on fetch)."""
-        if version and len(sha256) == 64 and set(sha256) <= _HEX:
+        if version and is_sha256(sha256):
             self._versions.pop(version, None)
             self._versions[version] = sha256
             while len(self._versions) > _KNOWN_VERSIONS:
@@ -61,7 +61,7 @@ class PolicyCache:
             return []
 
     async def content(self, sha256: str) -> bytes:
-        if not (len(sha256) == 64 and set(sha256) <= _HEX):
+        if not is_sha256(sha256):
             raise NotFound("a policy is named by its sha256")
         data = await asyncio.to_thread(self._read, sha256)
         if data is not None:

@@ -67,7 +67,7 @@ from farmd.store.intake import (
     SubmissionRow,
 )
 from farmd.taskbank import CHECK_HORIZON, SeedSequence
-from farmd.text import bounded
+from farmd.text import bounded, is_sha256
 from farmd.verifier import VerifierKey
 
 log = logging.getLogger("farmd.intake")
@@ -80,7 +80,6 @@ _CANARIES_READ = 500
 _REVIEW_CAP_S = 2 * 3600.0
 """A reviewer's time taken from their first look is capped: a submission left open overnight is not work."""
 _SOUND_EVERY_S = 60.0
-_HEX = frozenset("0123456789abcdef")
 
 Serve = Callable[[str, Package], Awaitable[None]]
 Unserve = Callable[[str], Awaitable[None]]
@@ -215,7 +214,7 @@ class Funnel:
         if len(data) > self.config.max_package_bytes:
             raise BadRequest(f"the package is {len(data)} bytes; at most {self.config.max_package_bytes}",
                              reason="PACKAGE_TOO_LARGE")
-        if sha256 and not (len(sha256) == 64 and set(sha256) <= _HEX):
+        if sha256 and not is_sha256(sha256):
             raise BadRequest("a package's sha256 is 64 lowercase hex digits")
         try:
             package = await asyncio.to_thread(_read_whole, data, sha256)

@@ -42,6 +42,7 @@ from farmd.records import Policy
 from farmd.store import Store
 from farmd.store.policy_files import PolicyUpload
 from farmd.store.retention import PolicyState, Removed
+from farmd.text import is_sha256
 
 log = logging.getLogger("farmd.scheduler.policies")
 
@@ -51,7 +52,6 @@ MAX_POLICY_READ_BYTES = 1 << 30
 MAX_VOCAB_READ_BYTES = 64 << 20
 """The largest policy whose vocabulary the coordinator reads to check what a node says it sampled (a tiny LM's
 blob is a few MB; a larger one is not a policy a ``torch:`` worker loads here)."""
-_HEX = frozenset("0123456789abcdef")
 LINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """A policy line's name: what ``torch:NAME`` says."""
 
@@ -68,7 +68,7 @@ class PolicyChunk:
 
 
 def check_sha256(text: str) -> None:
-    if not (len(text) == 64 and set(text) <= _HEX):
+    if not is_sha256(text):
         raise BadRequest("sha256 is 64 lowercase hex digits")
 
 

@@ -20,7 +20,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import re
 import secrets
 import threading
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import IO, TypeVar
 
 from farmd.private import FILE_MODE, make_dir
+from farmd.text import is_sha256
 
 log = logging.getLogger("farmd.store")
 
@@ -36,7 +36,6 @@ FOLDER = "policies"
 _UPLOAD_PREFIX = ".upload-"
 _SETTLED_S = 2.0
 """A temporary is swept only when unwritten this long: a new one is created, then locked."""
-_NAME = re.compile(r"[0-9a-f]{64}")
 
 T = TypeVar("T")
 
@@ -174,7 +173,7 @@ class PolicyFiles:
     async def read(self, name: str, chunk_bytes: int) -> AsyncIterator[bytes]:
         """The content stored as ``name`` (as ``keep`` returned it), ``chunk_bytes`` at a time."""
         folder, _, base = name.partition("/")
-        if folder != FOLDER or not _NAME.fullmatch(base):
+        if folder != FOLDER or not is_sha256(base):
             raise ValueError(f"not a policy file: {name!r}")
         opening = asyncio.ensure_future(asyncio.to_thread(os.open, self.folder / base,
                                                           os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
@@ -211,7 +210,7 @@ class PolicyFiles:
         try:
             with os.scandir(self.folder) as entries:
                 for entry in entries:
-                    if _NAME.fullmatch(entry.name):
+                    if is_sha256(entry.name):
                         with contextlib.suppress(FileNotFoundError):
                             found[entry.name] = entry.stat(follow_symlinks=False).st_size
         except FileNotFoundError:
@@ -233,7 +232,7 @@ class PolicyFiles:
 
     def _path(self, name: str) -> Path:
         folder, _, base = name.partition("/")
-        if folder != FOLDER or not _NAME.fullmatch(base):
+        if folder != FOLDER or not is_sha256(base):
             raise ValueError(f"not a policy file: {name!r}")
         return self.folder / base
 
