@@ -222,7 +222,11 @@ def test_a_node_that_answers_for_its_agent_is_caught_by_a_canary(tmp_path: Path,
         stored = [t for page in client.trajectory_pages(CHAIN, include_withdrawn=True) for t in page]
         assert stored and all(t.node == "mimic" and "withdrawn" in t.flags and t.reward == 0 for t in stored)
         for t in stored:
-            assert "withdrawn" in client.trajectory(t.id).scores[-1].flags, t.id
+            # The current verdict, not the last score listed: a recheck of the node's pass that was under way when
+            # the canary failed still lands (kept, as every verdict is), but never becomes current once withdrawn.
+            again = client.trajectory(t.id)
+            current = next(s for s in again.scores if s.verdict_version == again.verdict_version)
+            assert "withdrawn" in again.flags and again.reward == 0 and "withdrawn" in current.flags, t.id
         assert len(stored) == 24 < len(reported), "the run's results are stored; its canary's, reported too, are not"
 
 
