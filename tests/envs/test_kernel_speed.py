@@ -109,7 +109,10 @@ async def test_a_kernel_twice_as_fast_earns_nearly_full_speed_credit(task: Task)
 async def test_doing_the_work_twice_is_not_fast() -> None:
     verdict = await verify(ENV, DEAR, twice(reference(DEAR)))
     assert verdict.passed, verdict.reasons
-    assert verdict.details["significant"] and 0.4 < verdict.details["speedup"] < 0.65, verdict.details
+    # Half as fast, measured. The upper bound is the one that guards the reward (a slowdown measured as near
+    # parity would be paid as such); below, the second call's extra output and cache misses under CI's load made
+    # it look slower still (0.37 seen once on a fresh clone), which is no credit either way.
+    assert verdict.details["significant"] and 0.3 < verdict.details["speedup"] < 0.65, verdict.details
     assert verdict.reward < 0.35
 
 
