@@ -374,6 +374,19 @@ def _fine(t: Trajectory, vocab: int | None, external: bool | None) -> bool:
                     for x in t.scores))
 
 
+def outside_vocab(t: Trajectory, vocab: int) -> list[str]:
+    """Every turn's token ids of ``t`` its policy's vocabulary (``vocab`` tokens) does not hold, named as
+    ``problems(t, vocab=vocab)`` names them: for a record ``check`` found in its domain already, the one thing it
+    could not know (C loops, no other field looked at again)."""
+    found = []
+    for i, turn in enumerate(t.turns):
+        for name in ("prompt_token_ids", "token_ids"):
+            problem = token_ids_problem(getattr(turn, name), f"turns[{i}].{name}", vocab)
+            if problem is not None:
+                found.append(problem)
+    return found
+
+
 def check(t: Trajectory, **kwargs: Any) -> Trajectory:
     """``t`` itself when every number is in its domain, else ``OutOfDomain`` naming each problem."""
     found = problems(t, **kwargs)

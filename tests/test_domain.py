@@ -128,6 +128,11 @@ def test_a_known_vocabulary_bounds_token_ids() -> None:
     t = good(turns=[Turn(prompt_token_ids=[1, 2], token_ids=[15, 16], logprobs=[-1.0, -1.0], has_logprobs=True)])
     assert domain.problems(t) == []
     assert domain.problems(t, vocab=16) == ["turns[0].token_ids[1] is 16, outside 0..15 (the vocabulary has 16 tokens)"]
+    # What a coordinator asks of a node's record it checked whole already: the same words, for the ids alone.
+    assert domain.outside_vocab(t, 16) == domain.problems(t, vocab=16)
+    assert domain.outside_vocab(t, 17) == [] and domain.outside_vocab(t, 2) == [
+        "turns[0].prompt_token_ids[1] is 2, outside 0..1 (the vocabulary has 2 tokens)",
+        "turns[0].token_ids[0] is 15, outside 0..1 (the vocabulary has 2 tokens)"]
 
 
 def test_float_noise_above_zero_is_a_logprob_of_zero_and_more_is_not() -> None:

@@ -81,10 +81,14 @@ def _trajectories(whole: list[tuple[int, str, bytes]], node: str) -> list[Trajec
     return out
 
 
-def _outside_vocab(trajectory: Trajectory, vocab: int) -> str | None:
-    """The first token id of ``trajectory`` its policy's vocabulary (``vocab`` tokens) does not hold, named; None."""
-    found = domain.problems(trajectory, vocab=vocab, external=False)
-    return "; ".join(found[:3]) if found else None
+def _outside_vocab(checks: list[tuple[Trajectory, int]]) -> list[str | None]:
+    """For each (record, its policy's vocabulary size): the token ids the vocabulary does not hold, named; None.
+    The records were checked whole already (``_trajectory``): only the ids are looked at again, all in one hop."""
+    out: list[str | None] = []
+    for trajectory, vocab in checks:
+        found = domain.outside_vocab(trajectory, vocab)
+        out.append("; ".join(found[:3]) if found else None)
+    return out
 
 
 class _Parts:
@@ -292,6 +296,7 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
         handled: list[int] = []
         unreadable: dict[int, str] = {}
         parsed = await asyncio.to_thread(_trajectories, whole, node.name) if whole else []
+        read: list[tuple[int, str, Trajectory]] = []
         for (job_id, owner, _), trajectory in zip(whole, parsed, strict=True):
             handled.append(job_id)
             if isinstance(trajectory, Exception):  # its lease runs out and the job runs again: never stored
@@ -300,8 +305,12 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
                 log.warning("node %s sent a record for job %d that cannot be read: %s", node.name, job_id,
                             _text(str(exc), 300), extra={"event": "bad_result", "node": node.name, "job": job_id})
                 continue
-            vocab = await self._nodes.vocab_size(trajectory.policy_version) if trajectory.policy_version else None
-            problem = await asyncio.to_thread(_outside_vocab, trajectory, vocab) if vocab is not None else None
+            read.append((job_id, owner, trajectory))
+        vocabs = {v: await self._nodes.vocab_size(v) for v in sorted({t.policy_version for _, _, t in read} - {0})}
+        sized = [(t, vocab) for _, _, t in read if (vocab := vocabs.get(t.policy_version)) is not None]
+        outside = iter(await asyncio.to_thread(_outside_vocab, sized) if sized else [])
+        for job_id, owner, trajectory in read:
+            problem = next(outside) if vocabs.get(trajectory.policy_version) is not None else None
             if problem is not None:  # a token its policy cannot sample: refused as any record out of its domain
                 unreadable[job_id] = _text(f"the record cannot be stored: {problem}", 1000)
                 log.warning("node %s sent a record for job %d out of its domain: %s", node.name, job_id, problem,
