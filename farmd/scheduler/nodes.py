@@ -151,6 +151,8 @@ class Node:
     canaries_sent: int = 0
     canary_owed: int = 0
     """Canary jobs it is owed (each ordinary job leased adds one with chance ``canary_share``)."""
+    canary_wait: int = 1
+    """What must be owed before a canary is drawn again: the size of the last template group too big to pay."""
     canary_due: int = 1
     """The first canary follows its ``canary_due``-th ordinary job (drawn when it first joins)."""
     recent: deque[Job] = field(default_factory=lambda: deque(maxlen=_TEMPLATES_KEPT))
@@ -337,15 +339,21 @@ class Nodes:
         share = self._scheduler.config.canary_share
         node.canary_owed += sum(self._rng.random() < share for _ in ordinary)
         first = node.canaries_sent == 0 and node.leased >= node.canary_due
-        if not (first or node.canary_owed) or not node.recent:
+        if not (first or node.canary_owed >= node.canary_wait) or not node.recent:
             return
         template = self._rng.choice(list(node.recent))
         agent = template.agent if KNOWN_ANSWER_AGENT.fullmatch(template.agent) else self._rng.choice(_CANARY_AGENTS)
         made = await self._scheduler.store.nodes.enqueue_canary(node.name, template.id, agent,
                                                                max_size=None if first else node.canary_owed)
-        if made is None:  # its group is bigger than what is owed: a later draw, or a smaller group, pays it
+        if made is None:  # the template is gone: the next lease draws another
             return
         group, size = made
+        if group is None:
+            # Its group is bigger than what is owed: a later draw, once that much is owed, pays it. Drawn again at
+            # every lease meanwhile, the same refusal cost a database round trip per lease (most of a fleet's).
+            node.canary_wait = size
+            return
+        node.canary_wait = 1
         self._canary_groups.append(group)
         node.canaries_sent += 1
         node.canary_owed = max(0, node.canary_owed - size)

@@ -99,21 +99,22 @@ class NodeRecords:
     # -- canaries ----------------------------------------------------------------------------------
 
     async def enqueue_canary(self, node: str, template_job: int, agent: str, max_size: int | None = None
-                             ) -> tuple[int, int] | None:
+                             ) -> tuple[int | None, int] | None:
         """A canary group for ``node`` shaped as ``template_job``'s group (environment, task, size, source) with
         ``agent`` acting, its jobs leasable by ``node`` alone. Ids come from the same sequences as every job's.
-        Returns the group's (id, size); None when the template is gone or its group is over ``max_size``."""
+        Returns the group's (id, size), or (None, size) when the template's group is over ``max_size`` (nothing
+        is written: the caller knows what to wait for); None when the template is gone."""
+        template = await self._db.one(
+            "SELECT g.env, g.seed, g.difficulty, g.size, g.source FROM jobs j JOIN groups g ON g.id = j.group_id "
+            "WHERE j.id = ?", (template_job,))
+        if template is None:
+            return None
+        env, seed, difficulty, size, source = template
+        if max_size is not None and int(size) > max_size:
+            return None, int(size)
         now = time.time()
+        # A group's shape never changes once made, so it is read outside the write: a read takes no write lock.
         async with self._db.write() as db:
-            rows = await db.execute_fetchall(
-                "SELECT g.env, g.seed, g.difficulty, g.size, g.source FROM jobs j JOIN groups g ON g.id = j.group_id "
-                "WHERE j.id = ?", (template_job,))
-            found = next(iter(rows), None)
-            if found is None:
-                return None
-            env, seed, difficulty, size, source = found
-            if max_size is not None and int(size) > max_size:
-                return None
             (group_id,) = await insert_groups(db, [(env, seed, difficulty, agent, int(size))], source, 0,
                                               now, canary_for=node)
             return group_id, int(size)

@@ -147,8 +147,11 @@ async def test_job_counts_are_the_farms_work_and_leave_a_nodes_canaries_out(stor
     await store.enqueue([("py-func", 1, 1, "reference", 3)])
     (job,) = await store.lease("w", 1, 30, 0)
     await store.complete([("w", traj(job.id))])
+    assert await store.nodes.enqueue_canary("n1", job.id, "reference", max_size=2) == (None, 3), "too big: its size"
+    assert await store.nodes.cancel_canaries("n1") == 0, "and nothing made"
     assert await store.nodes.enqueue_canary("n1", job.id, "reference") is not None
-    assert await store.nodes.enqueue_canary("n2", job.id, "reference") is not None
+    assert await store.nodes.enqueue_canary("n2", job.id, "reference", max_size=3) is not None
+    assert await store.nodes.enqueue_canary("n3", 10**9, "reference") is None, "no such template"
     assert await store.job_counts() == {"done": 1, "queued": 2}, "six canaries, none of them the farm's work"
     await store.nodes.cancel_canaries("n1")
     assert await store.job_counts() == {"done": 1, "queued": 2}
