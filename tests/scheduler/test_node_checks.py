@@ -15,7 +15,7 @@ import pytest
 from farmd.config import load
 from farmd.envs import VerifyContext, get
 from farmd.errors import ConfigError
-from farmd.records import Job, Trajectory
+from farmd.records import Job, Score, Trajectory
 from farmd.rollout.reverify import Rechecker
 from farmd.sandbox import Sandbox
 from farmd.scheduler import Scheduler, SchedulerConfig
@@ -154,3 +154,53 @@ def test_a_timed_reward_agrees_anywhere_the_coordinators_own_timing_cannot_tell_
     assert reward_interval({"reward_interval": [0.35, 0.9]}) == (0.35, 0.9)
     for bad in ([0.9, 0.35], [0.1], [0.1, math.inf], ["0", "1"], [True, 1.0], None, "0.1-0.9"):
         assert reward_interval({"reward_interval": bad}) is None, bad
+
+
+class _Timed:
+    """A coordinator's checker for a timed reward (a kernel's speed), each job's measurements scripted: a timing
+    cannot be made to come out a given way on a real machine, and this test is about what is made of two."""
+
+    def __init__(self, script: dict[int, list[tuple[float, tuple[float, float]] | Exception]]) -> None:
+        self.script = script
+
+    async def verify(self, trajectory: Trajectory) -> tuple[Score, dict[str, object]]:
+        measured = self.script[trajectory.id].pop(0)
+        if isinstance(measured, Exception):
+            raise measured
+        reward, interval = measured
+        return Score(verifier_version="1", reward=reward, passed=True), {"reward_interval": list(interval)}
+
+    async def replicate(self, job: Job) -> Trajectory:
+        raise AssertionError("no canary in this test")
+
+
+async def test_a_timed_reward_outside_the_coordinators_timing_is_measured_again_before_it_quarantines(  # type: ignore[no-untyped-def]
+        farm) -> None:
+    """The node says 0.79; the coordinator first times 0.4 (0.35-0.45: outside, by more than the tolerance). Timed
+    again at 0.7 (0.55-0.85), the node agrees with what the coordinator's own two timings span; timed again the
+    same, or failing to be, it disagrees and is quarantined."""
+    scheduler, _ = farm
+    first = (0.4, (0.35, 0.45))
+    script: dict[int, list[tuple[float, tuple[float, float]] | Exception]] = {}
+    nodes = Nodes(scheduler, lost_after_s=60, checker=_Timed(script))
+    await nodes.start()
+    try:
+        await scheduler.create_run(CHAIN, "reference", 0, 1, seeds=range(3), difficulty=1)
+        seconds = {"busy": (0.7, (0.55, 0.85)), "fast": (0.42, (0.38, 0.46)), "broken": RuntimeError("box lost")}
+        joined = {}
+        for name, second in seconds.items():
+            node = joined[name] = nodes.join(hello(name))
+            (job,) = await nodes.lease(node, 1)
+            script[job.id] = [first, second]
+            assert await nodes.complete(node, [(node.hello.owner, dataclasses.replace(honest(job), reward=0.79))])
+        for _ in range(600):
+            if all(n.checked for n in joined.values()):
+                break
+            await asyncio.sleep(0.05)
+        assert all(not left for left in script.values()), "each measured twice"
+        assert (joined["busy"].disagreed, joined["busy"].state) == (0, "connected")
+        assert joined["fast"].disagreed == 1 and joined["fast"].state == "quarantined"
+        assert joined["broken"].disagreed == 1 and joined["broken"].state == "quarantined", \
+            "a second timing that fails leaves the first one's word"
+    finally:
+        await nodes.stop()
