@@ -214,23 +214,9 @@ class NodeChecks:
             return None  # no longer the node's word (withdrawn with it, or never its): nothing to check
         try:
             score, details = await self._checker.verify(stored)
-            interval = reward_interval(details)
-            why = verdict_disagreement(stored, score.passed, score.reward, self._tolerance, interval)
-            if why and interval is not None and stored.status == "ok" and stored.passed == score.passed:
-                # A measured reward (a kernel's speed) the node's lies outside of: the coordinator's own timing may be
-                # what is off (its machine busy for a moment), and a quarantine on that word alone is an honest node
-                # lost. Measured once more: the node disagrees only with what neither measurement gives.
-                # If that second measurement fails, the first one's word stands: an attempt that breaks its verifier
-                # now and then is no way out of a disagreement.
-                with contextlib.suppress(Exception):
-                    again, again_details = await self._checker.verify(stored)
-                    if again.passed == score.passed and again.status == "ok":
-                        low, high = reward_interval(again_details) or (again.reward, again.reward)
-                        interval = (min(interval[0], low, score.reward, again.reward),
-                                    max(interval[1], high, score.reward, again.reward))
-                        why = verdict_disagreement(stored, score.passed, score.reward, self._tolerance, interval)
         except Exception as exc:  # the coordinator could not judge: nothing is concluded about the node
             return INCONCLUSIVE, bounded(f"the coordinator could not judge: {exc}", 500)
+        why = await self._disagreement(stored, score.passed, score.reward, reward_interval(details))
         said = f"verified again on the coordinator: node {check.node} reported {_verdict(stored.passed, stored.reward)}"
         reasons = [bounded(said if not why else f"{said}, which the coordinator's verifier does not give", 1000),
                    *score.reasons][:MAX_REASONS]
@@ -246,9 +232,28 @@ class NodeChecks:
             expected = await self._expected_for(record)
         except Exception as exc:
             return INCONCLUSIVE, bounded(f"the coordinator could not run the canary itself: {exc}", 500)
-        why = answer_disagreement(record, expected) or verdict_disagreement(
-            record, expected.passed, expected.reward, self._tolerance, reward_interval(expected.verdict_details))
+        why = answer_disagreement(record, expected) or await self._disagreement(
+            record, expected.passed, expected.reward, reward_interval(expected.verdict_details))
         return (DISAGREED, why) if why else (AGREED, f"{expected.agent}: {_verdict(expected.passed, expected.reward)}")
+
+    async def _disagreement(self, record: Trajectory, passed: bool, reward: float,
+                            interval: tuple[float, float] | None) -> str:
+        """``verdict_disagreement`` of the node's ``record`` with the coordinator's verdict, except that a measured
+        reward (a kernel's speed) the node's lies outside of is measured once more: the coordinator's own timing may
+        be what is off (its machine busy for a moment), and a quarantine on that word alone is an honest node lost.
+        The node then disagrees only with what neither measurement gives. If the second measurement fails, the
+        first one's word stands: an attempt that breaks its verifier now and then is no way out of a disagreement."""
+        why = verdict_disagreement(record, passed, reward, self._tolerance, interval)
+        if not why or interval is None or record.status != "ok" or record.passed != passed:
+            return why
+        assert self._checker is not None
+        with contextlib.suppress(Exception):
+            again, details = await self._checker.verify(record)
+            if again.passed == passed and again.status == "ok":
+                low, high = reward_interval(details) or (again.reward, again.reward)
+                span = (min(interval[0], low, reward, again.reward), max(interval[1], high, reward, again.reward))
+                why = verdict_disagreement(record, passed, reward, self._tolerance, span)
+        return why
 
     async def _expected_for(self, record: Trajectory) -> Trajectory:
         """The coordinator's own run of a canary's job (one per task and agent, shared by the group's members)."""

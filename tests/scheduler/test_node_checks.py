@@ -204,3 +204,39 @@ async def test_a_timed_reward_outside_the_coordinators_timing_is_measured_again_
             "a second timing that fails leaves the first one's word"
     finally:
         await nodes.stop()
+
+
+async def test_a_canarys_timed_reward_is_measured_again_too(farm) -> None:  # type: ignore[no-untyped-def]
+    """A canary's answer is the coordinator's own, its speed reward the node's timing: 0.79 against the
+    coordinator's run timed at 0.4 (0.35-0.45) is timed again on the node's attempt before it fails the canary."""
+    from farmd.scheduler.checks import AGREED, CANARY, DISAGREED, Check, NodeChecks
+
+    scheduler, _ = farm
+    await scheduler.create_run(CHAIN, "reference", 0, 1, seeds=range(2), difficulty=1)
+    jobs = await scheduler.store.lease("w", 2, 60, 0)
+    script: dict[int, list[tuple[float, tuple[float, float]] | Exception]] = {
+        jobs[0].id: [(0.7, (0.55, 0.85))], jobs[1].id: [(0.41, (0.38, 0.44))]}
+
+    class Canaried(_Timed):
+        async def replicate(self, job: Job) -> Trajectory:
+            return dataclasses.replace(honest(job), reward=0.4, verdict_details={"reward_interval": [0.35, 0.45]})
+
+    found: dict[int, str] = {}
+
+    async def outcome(node: str, kind: str, job_id: int, result: str, detail: str) -> None:
+        found[job_id] = result
+
+    checks = NodeChecks(scheduler.store, Canaried(script), tolerance=0.25, concurrency=1, outcome=outcome,
+                        skip=lambda name: False)
+    await checks.start()
+    try:
+        for job in jobs:
+            checks.add(Check(CANARY, "n", job.id, dataclasses.replace(honest(job), reward=0.79)), must=True)
+        for _ in range(200):
+            if len(found) == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert found == {jobs[0].id: AGREED, jobs[1].id: DISAGREED}
+        assert all(not left for left in script.values()), "the node's attempt timed once more"
+    finally:
+        await checks.stop()
