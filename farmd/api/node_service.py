@@ -81,12 +81,13 @@ def _trajectories(whole: list[tuple[int, str, bytes]], node: str) -> list[Trajec
     return out
 
 
-def _outside_vocab(checks: list[tuple[Trajectory, int]]) -> list[str | None]:
-    """For each (record, its policy's vocabulary size): the token ids the vocabulary does not hold, named; None.
-    The records were checked whole already (``_trajectory``): only the ids are looked at again, all in one hop."""
+def _outside_vocab(checks: list[tuple[Trajectory, int | None]]) -> list[str | None]:
+    """For each (record, its policy's vocabulary size, None where unknown): the token ids the vocabulary does not
+    hold, named; None. The records were checked whole already (``_trajectory``): only the ids are looked at again,
+    all in one hop."""
     out: list[str | None] = []
     for trajectory, vocab in checks:
-        found = domain.outside_vocab(trajectory, vocab)
+        found = domain.outside_vocab(trajectory, vocab) if vocab is not None else []
         out.append("; ".join(found[:3]) if found else None)
     return out
 
@@ -307,10 +308,10 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
                 continue
             read.append((job_id, owner, trajectory))
         vocabs = {v: await self._nodes.vocab_size(v) for v in sorted({t.policy_version for _, _, t in read} - {0})}
-        sized = [(t, vocab) for _, _, t in read if (vocab := vocabs.get(t.policy_version)) is not None]
-        outside = iter(await asyncio.to_thread(_outside_vocab, sized) if sized else [])
-        for job_id, owner, trajectory in read:
-            problem = next(outside) if vocabs.get(trajectory.policy_version) is not None else None
+        sized = [(t, vocabs.get(t.policy_version)) for _, _, t in read]
+        outside = (await asyncio.to_thread(_outside_vocab, sized) if any(v is not None for _, v in sized)
+                   else [None] * len(read))
+        for (job_id, owner, trajectory), problem in zip(read, outside, strict=True):
             if problem is not None:  # a token its policy cannot sample: refused as any record out of its domain
                 unreadable[job_id] = _text(f"the record cannot be stored: {problem}", 1000)
                 log.warning("node %s sent a record for job %d out of its domain: %s", node.name, job_id, problem,

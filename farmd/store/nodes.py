@@ -104,6 +104,7 @@ class NodeRecords:
         ``agent`` acting, its jobs leasable by ``node`` alone. Ids come from the same sequences as every job's.
         Returns the group's (id, size), or (None, size) when the template's group is over ``max_size`` (nothing
         is written: the caller knows what to wait for); None when the template is gone."""
+        # A group's shape never changes once made, so it is read outside the write: a read takes no write lock.
         template = await self._db.one(
             "SELECT g.env, g.seed, g.difficulty, g.size, g.source FROM jobs j JOIN groups g ON g.id = j.group_id "
             "WHERE j.id = ?", (template_job,))
@@ -113,7 +114,6 @@ class NodeRecords:
         if max_size is not None and int(size) > max_size:
             return None, int(size)
         now = time.time()
-        # A group's shape never changes once made, so it is read outside the write: a read takes no write lock.
         async with self._db.write() as db:
             (group_id,) = await insert_groups(db, [(env, seed, difficulty, agent, int(size))], source, 0,
                                               now, canary_for=node)
