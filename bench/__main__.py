@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--fleet-repeats", type=int, default=3,
                         help="trials of each fleet figure, one node and two (medians)")
     parser.add_argument("--atropos-groups", type=int, default=200, help="groups pushed a round to each Atropos server")
-    parser.add_argument("--atropos-rounds", type=int, default=3, help="rounds of the Atropos figures (medians)")
+    parser.add_argument("--atropos-rounds", type=int, default=6, help="rounds of the Atropos figures (medians)")
     parser.add_argument("--sf-calls", type=int, default=200,
                         help="calls per throughput figure of the SandboxFusion API (and of the subprocess beside)")
     parser.add_argument("--vllm-rollouts", type=int, default=256, help="prompts a round, through farm and straight")
