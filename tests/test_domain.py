@@ -101,6 +101,8 @@ def test_each_number_out_of_its_domain_is_named(change: dict[str, Any], named: s
     (Turn(token_ids=[3, 1 << 31]), "turns[0].token_ids[1] is 2147483648"),
     (Turn(prompt_token_ids=[1 << 40]), "turns[0].prompt_token_ids[0] is 1099511627776"),
     (Turn(token_ids=[1.0]), "not an integer"),  # type: ignore[list-item]
+    (Turn(token_ids=[True]), "not an integer"),
+    (Turn(token_ids=[1], logprobs=[False], has_logprobs=True), "turns[0].logprobs[0]"),
     (Turn(token_ids=[1], logprobs=[math.nan], has_logprobs=True), "turns[0].logprobs[0] is nan"),
     (Turn(token_ids=[1], logprobs=[-math.inf], has_logprobs=True), "turns[0].logprobs[0] is -inf"),
     (Turn(token_ids=[1], logprobs=[0.5], has_logprobs=True), "a sampled token's logprob is at most 0"),
@@ -133,6 +135,17 @@ def test_a_known_vocabulary_bounds_token_ids() -> None:
     assert domain.outside_vocab(t, 17) == [] and domain.outside_vocab(t, 2) == [
         "turns[0].prompt_token_ids[1] is 2, outside 0..1 (the vocabulary has 2 tokens)",
         "turns[0].token_ids[0] is 15, outside 0..1 (the vocabulary has 2 tokens)"]
+
+
+def test_lists_of_any_kind_are_checked_whole() -> None:
+    """The C check takes lists; a tuple, an array or a list of integers where floats go is walked or taken alike."""
+    from array import array
+
+    assert domain.bad_token_id((0, 5, domain.TOKEN_ID_BOUND - 1)) is None
+    assert domain.bad_token_id(array("I", [0, 5])) is None
+    assert domain.bad_token_id((0, -5)) == (1, "is -5, outside 0..2147483647")
+    assert domain.bad_logprob((-1, -0.5)) is None and domain.bad_logprob(array("d", [-1.0])) is None
+    assert domain.bad_logprob((-1.0, math.nan))[0] == 1  # type: ignore[index]
 
 
 def test_float_noise_above_zero_is_a_logprob_of_zero_and_more_is_not() -> None:
