@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import logging
+import struct
 import sys
 import zlib
 from array import array
@@ -113,15 +114,23 @@ def _pack_turn(turn: Turn, messages: list[ChatMessage], arrays: bytearray) -> di
     if i < len(messages) and messages[i].content == turn.completion:  # its assistant message's: kept once
         plain["completion"] = None
     for name, kind, code in _ARRAYS:
+        values = plain[name]
         try:
-            packed = array(code, plain[name])
-        except (TypeError, OverflowError):
+            arrays += _little_endian(code, values)
+        except (TypeError, OverflowError, struct.error):
             continue  # not what a model server sends (a negative id, a None): kept as given, in the JSON
-        if _SWAP:
-            packed.byteswap()
-        arrays += packed
-        plain[name] = {kind: len(packed)}
+        plain[name] = {kind: len(values)}
     return plain
+
+
+def _little_endian(code: str, values: list[Any]) -> bytes:
+    """``values`` as little-endian items of ``code`` (``array``'s codes), or an error when one does not fit."""
+    if code == "d":  # struct takes floats two to three times faster than array("d") does
+        return struct.pack(f"<{len(values)}d", *values)
+    packed = array(code, values)
+    if _SWAP:
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def _unpack(raw: bytes) -> dict[str, Any]:
