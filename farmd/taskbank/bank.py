@@ -394,7 +394,9 @@ class TaskBank:
         envs: dict[str, Standing] = {}
         recent_in, recent_known, recent_samples, recent_informative, recent_groups = 0, 0, 0, 0, 0
         for name, st in self._envs.items():
-            standings = [self._standing(self._model.at(rec.post, self._version)) for rec in st.tasks.values()]
+            # Read at the newest version a posterior keeps its mean (fading scales both counts alike), and the mean
+            # alone decides a standing: read as stored, with no posterior made per task on each status read.
+            standings = [self._standing(rec.post) for rec in st.tasks.values()]
             known = [s for s in st.recent_samples if s is not None]
             n_in = sum(known)
             n_informative = sum(st.recent_groups)
