@@ -98,3 +98,36 @@ async def test_a_writes_begin_goes_with_its_first_statement(tmp_path: Path, monk
     finally:
         monkeypatch.undo()
         await store.close()
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2, 5, 63, 64, 85, 150])
+async def test_an_insert_of_many_rows_writes_them_in_order_as_one_a_row_would(tmp_path: Path, rows: int) -> None:
+    """An INSERT of many rows goes in statements of many rows each (``database._one_values_row``): the rows, their
+    order and their ids are what one statement a row gives, on either database; a row that breaks a constraint
+    fails the whole write."""
+    store = await Store.open(tmp_path / "farm.db")
+    try:
+        sent = [(f"test-{i:04d}", f"v{i}") for i in range(rows)]
+        async with store.db.write() as tx:
+            await tx.executemany("INSERT INTO state(key, value) VALUES (?,?)", sent)
+        assert [(str(k), str(v)) for k, v in await store.db.all(
+            "SELECT key, value FROM state WHERE key LIKE 'test-%' ORDER BY rowid")] == sent
+        with pytest.raises(Exception):  # noqa: B017 - each driver's own integrity error
+            async with store.db.write() as tx:
+                await tx.executemany("INSERT INTO state(key, value) VALUES (?,?)",
+                                     [("test-new", "x"), *((f"test-more-{i}", "m") for i in range(rows)),
+                                      ("test-new", "y")])
+                await tx.execute("SELECT 1")  # what rides with the next hop is raised there
+        assert await _keys(store) == [k for k, _ in sent], "nothing of the failed write is kept"
+    finally:
+        await store.close()
+
+
+def test_only_an_insert_ending_in_its_one_row_is_written_many_rows_at_once() -> None:
+    from farmd.store.database import _one_values_row
+
+    assert _one_values_row("INSERT INTO t(a, b, c) VALUES (?,'queued',?)") == ("INSERT INTO t(a, b, c) VALUES ",
+                                                                               "(?,'queued',?)")
+    for other in ("INSERT INTO t(a) VALUES (?) ON CONFLICT(a) DO NOTHING", "INSERT INTO t SELECT a FROM u WHERE b=?",
+                  "UPDATE t SET a=? WHERE b=?", "INSERT INTO t(a) VALUES (lower(?))"):
+        assert _one_values_row(other) is None, other
