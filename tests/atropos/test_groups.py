@@ -116,3 +116,13 @@ def test_a_list_with_one_bad_group_keeps_the_others() -> None:
     out = groups.scored_groups(json.dumps([good, {**good, "masks": [[1.5]]}, good]).encode(), many=True)
     assert [type(o).__name__ for o in out] == ["Checked", "AtroposInvalid", "Checked"]
     assert isinstance(out[1], AtroposInvalid) and out[1].loc == [1, "masks", 0, 0]
+
+
+def test_the_group_make_bench_pushes_takes_the_typed_road() -> None:
+    """The common body (tokens, masks with an untrained prompt, scores, advantages, Atropos's 1.0 logprobs where not
+    trained) is decoded typed: were it refused, every push would fall back to the slower road and nothing else would
+    say so."""
+    from tests.atropos.test_push_cost import body
+
+    assert groups._typed(body(3), many=False) is not None
+    assert groups._typed(b"[" + body(3) + b"," + body(4) + b"]", many=True) is not None
