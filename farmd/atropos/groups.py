@@ -321,7 +321,7 @@ def _typed(body: bytes, *, many: bool) -> list[dict[str, Any]] | None:
         groups = _MANY.decode(body) if many else [_ONE.decode(body)]
     except msgspec.MsgspecError:
         return None
-    return [{name: getattr(g, name) for name in g.__struct_fields__} for g in groups]
+    return [msgspec.structs.asdict(g) for g in groups]
 
 
 def _json(body: bytes) -> Any:

@@ -123,14 +123,14 @@ def _pack_turn(turn: Turn, messages: list[ChatMessage], arrays: bytearray) -> di
     return plain
 
 
-def _little_endian(code: str, values: list[Any]) -> bytes:
+def _little_endian(code: str, values: list[Any]) -> bytes | array[Any]:
     """``values`` as little-endian items of ``code`` (``array``'s codes), or an error when one does not fit."""
     if code == "d":  # struct takes floats two to three times faster than array("d") does
         return struct.pack(f"<{len(values)}d", *values)
     packed = array(code, values)
     if _SWAP:
         packed.byteswap()
-    return packed.tobytes()
+    return packed
 
 
 def _unpack(raw: bytes) -> dict[str, Any]:

@@ -338,14 +338,15 @@ def _insert(conn: sqlite3.Connection, sql: str, params: Any) -> int:
 
 def _executemany_each(conn: sqlite3.Connection, batch: list[tuple[str, list[Any]]]) -> None:
     for sql, rows in batch:
-        values = _one_values_row(sql) if len(rows) > 1 else None
-        if values is None:
+        insert = _one_values_row(sql) if len(rows) > 1 else None
+        if insert is None:
             conn.executemany(sql, rows)
             continue
+        head, one_row = insert
         at = 0
         for size in _ROW_BLOCKS:
             while len(rows) - at >= size:
-                conn.execute(values[0] + ",".join((values[1],) * size), [v for row in rows[at:at + size] for v in row])
+                conn.execute(head + ",".join((one_row,) * size), [v for row in rows[at:at + size] for v in row])
                 at += size
 
 
