@@ -148,6 +148,11 @@ def _all_within(values: Sequence[Any], shape: Any) -> bool:
     return True
 
 
+TokenId = Annotated[int, msgspec.Meta(ge=0, lt=TOKEN_ID_BOUND)]
+"""A token id as msgspec checks one: an integer (not a bool) in [0, 2**31) (``_token_ids_below`` for a known
+vocabulary's)."""
+
+
 @functools.cache
 def _token_ids_below(high: int) -> Any:
     return list[Annotated[int, msgspec.Meta(ge=0, lt=high)]]

@@ -24,7 +24,7 @@ from typing import Annotated, Any
 import msgspec
 
 from farmd import domain, jsonio
-from farmd.atropos.records import as_trajectories
+from farmd.atropos.records import as_trajectories, untrained_prompt
 from farmd.errors import AtroposInvalid
 from farmd.records import Trajectory
 from farmd.store.atropos import pack, pack_records
@@ -156,12 +156,10 @@ def _sampled(rows: list[list[float]] | None, masks: list[list[int]], name: str) 
         if len(row) != len(mask):
             continue
         # The trained positions' logprobs picked by C loops, where a Python loop over every position was a third of
-        # a group's check: the common mask (a prompt not trained, then a completion that is) by ``count`` and a
-        # slice, any other by ``compress``. The row is finite floats already (``_floats``), so only its bounds are
-        # left to check. Only a row that fails is walked, for the place.
-        prompt = mask.count(_IGNORED)
-        trained_logprobs = row[prompt:] if _IGNORED not in mask[prompt:] else \
-            list(compress(row, map(_IGNORED.__ne__, mask)))
+        # a group's check: the common mask's by a slice, any other's by ``compress``. The row is finite floats
+        # already (``_floats``), so only its bounds are left to check. Only a row that fails is walked, for the place.
+        prompt = untrained_prompt(mask)
+        trained_logprobs = row[prompt:] if prompt is not None else list(compress(row, map(_IGNORED.__ne__, mask)))
         if not trained_logprobs or (max(trained_logprobs) <= domain.LOGPROB_SLACK
                                     and min(trained_logprobs) >= -domain.FLOAT32_MAX):
             continue
@@ -278,7 +276,6 @@ def scored_groups(body: bytes, *, many: bool) -> list[Checked | AtroposInvalid]:
     return out
 
 
-_TokenId = Annotated[int, msgspec.Meta(ge=0, lt=domain.TOKEN_ID_BOUND)]
 _Int64 = Annotated[int, msgspec.Meta(ge=-_INT64, le=_INT64 - 1)]
 _Finite = Annotated[float, msgspec.Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
 _Score = Annotated[float, msgspec.Meta(ge=-domain.EXTERNAL_SCORE_BOUND, le=domain.EXTERNAL_SCORE_BOUND)]
@@ -293,7 +290,7 @@ class _Typed(msgspec.Struct):
     field (``scored_group``), which refuses it, names the place, or takes what this refuses and the checks allow (a
     mask written ``5.0``). Fields left ``Any`` are checked by ``scored_group`` as they are for any body."""
 
-    tokens: Annotated[list[Annotated[list[_TokenId], msgspec.Meta(max_length=MAX_TOKENS)]],
+    tokens: Annotated[list[Annotated[list[domain.TokenId], msgspec.Meta(max_length=MAX_TOKENS)]],
                       msgspec.Meta(max_length=MAX_SEQUENCES)]
     masks: Annotated[list[Annotated[list[_Int64], msgspec.Meta(max_length=MAX_TOKENS)]],
                      msgspec.Meta(max_length=MAX_SEQUENCES)]

@@ -172,11 +172,18 @@ def _conversation(messages: list[dict[str, Any]]) -> list[ChatMessage]:
     return out
 
 
-def _trained_runs(masks: list[int]) -> list[tuple[int, int]]:
-    """Each run of trained positions (mask not -100) as (start, end). The common shape, a prompt not trained then
-    a completion that is, is recognised by C loops (``count``, ``in``); others are walked position by position."""
+def untrained_prompt(masks: list[int]) -> int | None:
+    """How long the untrained prompt (mask -100) is, when the masks have the common shape, a prompt not trained then
+    a completion that is; None for any other. By C loops (``count``, ``in``), never a walk of every position."""
     ignored = masks.count(_IGNORED)
-    if _IGNORED not in masks[ignored:]:  # every ignored position is in the prefix, so all of it is ignored
+    return ignored if _IGNORED not in masks[ignored:] else None  # every ignored position is in the prefix
+
+
+def _trained_runs(masks: list[int]) -> list[tuple[int, int]]:
+    """Each run of trained positions (mask not -100) as (start, end). The common shape (``untrained_prompt``) is
+    one run; others are walked position by position."""
+    ignored = untrained_prompt(masks)
+    if ignored is not None:
         return [(ignored, len(masks))] if ignored < len(masks) else []
     runs: list[tuple[int, int]] = []
     start: int | None = None
