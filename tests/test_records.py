@@ -179,3 +179,29 @@ def test_a_non_finite_number_in_a_verdicts_details_is_still_readable(value: floa
     got = from_message(to_message(record, trajectory_pb2.Trajectory()), Trajectory)
     claimed = got.verdict_details["claimed"]
     assert len(claimed) == 2 and claimed[1] == 1.5 and not math.isfinite(claimed[0])
+
+
+def test_evolve_makes_what_dataclasses_replace_makes() -> None:
+    t = Trajectory(id=7, group_id=2, env="arith", env_version="1", seed=3, difficulty=1, agent="torch:tiny",
+                   policy_version=4, reward=1.0, passed=True, status="ok", reasons=[], flags=["x"], verifier_version="1",
+                   turns=[Turn(token_ids=[1, 2], logprobs=[-0.5, -0.25], has_logprobs=True)])
+    for changes in ({}, {"verdict_version": 3, "scores": []}, {"scores": [], "verdict_version": 3},
+                    {"reward": 0.0, "passed": False, "flags": []}):
+        made = records.evolve(t, **changes)
+        assert made == dataclasses.replace(t, **changes) and type(made) is Trajectory and made is not t
+    assert records.evolve(t).turns is t.turns, "a copy is shallow, as replace's is"
+    job = records.Job(id=1, group_id=1, env="arith", seed=1, difficulty=1, agent="reference",
+                      state=records.JobState.LEASED, attempts=1)
+    assert records.evolve(job, policy_version=9) == dataclasses.replace(job, policy_version=9)  # frozen
+    with pytest.raises(TypeError):
+        records.evolve(t, no_such_field=1)
+
+    @dataclasses.dataclass
+    class Checked:
+        a: int
+        b: int = dataclasses.field(init=False, default=0)
+
+        def __post_init__(self) -> None:
+            self.b = 2 * self.a
+
+    assert records.evolve(Checked(1), a=5).b == 10, "a post-init runs, as it does under replace"

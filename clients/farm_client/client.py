@@ -408,10 +408,11 @@ class FarmClient:
                                                          withdrawals_after=told)
             stream = self._stub.StreamTrajectories(request, metadata=self._metadata)
             try:
-                parts: list[trajectory_pb2.Trajectory] = []
+                # Each message read as it comes: the next is on its way (farmd builds it meanwhile).
+                parts: list[Trajectory] = []
                 for reply in stream:
                     down_since = None
-                    parts.extend(reply.trajectories)
+                    parts.extend(_trajectory(t) for t in reply.trajectories)
                     for w in reply.withdrawals:
                         withdrawn.append(Withdrawal(w.seq, w.trajectory_id, w.env, w.reason))
                         told = max(told, w.seq)
@@ -434,9 +435,7 @@ class FarmClient:
                 stream.cancel()  # type: ignore[no-untyped-call]
 
     @staticmethod
-    def _batch(trajectories: list[trajectory_pb2.Trajectory], up_to: int, consumer: str, whole_groups: bool,
-               tensors: bool) -> Batch:
-        rows = [_trajectory(t) for t in trajectories]
+    def _batch(rows: list[Trajectory], up_to: int, consumer: str, whole_groups: bool, tensors: bool) -> Batch:
         batch = Batch(consumer=consumer, whole_groups=whole_groups, up_to=up_to, trajectories=rows,
                       group_ids=[r.group_id for r in rows])
         if tensors:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
 import grpc
@@ -267,16 +267,16 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
         async for batch in self._scheduler.delivery.batches(
                 consumer, whole_groups=request.whole_groups, batch_size=min(request.batch_size or 64, MAX_BATCH),
                 max_staleness=request.max_staleness, body=not request.summary_only, subscription=subscription):
-            # Building a batch's protos takes tens of milliseconds for hundreds of whole records: off the
-            # event loop, which every box's timer and every other call share.
-            messages = await asyncio.to_thread(list, batch_messages(batch.trajectories, batch.up_to))
             # What a quarantine took back rides on the next batch: a trainer hears of it in the stream it reads.
             withdrawn = await self._store.intake.withdrawals(told, MAX_WITHDRAWALS_TOLD, subscription.envs)
             if withdrawn:
                 told = withdrawn[-1].seq
-                messages[0].withdrawals.extend(farm_pb2.Withdrawal(seq=w.seq, trajectory_id=w.trajectory_id, env=w.env,
+            first = True
+            async for message in _built(batch_messages(batch.trajectories, batch.up_to)):
+                if first:
+                    message.withdrawals.extend(farm_pb2.Withdrawal(seq=w.seq, trajectory_id=w.trajectory_id, env=w.env,
                                                                    reason=w.reason) for w in withdrawn)
-            for message in messages:
+                    first = False
                 yield message
 
     async def Ack(self, request: farm_pb2.AckRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -524,6 +524,20 @@ def _disk_pb(disk: Disk) -> farm_pb2.DiskStatus:
         message.policy_growth_bytes_per_hour = disk.policy_growth_per_h
     message.growth_window.FromNanoseconds(round(disk.window_s * 1e9))
     return message
+
+
+async def _built(messages: Iterator[farm_pb2.StreamTrajectoriesResponse]
+                 ) -> AsyncIterator[farm_pb2.StreamTrajectoriesResponse]:
+    """``messages``, each built in a thread while the one before it goes out: building a batch's protos takes
+    tens of milliseconds for hundreds of whole records, which the event loop (every box's timer, every other
+    call) must not wait on, and which the reader, decoding the message before, need not wait on either."""
+    building = asyncio.ensure_future(asyncio.to_thread(next, messages, None))
+    try:
+        while (message := await building) is not None:
+            building = asyncio.ensure_future(asyncio.to_thread(next, messages, None))
+            yield message
+    finally:
+        building.cancel()
 
 
 def _consumer_pb(c: ConsumerStatus) -> farm_pb2.ConsumerStatus:

@@ -24,6 +24,10 @@ MESSAGE_BUDGET_BYTES = 8 << 20
 """Trajectories per message stop before this many bytes: well under the send limit, and small enough
 that one message never holds a stream (or a trainer's memory) for long."""
 
+MESSAGE_RECORDS = 64
+"""Trajectories per message at most: a trainer reads one message while farmd builds the next, so a batch
+of hundreds reaches its learner about one message's build after it was read, not after the whole batch's."""
+
 
 def trajectory_pb(t: Trajectory) -> trajectory_pb2.Trajectory:
     return _sized(t)[0]
@@ -54,13 +58,13 @@ _STUB_FIELDS = ("id", "seq", "group_id", "run_id", "env", "env_version", "seed",
 
 
 def batch_messages(trajectories: list[Trajectory], up_to: int) -> Iterator[farm_pb2.StreamTrajectoriesResponse]:
-    """One batch as stream messages: as many trajectories per message as fit the budget (at least one);
-    every message but the last says ``more``, and only the last carries ``up_to``."""
+    """One batch as stream messages: as many trajectories per message as fit the budget, at least one and
+    at most ``MESSAGE_RECORDS``; every message but the last says ``more``, and only the last carries ``up_to``."""
     chunk: list[trajectory_pb2.Trajectory] = []
     size = 0
     for t in trajectories:
         message, n = _sized(t)
-        if chunk and size + n > MESSAGE_BUDGET_BYTES:
+        if chunk and (size + n > MESSAGE_BUDGET_BYTES or len(chunk) >= MESSAGE_RECORDS):
             yield farm_pb2.StreamTrajectoriesResponse(trajectories=chunk, more=True)
             chunk, size = [], 0
         chunk.append(message)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import random
 import time
@@ -36,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from farmd.errors import BadRequest, Conflict, FailedPrecondition, NotFound
-from farmd.records import KNOWN_ANSWER_AGENT, NODE_NAME, Job, JobState, Trajectory, verified_by_node
+from farmd.records import KNOWN_ANSWER_AGENT, NODE_NAME, Job, JobState, Trajectory, evolve, verified_by_node
 from farmd.scheduler.checks import AGREED, CANARY, DISAGREED, REVERIFY, Check, Checker, NodeChecks
 from farmd.store.nodes import Completion
 from farmd.tasks import cancel_and_wait
@@ -397,7 +396,7 @@ class Nodes:
                         len(foreign), extra={"event": "foreign_results", "node": node.name, "jobs": foreign[:20]})
             items = [(owner, t) for owner, t in items if node.owns(owner)]
         # Its verdicts are its word until the coordinator checks them, whatever its records say of who verified them.
-        items = [(owner, dataclasses.replace(t, node=node.name, verified_by=verified_by_node(node.name)))
+        items = [(owner, evolve(t, node=node.name, verified_by=verified_by_node(node.name)))
                  for owner, t in items]
         done = await self._scheduler.complete_for(items, refuse_mismatch=True) if items else Completion()
         node.in_flight.difference_update(t.id for _, t in items)

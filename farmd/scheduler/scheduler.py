@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from farmd.flags import WITHDRAWN
 from farmd.metrics import Metrics
-from farmd.records import RED_TEAM_PREFIX, VERIFIED_LOCAL, Job, JobState, Score, Trajectory
+from farmd.records import RED_TEAM_PREFIX, VERIFIED_LOCAL, Job, JobState, Score, Trajectory, evolve
 from farmd.scheduler.commits import GroupCommit, GroupLease
 from farmd.scheduler.config import SchedulerConfig
 from farmd.scheduler.delivery import ConsumerStatus, Delivery
@@ -338,7 +338,7 @@ class Scheduler:
 
     async def complete(self, owner: str, trajectories: list[Trajectory]) -> list[int]:
         """The coordinator's own worker's results: its verdicts are the farm's own (``verified_by`` local)."""
-        done = await self.complete_for([(owner, dataclasses.replace(t, verified_by=VERIFIED_LOCAL))
+        done = await self.complete_for([(owner, evolve(t, verified_by=VERIFIED_LOCAL))
                                         for t in trajectories])
         return done.reported
 

@@ -8,7 +8,6 @@ cost of a write and of a read, so callers run them off the event loop (``asyncio
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import json
 import logging
@@ -25,7 +24,7 @@ import orjson
 from isal import isal_zlib
 
 from farmd import domain
-from farmd.records import ChatMessage, Trajectory, Turn, from_plain
+from farmd.records import ChatMessage, Trajectory, Turn, evolve, from_plain
 from farmd.text import valid_text, valid_tree
 
 log = logging.getLogger("farmd.store")
@@ -308,7 +307,7 @@ class Recent:
             # As ``read_trajectory`` gives it back: the verdict it was stored with is verdict 0; scores live apart.
             old = self._kept.pop(int(row[0]), None)
             self._bytes += len(row[_BODY_INDEX]) - (len(old[0][_BODY_INDEX]) if old is not None else 0)
-            self._kept[int(row[0])] = (row, dataclasses.replace(record, verdict_version=int(row[_VERDICT_INDEX]),
+            self._kept[int(row[0])] = (row, evolve(record, verdict_version=int(row[_VERDICT_INDEX]),
                                                                 scores=[]))
         while self._kept and (len(self._kept) > self._keep or self._bytes > self._body_bytes):
             _, (gone, _) = self._kept.popitem(last=False)

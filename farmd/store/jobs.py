@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from farmd.records import VERIFIED_LOCAL, Job, JobState, Trajectory
+from farmd.records import VERIFIED_LOCAL, Job, JobState, Trajectory, evolve
 from farmd.store.codec import INSERT_TRAJECTORY, Recent, checked_bodies, traj_row
 from farmd.store.database import MAX_VARS, Database, Dialect
 from farmd.store.groups import drop_cancelled, fail_job, finish_groups, insert_finished, insert_groups
@@ -249,7 +249,7 @@ class JobRecords:
                         chunk = ids[start:start + MAX_VARS]
                         await db.execute(f"UPDATE jobs SET policy_version=? WHERE id IN ({','.join('?' * len(chunk))})",
                                          (version, *chunk))
-                out.append(sorted((dataclasses.replace(j, policy_version=versions[j.agent]) for j in jobs),
+                out.append(sorted((evolve(j, policy_version=versions[j.agent]) for j in jobs),
                                   key=lambda j: j.id))
         return out
 

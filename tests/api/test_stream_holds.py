@@ -11,7 +11,7 @@ import sqlite3
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,22 @@ def poison(db: Path, traj_id: int) -> None:
                      (zlib.compress(raw), '["test 3: raised ValueError: \\ud800"]', traj_id))
 
 
+def raw_messages(addr: str, batch_size: int, until: Callable[[list[tuple[int, bool, int]]], bool]
+                 ) -> list[tuple[int, bool, int]]:
+    """A whole-groups stream's messages as farmd sends them, (trajectories, more, up_to) each, until ``until``."""
+    with grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", 64 << 20)]) as channel:
+        stub = farm_pb2_grpc.FarmServiceStub(channel)
+        stream = stub.StreamTrajectories(farm_pb2.StreamTrajectoriesRequest(consumer="raw", batch_size=batch_size,
+                                                                            whole_groups=True), timeout=30)
+        messages: list[tuple[int, bool, int]] = []
+        for message in stream:
+            messages.append((len(message.trajectories), message.more, message.up_to))
+            if until(messages):
+                break
+        stream.cancel()
+    return messages
+
+
 @pytest.fixture
 def stored(tmp_path: Path) -> tuple[Path, list[int]]:
     data = tmp_path / "data"
@@ -102,16 +118,7 @@ def test_big_groups_and_broken_old_records_travel(stored, running_farm, tmp_path
         assert "\ufffd" in old.steps[0].action and old.steps[0].exit_code == 1
 
     # The 16 records near their bound make one batch of more than one message: the raw stream says so.
-    with grpc.insecure_channel(farm.addr, options=[("grpc.max_receive_message_length", 64 << 20)]) as channel:
-        stub = farm_pb2_grpc.FarmServiceStub(channel)
-        stream = stub.StreamTrajectories(farm_pb2.StreamTrajectoriesRequest(consumer="raw", batch_size=64,
-                                                                            whole_groups=True), timeout=30)
-        messages = []
-        for message in stream:
-            messages.append((len(message.trajectories), message.more, message.up_to))
-            if sum(n for n, _, _ in messages) == len(ids):
-                break
-        stream.cancel()
+    messages = raw_messages(farm.addr, 64, until=lambda got: sum(n for n, _, _ in got) == len(ids))
     assert any(more for _, more, _ in messages), messages
     assert all(up_to == 0 for _, more, up_to in messages if more), "only a batch's last message can be acked"
 
@@ -230,3 +237,19 @@ def test_a_name_that_is_not_utf8_is_refused_at_the_edge(running_farm) -> None:  
             ack(good.replace(b"ab", b"a\xed"), timeout=10)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert farm_pb2.AckResponse.FromString(ack(good, timeout=10)).cursor == 0  # the next is served as ever
+
+
+def test_a_batch_of_hundreds_comes_in_messages_and_reaches_the_client_whole(running_farm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """farmd builds each message while the one before it travels, and the client reads each as it comes; a
+    trainer still gets the batch whole, in order, acked once."""
+    data = tmp_path / "data"
+    data.mkdir()
+    ids = asyncio.run(prefill(data, [[f"{g}-{i}" for i in range(8)] for g in range(25)]))
+    farm = running_farm("--workers", "0", data_dir=data)
+    messages = raw_messages(farm.addr, 200, until=lambda got: not got[-1][1])
+    assert [(n, more) for n, more, _ in messages] == [(64, True), (64, True), (64, True), (8, False)], messages
+    with FarmClient(farm.addr) as client:
+        batch = next(client.batches("trainer", batch_size=200, whole_groups=True))
+        assert [t.id for t in batch.trajectories] == ids
+        assert [t.final for t in batch.trajectories] == [f"{g}-{i}" for g in range(25) for i in range(8)]
+        assert client.ack(batch) == batch.up_to == messages[-1][2]
