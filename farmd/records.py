@@ -228,7 +228,7 @@ def evolve(obj: D, /, **changes: Any) -> D:
 def _copier(cls: type[Any], changed: tuple[str, ...]) -> Callable[..., Any]:
     every = fields(cls)
     unknown = set(changed) - {f.name for f in every}
-    if unknown or any(not f.init or f.kw_only for f in every) or hasattr(cls, "__post_init__"):
+    if unknown or not record.takes_fields_in_order(cls) or hasattr(cls, "__post_init__"):
         # What ``replace`` alone does right (a TypeError naming the field, an init-only field, a post-init)
         return lambda obj, **kw: replace(obj, **kw)
     args = ", ".join(f.name if f.name in changed else f"obj.{f.name}" for f in every)

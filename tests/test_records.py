@@ -205,3 +205,26 @@ def test_evolve_makes_what_dataclasses_replace_makes() -> None:
             self.b = 2 * self.a
 
     assert records.evolve(Checked(1), a=5).b == 10, "a post-init runs, as it does under replace"
+
+
+def test_a_record_is_made_by_position_only_where_its_constructor_takes_its_fields_so() -> None:
+    assert all(client_record.takes_fields_in_order(cls) for cls in _record_types(client_record).values())
+
+    @dataclasses.dataclass
+    class WithInitVar:
+        a: int
+        scale: dataclasses.InitVar[int] = 1
+
+    @dataclasses.dataclass
+    class KeywordOnly:
+        a: int
+        b: int = dataclasses.field(default=0, kw_only=True)
+
+    @dataclasses.dataclass
+    class Computed:
+        a: int
+        b: int = dataclasses.field(init=False, default=0)
+
+    for cls in (WithInitVar, KeywordOnly, Computed):
+        assert not client_record.takes_fields_in_order(cls), cls
+    assert records.evolve(KeywordOnly(1, b=2), a=3) == KeywordOnly(3, b=2), "replace's road where position fails"

@@ -31,6 +31,8 @@ from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescript
 from google.protobuf.message import Message
 from google.type import money_pb2
 
+from farm_client.record import takes_fields_in_order
+
 R = TypeVar("R")
 M = TypeVar("M", bound=Message)
 
@@ -313,7 +315,7 @@ def _compile_from(cls: type, descriptor: Descriptor) -> _Converter:
     keywords took three times as long as the call itself: a stream's trainer decodes hundreds of records a step)."""
     hints = typing.get_type_hints(cls)
     ns: dict[str, Any] = {"cls": cls, "seconds": seconds}
-    positional = all(f.init and not f.kw_only for f in dataclasses.fields(cls))
+    positional = takes_fields_in_order(cls)
     values = [("" if positional else f"{name}=") + _from_expression(fd, hints[name], i, ns)
               for i, name, fd in _fields(cls, descriptor)]
     return _function(f"def convert(m):\n    return cls({', '.join(values)})\n", ns)

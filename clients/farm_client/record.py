@@ -7,6 +7,8 @@ seconds (``Duration``) or seconds since the epoch (``Timestamp``) as floats, enu
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,3 +185,16 @@ class Trajectory:
     def has_tokens(self) -> bool:
         """Every turn carries its completion's token ids and sampling logprobs (what a loss needs)."""
         return bool(self.turns) and all(t.token_ids and t.has_logprobs for t in self.turns)
+
+
+def takes_fields_in_order(cls: type) -> bool:
+    """Whether ``cls(*values)`` makes the dataclass from its fields' values in ``dataclasses.fields`` order: its
+    constructor takes exactly those, each by position (no init-only variable, no field left out of it, none
+    keyword-only)."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    try:
+        params = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return [p.name for p in params] == names and all(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
