@@ -228,12 +228,14 @@ def evolve(obj: D, /, **changes: Any) -> D:
 def _copier(cls: type[Any], changed: tuple[str, ...]) -> Callable[..., Any]:
     every = fields(cls)
     unknown = set(changed) - {f.name for f in every}
-    if unknown or not record.takes_fields_in_order(cls) or hasattr(cls, "__post_init__"):
+    clash = {"evolved", "new_record"} & {f.name for f in every}
+    if unknown or clash or not record.takes_fields_in_order(cls) or hasattr(cls, "__post_init__"):
         # What ``replace`` alone does right (a TypeError naming the field, an init-only field, a post-init)
         return lambda obj, **kw: replace(obj, **kw)
-    args = ", ".join(f.name if f.name in changed else f"obj.{f.name}" for f in every)
-    namespace: dict[str, Any] = {"cls": cls}
-    exec(f"def copy(obj, {', '.join(changed)}):\n    return cls({args})", namespace)  # field names only: no outside text
+    args = ", ".join(f.name if f.name in changed else f"evolved.{f.name}" for f in every)
+    namespace: dict[str, Any] = {"new_record": cls}
+    # Field names only (identifiers, checked above against the class): no outside text reaches the source.
+    exec(f"def copy(evolved, {', '.join(changed)}):\n    return new_record({args})", namespace)
     return typing.cast(Callable[..., Any], namespace["copy"])
 
 
@@ -272,7 +274,7 @@ class _Sealer:
             observation = self.text(step.observation, min(MAX_OBSERVATION_CHARS, budget))
             budget -= len(observation)
             steps.append(evolve(step, action=action, observation=observation,
-                                 violations=[self.text(v, MAX_REASON_CHARS) for v in step.violations[:MAX_REASONS]]))
+                                violations=[self.text(v, MAX_REASON_CHARS) for v in step.violations[:MAX_REASONS]]))
         self.cut += len(t.steps) > MAX_STEPS
         messages: list[ChatMessage] = []
         budget = MAX_CONVERSATION_CHARS
@@ -287,15 +289,15 @@ class _Sealer:
         self.cut += len(t.messages) > MAX_MESSAGES
         turns = self.turns(t.turns)
         task = evolve(t.task, prompt=self.text(t.task.prompt, MAX_PROMPT_CHARS),
-                       entry_point=self.text(t.task.entry_point, MAX_NAME_CHARS),
-                       answer_format=self.text(t.task.answer_format, MAX_REASON_CHARS),
-                       examples=self.tree(t.task.examples, MAX_DETAILS_CHARS, "examples"),
-                       metadata=self.tree(t.task.metadata, MAX_DETAILS_CHARS, "metadata"))
+                      entry_point=self.text(t.task.entry_point, MAX_NAME_CHARS),
+                      answer_format=self.text(t.task.answer_format, MAX_REASON_CHARS),
+                      examples=self.tree(t.task.examples, MAX_DETAILS_CHARS, "examples"),
+                      metadata=self.tree(t.task.metadata, MAX_DETAILS_CHARS, "metadata"))
         if not isinstance(task.examples, list):
             task.examples = []
         sampling = evolve(t.sampling, model=self.text(t.sampling.model, MAX_NAME_CHARS),
-                           stop=[self.text(s, MAX_NAME_CHARS) for s in t.sampling.stop[:MAX_REASONS]],
-                           extra=self.tree(t.sampling.extra, MAX_DETAILS_CHARS, "extra request fields"))
+                          stop=[self.text(s, MAX_NAME_CHARS) for s in t.sampling.stop[:MAX_REASONS]],
+                          extra=self.tree(t.sampling.extra, MAX_DETAILS_CHARS, "extra request fields"))
         flags = [self.text(f, MAX_FLAG_CHARS) for f in t.flags[:MAX_FLAGS]]
         reasons = [self.text(r, MAX_REASON_CHARS) for r in t.reasons[:MAX_REASONS]]
         self.cut += len(t.reasons) > MAX_REASONS or len(t.flags) > MAX_FLAGS
@@ -316,7 +318,7 @@ class _Sealer:
         """Turns within the token budget. A later turn's prompt holds the earlier ones' prompts, so those
         go first; past that a turn keeps its text but not its tokens (and says it has no logprobs)."""
         kept = [evolve(turn, completion=self.text(turn.completion, MAX_MESSAGE_CHARS),
-                        finish_reason=self.text(turn.finish_reason, MAX_FLAG_CHARS))
+                       finish_reason=self.text(turn.finish_reason, MAX_FLAG_CHARS))
                 for turn in turns[:MAX_MESSAGES]]
         self.cut += len(turns) > MAX_MESSAGES
 

@@ -206,6 +206,13 @@ def test_evolve_makes_what_dataclasses_replace_makes() -> None:
 
     assert records.evolve(Checked(1), a=5).b == 10, "a post-init runs, as it does under replace"
 
+    @dataclasses.dataclass
+    class Named:
+        evolved: int
+        new_record: int = 0
+
+    assert records.evolve(Named(1, 2), new_record=3) == Named(1, 3), "fields named as the copy's own names"
+
 
 def test_a_record_is_made_by_position_only_where_its_constructor_takes_its_fields_so() -> None:
     assert all(client_record.takes_fields_in_order(cls) for cls in _record_types(client_record).values())

@@ -307,8 +307,7 @@ class Recent:
             # As ``read_trajectory`` gives it back: the verdict it was stored with is verdict 0; scores live apart.
             old = self._kept.pop(int(row[0]), None)
             self._bytes += len(row[_BODY_INDEX]) - (len(old[0][_BODY_INDEX]) if old is not None else 0)
-            self._kept[int(row[0])] = (row, evolve(record, verdict_version=int(row[_VERDICT_INDEX]),
-                                                                scores=[]))
+            self._kept[int(row[0])] = (row, evolve(record, verdict_version=int(row[_VERDICT_INDEX]), scores=[]))
         while self._kept and (len(self._kept) > self._keep or self._bytes > self._body_bytes):
             _, (gone, _) = self._kept.popitem(last=False)
             self._bytes -= len(gone[_BODY_INDEX])
