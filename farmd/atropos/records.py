@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
 from typing import Any
 
 from farmd.flags import EXTERNAL_SCORE
@@ -33,6 +32,7 @@ from farmd.records import (
     PosedTask,
     Trajectory,
     Turn,
+    evolve,
 )
 
 AGENT = "atropos"
@@ -137,9 +137,9 @@ def _like(plain: tuple[Trajectory, dict[str, Any]], index: int, score: float, tu
     turns, the index in the details) is what sealing leaves as it is for a plain sequence (``_plain``). A test
     holds this to sealing each record on its own."""
     sealed, details = plain
-    return replace(sealed, reward=score, passed=score > 0, turns=turns, reasons=list(sealed.reasons),
-                   flags=list(sealed.flags), verdict_details={"atropos": {**details, "index": index}}, messages=[],
-                   steps=[], scores=[])
+    return evolve(sealed, reward=score, passed=score > 0, turns=turns, reasons=list(sealed.reasons),
+                  flags=list(sealed.flags), verdict_details={"atropos": {**details, "index": index}}, messages=[],
+                  steps=[], scores=[])
 
 
 def name(records: list[Trajectory], *, env: str, group: int) -> None:
