@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import IO
@@ -61,15 +63,24 @@ class VllmServer:
         self.log_path = log_path
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
         self._log: IO[bytes] = os.fdopen(fd, "ab")
+        # vLLM names its engine's ZeroMQ sockets and its rendezvous files in the temporary directory and leaves
+        # them there when its processes are killed: a directory of the server's own, removed when it stops.
+        self.scratch = Path(tempfile.mkdtemp(prefix="farm-vllm-"))
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "WARNING",
-               "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-        self.proc = subprocess.Popen(
-            [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-             "--served-model-name", *names, "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
-             "--max-model-len", "512", "--enforce-eager", "--kv-cache-memory-bytes", str(64 << 20),
-             "--max-num-seqs", str(max_num_seqs), "--disable-uvicorn-access-log", "--generation-config", "vllm",
-             *extra],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+               "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+               "TMPDIR": str(self.scratch), "VLLM_RPC_BASE_PATH": str(self.scratch)}
+        try:
+            self.proc = subprocess.Popen(
+                [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+                 "--served-model-name", *names, "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
+                 "--max-model-len", "512", "--enforce-eager", "--kv-cache-memory-bytes", str(64 << 20),
+                 "--max-num-seqs", str(max_num_seqs), "--disable-uvicorn-access-log", "--generation-config", "vllm",
+                 *extra],
+                stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        except BaseException:
+            self._log.close()
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            raise
         if wait:
             self.wait_ready(start_timeout_s)
 
@@ -111,6 +122,7 @@ class VllmServer:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self._log.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def __enter__(self) -> VllmServer:
         return self

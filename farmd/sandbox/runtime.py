@@ -142,28 +142,69 @@ def _walk_into(h: hashlib._Hash, root: Path) -> None:
             h.update(f"{rel}/{name}\0{st.st_size}:{st.st_mtime_ns}\n".encode())
 
 
+_IN_USE: dict[str, int] = {}
+"""Each runtime entry this process has used, and a descriptor holding a shared lock on it for the process's life:
+what tells a sweep, in any farm process on the host, that the entry is still in use."""
+
+_KEPT = frozenset({"empty"})
+"""Entries of the runtime directory a sweep never removes: not named by a digest, and shared by every version."""
+
+
 def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
-    """``target``, built by ``build(tmp)`` into a fresh directory and renamed into place, once.
+    """``target``, built by ``build(tmp)`` into a fresh directory and renamed into place, once, and held in use.
 
     Several farm processes may start at once: a lock in the runtime directory makes
-    one of them build while the others wait and then find it built.
+    one of them build while the others wait and then find it built. A build makes the
+    entries of earlier versions stale (each install of farm is a new site, a new box
+    runtime of ~700 MB), so it sweeps away every entry no live process holds.
     """
-    if target.exists():
+    if str(target) in _IN_USE:
         return target
     with open(target.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if target.exists():
-            return target
-        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(mode=0o755)
-        try:
-            build(tmp)
-            os.chmod(tmp, 0o755)
-            os.rename(tmp, target)
-        finally:
+        built = not target.exists()
+        if built:
+            tmp = target.with_name(target.name + f".tmp{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(mode=0o755)
+            try:
+                build(tmp)
+                os.chmod(tmp, 0o755)
+                os.rename(tmp, target)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        # Held before the sweep, and both under the directory's lock: a sweep never sees an entry between its
+        # being found and its being held.
+        _IN_USE[str(target)] = _hold(target)
+        if built:
+            _sweep(target.parent)
     return target
+
+
+def _hold(entry: Path) -> int:
+    fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def _sweep(runtime_dir: Path) -> None:
+    """Remove every entry of ``runtime_dir`` that no process holds (stale versions, and half-built copies of a
+    build that was killed). The caller holds the directory's lock, so nothing takes an entry meanwhile."""
+    for entry in runtime_dir.iterdir():
+        if entry.name.startswith(".") or entry.name in _KEPT or entry.is_symlink() or not entry.is_dir():
+            continue
+        try:
+            fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a live farm process uses it
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+        finally:
+            os.close(fd)
 
 
 def _mirror(root: Path, entries: list[str], run_dir: Path, name: str) -> Path:

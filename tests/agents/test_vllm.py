@@ -253,9 +253,14 @@ def test_a_replica_killed_mid_run_loses_no_rollout_and_scores_none_0(
         while vllm.proxies[1].chats() < 8 or client.get_run(run_id)["done"] < 16:
             assert time.monotonic() < deadline, "the second replica was never asked"
             time.sleep(0.05)
+        sockets = [p for p in victim.scratch.iterdir() if p.is_socket()]
         victim.signal(9)
         run = _wait_run(client, run_id)
         rows = client.trajectories(limit=200, full=True, run_id=run_id)
+    # A killed server's engine sockets were in its own directory, which its stop removes: none is left in /tmp.
+    assert sockets, "vLLM's sockets are not in the server's own directory"
+    victim.stop()
+    assert not victim.scratch.exists()
     assert run["done"] == 96 and run["failed"] == 0, run
     assert len(rows) == 96 and all(t.status == "ok" and t.turns and t.turns[0].token_ids for t in rows), \
         "a rollout was lost, or stored without the model's tokens"

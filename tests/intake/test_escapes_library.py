@@ -158,35 +158,48 @@ def data_dir_with_secrets(root: Path) -> tuple[Path, list[str]]:
     return data, [key.hex(), token, repr(key)[2:-1]]
 
 
-def host_traces(nonce: str, data_dir: Path) -> list[str]:
-    """Every host file name, process command line, mount and cgroup that carries ``nonce``."""
-    found: list[str] = []
+def host_traces(nonces: list[str], data_dir: Path) -> dict[str, list[str]]:
+    """Every host file name, process command line, mount and cgroup that carries each of ``nonces``: one pass
+    over the host for all of them (the run directory's walk alone is ~1,400 directories a runtime)."""
+    found: dict[str, list[str]] = {n: [] for n in nonces}
+
+    def note(text: str, what: str) -> None:
+        for nonce in nonces:
+            if nonce in text:
+                found[nonce].append(what)
+
     run_dir = default_run_dir()
     shallow = {Path("/"), Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"), Path("/root"), Path.home(), Path("/run"),
                Path(tempfile.gettempdir()), Path.cwd(), Path.cwd().parent, data_dir.parent.parent}
     deep = [data_dir.parent, run_dir, *Path(tempfile.gettempdir()).glob("farm-shell-*")]
     for root in shallow:
         with contextlib.suppress(OSError):
-            found += [f"file {p}" for p in root.iterdir() if nonce in p.name]
+            for p in root.iterdir():
+                note(p.name, f"file {p}")
     for root in deep:
         for dirpath, dirs, files in os.walk(root):
-            found += [f"file {dirpath}/{n}" for n in dirs + files if nonce in n]
+            for n in dirs + files:
+                note(n, f"file {dirpath}/{n}")
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
             with contextlib.suppress(OSError):
-                if nonce.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    found.append(f"process {entry}: {Path(f'/proc/{entry}/cmdline').read_bytes()[:200]!r}")
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+                note(cmdline.decode(errors="replace"), f"process {entry}: {cmdline[:200]!r}")
     for table in ("/proc/self/mountinfo", "/proc/1/mountinfo"):
         with contextlib.suppress(OSError):
-            found += [f"mount {line}" for line in Path(table).read_text().splitlines() if nonce in line]
+            for line in Path(table).read_text().splitlines():
+                note(line, f"mount {line}")
     for dirpath, dirs, _ in os.walk("/sys/fs/cgroup"):
-        found += [f"cgroup {dirpath}/{d}" for d in dirs if nonce in d]
+        for d in dirs:
+            note(d, f"cgroup {dirpath}/{d}")
     return found
 
 
-def breaches(trap: Trap, data_dir: Path, verdict_json: dict[str, object], leaked: list[str]) -> list[str]:
+def breaches(trap: Trap, traces: list[str], verdict_json: dict[str, object], leaked: list[str]) -> list[str]:
+    """What of ``trap``'s escape reached the host: ``traces`` (its nonce's, from ``host_traces``), a connection to
+    a listener, a secret in the verdict, or a verdict other than 0."""
     text = json.dumps(verdict_json)
-    out = host_traces(trap.marker.nonce, data_dir) + trap.connections()
+    out = traces + trap.connections()
     out += [f"a secret of the data directory is in the verdict: {s[:12]}..." for s in leaked if s in text]
     if verdict_json["status"] != "ok" or verdict_json["reward"] != 0.0 or verdict_json["passed"]:
         out.append(f"not scored 0: {text[:600]}")
@@ -205,10 +218,13 @@ async def run_escapes(env_name: str, tmp_path: Path) -> dict[str, list[str]]:
             verdicts = await asyncio.gather(*[verify_safely(env, task, e.make(task, trap.marker), ctx)
                                               for e, task, trap in zip(escapes, tasks, made, strict=True)])
             # Checked while the sandbox still runs, as a live farm's would be: nothing waits for its close.
+            nonces = [trap.marker.nonce for trap in made]
+            traces = host_traces(nonces, data_dir)
             for escape, verdict, trap in zip(escapes, verdicts, made, strict=True):
-                found[escape.name] = breaches(trap, data_dir, verdict.to_json(), leaked)
+                found[escape.name] = breaches(trap, traces[trap.marker.nonce], verdict.to_json(), leaked)
+        after = host_traces(nonces, data_dir)
         for escape, trap in zip(escapes, made, strict=True):
-            found[escape.name] += [f"after the sandbox closed: {t}" for t in host_traces(trap.marker.nonce, data_dir)]
+            found[escape.name] += [f"after the sandbox closed: {t}" for t in after[trap.marker.nonce]]
     return {name: problems for name, problems in found.items() if problems}
 
 
@@ -238,12 +254,16 @@ def test_the_host_checks_see_what_they_look_for(tmp_path: Path) -> None:
                     c.connect(("127.0.0.1", addr[1]) if s.family == socket.AF_INET else addr)
             time.sleep(0.1)  # bash's exec
             verdict = {"status": "ok", "reward": 0.0, "passed": False, "details": {"log": leaked[0]}}
-            found = breaches(trap, data_dir, verdict, leaked)
+            # Looked for beside another escape's nonce, as the escapes are: each finds its own leftovers only.
+            other = uuid.uuid4().hex
+            traces = host_traces([other, marker.nonce], data_dir)
+            found = breaches(trap, traces[marker.nonce], verdict, leaked)
         finally:
             proc.kill()
             proc.wait()
             unmount(point)
             cgroup.rmdir()
+    assert traces[other] == [], traces[other]
     for what in ("file ", "process ", "mount ", "cgroup ", "a secret of the data directory"):
         assert any(line.startswith(what) for line in found), (what, found)
     assert sum("accepted a connection" in line for line in found) == len(trap.listeners), found

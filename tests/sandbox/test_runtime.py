@@ -4,6 +4,8 @@ copied from: a changed site gets a fresh copy, an unchanged one is found again, 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from farmd.sandbox.runtime import SITE_STAMP, box_runtime, ensure_run_dir
@@ -48,3 +50,48 @@ def test_a_built_site_is_known_by_its_stamp_and_its_directories(tmp_path: Path) 
     os.utime(site / "site-packages", ns=(before + 1_000_000, before + 1_000_000))  # coarse clocks: a later time
     by_hand = _runtime(run_dir, site)
     assert by_hand != rebuilt and (by_hand / "site" / "site-packages" / "extra.py").read_text() == "C = 3\n"
+
+
+_HOLDER = """
+import sys
+from pathlib import Path
+from farmd.sandbox.runtime import box_runtime
+print(box_runtime(Path(sys.argv[1]), Path("/usr/bin/python3"), Path(sys.argv[2])), flush=True)
+sys.stdin.read()  # held until the test closes its stdin
+"""
+
+
+def _holder(run_dir: Path, site: Path) -> tuple[subprocess.Popen[str], Path]:
+    """A farm process that uses the runtime of ``site`` until its stdin closes."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(run_dir), str(site)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    assert proc.stdout is not None
+    return proc, Path(proc.stdout.readline().strip())
+
+
+def test_a_build_sweeps_away_the_runtimes_no_process_holds(tmp_path: Path) -> None:
+    """Every install of farm is a new runtime (~700 MB): one left by a farm no longer running goes when the next is
+    built, as does a half-built copy of a build that was killed; one a live farm process uses stays."""
+    run_dir, site = tmp_path / "run", _site(tmp_path)
+    ensure_run_dir(run_dir)
+    builds = iter(range(100))
+
+    def rebuilt() -> Path:
+        (site / SITE_STAMP).write_text(f"build-{next(builds)}\n")
+        return site
+
+    live, live_runtime = _holder(run_dir, rebuilt())
+    gone, gone_runtime = _holder(run_dir, rebuilt())
+    try:
+        gone.communicate("", timeout=30)
+        killed_build = run_dir / "runtime" / "box-0123456789abcdef.tmp999"
+        killed_build.mkdir()
+        assert live_runtime.is_dir() and gone_runtime.is_dir()
+        mine = _runtime(run_dir, rebuilt())
+        assert mine.is_dir() and live_runtime.is_dir(), "a runtime in use was swept"
+        assert not gone_runtime.exists() and not killed_build.exists()
+    finally:
+        live.communicate("", timeout=30)
+    _holder(run_dir, rebuilt())[0].communicate("", timeout=30)
+    assert not live_runtime.exists(), "the runtime of a farm that stopped is swept at the next build"
+    assert mine.is_dir(), "this process still holds its own"
