@@ -316,9 +316,12 @@ async def run_tier2(env: BoxedEnvironment, keys: Sequence[tuple[int, int]], *, a
     spread = min(max(canaries, 0), len(ordered))
     picked = [ordered[i * len(ordered) // spread] for i in range(spread)]
     made_canaries = 0
-    for seed, level in picked:
+    # Together: each canary's tries follow one another, but the tasks' do not wait on each other (and share
+    # boxes where calls do).
+    canaried = await asyncio.gather(*[_canary(env, seed, level, known[(seed, level)][1], draw)
+                                      for seed, level in picked])
+    for (seed, level), found in zip(picked, canaried, strict=True):
         task, answer = known[(seed, level)]
-        found = await _canary(env, seed, level, answer, draw)
         if found is not None:
             made_canaries += 1
             attempts += _canary_attempts(exploits, _task(env, seed, level, task), answer, *found)
