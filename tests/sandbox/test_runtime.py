@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from farmd.sandbox.runtime import SITE_STAMP, box_runtime, ensure_run_dir
@@ -90,6 +91,11 @@ def test_a_build_sweeps_away_the_runtimes_no_process_holds(tmp_path: Path) -> No
         mine = _runtime(run_dir, rebuilt())
         assert mine.is_dir() and live_runtime.is_dir(), "a runtime in use was swept"
         assert not gone_runtime.exists() and not killed_build.exists()
+        # Renamed away at once, removed by a thread of the sweeping process: nothing of them is left.
+        deadline = time.monotonic() + 30
+        while [p for p in (run_dir / "runtime").iterdir() if p.name.startswith(".trash-")]:
+            assert time.monotonic() < deadline, list((run_dir / "runtime").iterdir())
+            time.sleep(0.05)
     finally:
         live.communicate("", timeout=30)
     _holder(run_dir, rebuilt())[0].communicate("", timeout=30)
