@@ -469,11 +469,13 @@ class Funnel:
             raise FailedPrecondition(f"submission {submission_id} is {sub.state}: only an approved version is "
                                      "quarantined", reason="NOT_APPROVED")
         reason = bounded(reason, MAX_NOTE_CHARS)
-        if not await self._records.set_state(submission_id, "quarantined", expect=["approved"],
-                                             detail=f"quarantined by {by}: {reason}"):
-            raise FailedPrecondition(f"submission {submission_id} changed meanwhile", reason="NOT_APPROVED")
+        # Unserved first: no new rollout of it is started while it is being quarantined. The state and the
+        # withdrawals are one transaction.
         await self._unserve(sub.env)
-        withdrawn = await self._records.quarantine(submission_id, sub.env, reason)
+        withdrawn = await self._records.quarantine(submission_id, sub.env, reason,
+                                                   detail=f"quarantined by {by}: {reason}")
+        if withdrawn is None:
+            raise FailedPrecondition(f"submission {submission_id} changed meanwhile", reason="NOT_APPROVED")
         log.warning("quarantined %s (submission %d): %s; %d trajectories withdrawn", sub.env, sub.id, reason,
                     withdrawn, extra={"event": "quarantined", "submission": sub.id, "withdrawn": withdrawn})
         why = f"submission {sub.id} ({sub.env}) quarantined by {by}: {reason}"

@@ -408,11 +408,17 @@ class IntakeRecords:
 
     # -- quarantine and withdrawals ----------------------------------------------------------------
 
-    async def quarantine(self, submission_id: int, env: str, reason: str) -> int:
+    async def quarantine(self, submission_id: int, env: str, reason: str, *, detail: str | None = None) -> int | None:
         """Quarantine ``env`` for good: its queued jobs are cancelled, its trajectories get a withdrawn
-        score (reward 0, flagged) and a withdrawal row each. Returns how many were withdrawn."""
+        score (reward 0, flagged) and a withdrawal row each. Returns how many were withdrawn. With ``detail``, the
+        submission moves from approved to quarantined in the same transaction (None, and nothing done, if it is no
+        longer approved): no reader sees it quarantined with its trajectories not yet withdrawn."""
         now = time.time()
         async with self._db.write() as db:
+            if detail is not None and await db.execute(
+                    "UPDATE submissions SET state='quarantined', detail=?, updated_at=? WHERE id=? AND state='approved'",
+                    (detail, now, submission_id)) == 0:
+                return None
             await db.execute("INSERT INTO quarantined_envs(env, submission_id, reason, at) VALUES (?,?,?,?) "
                              "ON CONFLICT DO NOTHING",
                              (env, submission_id, reason, now))

@@ -224,8 +224,10 @@ async def test_a_bad_code_environment_is_rejected_at_tier_2_by_the_exploit_it_al
     sub = await checked(intake, tarball(RUNNING_MAX, replace, levels=2))  # two levels: the same faults, cheaper
     assert (sub.state, sub.tier) == ("rejected", 2), [sub.detail, *[str(x) for x in sub.findings]]
     blocking = [x for x in sub.findings if x.blocking]
-    # A verdict read from what the child prints is forged from the verifier's own runs too (test_probes).
-    assert "tier2_exploit" in {x.check for x in blocking} <= {"tier2_exploit", "tier2_forged_output"}
+    # A verdict read from what the child prints is forged from the verifier's own runs too (test_probes); and a
+    # verifier that checks only the public examples takes a constant function on a task whose examples share one
+    # output (tier 2 draws its tasks afresh for each submission): the same fault, found by another probe.
+    assert "tier2_exploit" in {x.check for x in blocking} <= {"tier2_exploit", "tier2_forged_output", "tier2_constant"}
     assert any(exploit in x.evidence for x in blocking), [x.evidence for x in blocking]
     assert all("submitted" in x.evidence and "reward" in x.evidence for x in blocking), "the exploit is the evidence"
 

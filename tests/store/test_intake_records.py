@@ -104,6 +104,25 @@ async def test_a_quarantine_withdraws_trajectories_from_streams_and_cancels_queu
 
 
 
+async def test_a_submissions_quarantine_and_its_withdrawals_are_one_step_from_approved_only(store: Store) -> None:
+    """With the submission's move: done together (no reader sees it quarantined with its trajectories still served),
+    and only from approved; a submission in any other state is left as it is, and nothing is withdrawn."""
+    (group,) = await store.enqueue([(ENV, 1, 1, "reference", 1)])
+    jobs = await store.lease("w1", 1, 30, policy_version=0)
+    await store.complete([("w1", dataclasses.replace(traj(j.id, group), env=ENV)) for j in jobs])
+    sid = await _submit(store)
+    assert sid is not None
+    assert await store.intake.quarantine(sid, ENV, "a hedge passes", detail="quarantined by rita") is None
+    sub = await store.intake.submission(sid)
+    assert sub is not None and sub.state == "checking"
+    assert await store.intake.withdrawals(0) == [] and len(await store.trajectories(streamed=True)) == 1
+    assert await store.intake.set_state(sid, "approved")
+    assert await store.intake.quarantine(sid, ENV, "a hedge passes", detail="quarantined by rita") == 1
+    sub = await store.intake.submission(sid)
+    assert sub is not None and (sub.state, sub.detail) == ("quarantined", "quarantined by rita")
+    assert await store.intake.quarantine(sid, ENV, "again", detail="quarantined again") is None
+
+
 async def test_a_rollout_stored_after_its_environment_was_quarantined_is_withdrawn_as_it_lands(store: Store) -> None:
     (group,) = await store.enqueue([(ENV, 1, 1, "reference", 1)])
     [job] = await store.lease("w1", 1, 30, policy_version=0)
