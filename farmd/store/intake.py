@@ -260,20 +260,9 @@ class IntakeRecords:
                         expect: Sequence[str] = (), decided: bool = False, reviewer: str | None = None,
                         note: str | None = None) -> bool:
         """Move a submission to ``state``; with ``expect``, only from one of those states (False if not)."""
-        if state not in STATES:
-            raise ValueError(f"no submission state {state!r}")
-        sets, args = ["state=?", "updated_at=?"], list[object]([state, time.time()])
-        for column, value in (("tier", tier), ("detail", detail), ("reviewer", reviewer), ("review_note", note)):
-            if value is not None:
-                sets.append(f"{column}=?")
-                args.append(value)
-        if decided:
-            sets.append("decided_at=?")
-            args.append(time.time())
-        where = "id=?" + (f" AND state IN ({','.join('?' * len(expect))})" if expect else "")
         async with self._db.write() as db:
-            return await db.execute(f"UPDATE submissions SET {', '.join(sets)} WHERE {where}",
-                                    (*args, submission_id, *expect)) > 0
+            return await _set_state(db, submission_id, state, tier=tier, detail=detail, expect=expect,
+                                    decided=decided, reviewer=reviewer, note=note)
 
     async def start_round(self, submission_id: int, seeds: int, attack_budget: int, detail: str) -> None:
         """Back to checking, from scratch, under (possibly raised) scrutiny: a new round of findings."""
@@ -415,9 +404,8 @@ class IntakeRecords:
         longer approved): no reader sees it quarantined with its trajectories not yet withdrawn."""
         now = time.time()
         async with self._db.write() as db:
-            if detail is not None and await db.execute(
-                    "UPDATE submissions SET state='quarantined', detail=?, updated_at=? WHERE id=? AND state='approved'",
-                    (detail, now, submission_id)) == 0:
+            if detail is not None and not await _set_state(db, submission_id, "quarantined", detail=detail,
+                                                           expect=["approved"]):
                 return None
             await db.execute("INSERT INTO quarantined_envs(env, submission_id, reason, at) VALUES (?,?,?,?) "
                              "ON CONFLICT DO NOTHING",
@@ -446,6 +434,25 @@ class IntakeRecords:
         return [WithdrawalRow(int(s), int(t), e, r) for s, t, e, r in await self._db.all(
             f"SELECT seq, trajectory_id, env, reason FROM withdrawals WHERE seq > ? {where} ORDER BY seq LIMIT ?",
             (after, *envs, limit))]
+
+
+async def _set_state(db: Transaction, submission_id: int, state: str, *, tier: int | None = None,
+                     detail: str | None = None, expect: Sequence[str] = (), decided: bool = False,
+                     reviewer: str | None = None, note: str | None = None) -> bool:
+    """``IntakeRecords.set_state`` in the caller's transaction."""
+    if state not in STATES:
+        raise ValueError(f"no submission state {state!r}")
+    sets, args = ["state=?", "updated_at=?"], list[object]([state, time.time()])
+    for column, value in (("tier", tier), ("detail", detail), ("reviewer", reviewer), ("review_note", note)):
+        if value is not None:
+            sets.append(f"{column}=?")
+            args.append(value)
+    if decided:
+        sets.append("decided_at=?")
+        args.append(time.time())
+    where = "id=?" + (f" AND state IN ({','.join('?' * len(expect))})" if expect else "")
+    return await db.execute(f"UPDATE submissions SET {', '.join(sets)} WHERE {where}",
+                            (*args, submission_id, *expect)) > 0
 
 
 async def withdraw(db: Transaction, where: str, params: Sequence[object], now: float) -> int:
