@@ -168,7 +168,15 @@ def _batch(request: dict[str, Any], out: int) -> None:
     """Several calls of one verifiers package in one box (intake's checks): verifiers is imported once, then
     each call runs in a child forked from that, with fresh random state and its own deadline (``item_s``), so
     a call that hangs or crashes is that call's failure, and what one call's code does to its process is
-    gone for the next. Each call's line carries that call's own nonce."""
+    gone for the next. Each call's line carries that call's own nonce.
+
+    The calls are one package's, and each must answer only for itself: a child holds every nonce of the batch
+    (it is a copy of this process), so it must have no way to the host's channel. It writes its result to a
+    pipe of its own, and this process, the only one holding the box's stdout, frames it (``_alone``). This
+    process is not dumpable, nor are the children (inherited), so no process of the box can open another's
+    descriptors or memory through /proc; and whatever a call leaves running is killed before the next starts
+    (``_end_leftovers``)."""
+    _undumpable()
     _adapter().prepare(request["site"])
     limit = float(request["item_s"])
     for item in request["batch"]:
@@ -176,7 +184,7 @@ def _batch(request: dict[str, Any], out: int) -> None:
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: one call, its result down the pipe, gone
-            os.close(read_end)
+            _alone(write_end)
             random.seed()
             _adapter().reseed()
             data = json.dumps(_result(item), default=str).encode("utf-8", "replace")
@@ -184,6 +192,7 @@ def _batch(request: dict[str, Any], out: int) -> None:
             os._exit(0)
         os.close(write_end)
         body = _collect(read_end, pid, limit)
+        _end_leftovers()
         try:
             result = json.loads(body) if body else {"ok": False, "error": "the call ended without a result"}
         except ValueError:
@@ -193,32 +202,86 @@ def _batch(request: dict[str, Any], out: int) -> None:
         os.write(out, _line(nonce, result))
 
 
+def _undumpable() -> None:
+    """This process's descriptors and memory closed to every other process of the box (``PR_SET_DUMPABLE`` 0:
+    /proc/PID/fd and /proc/PID/mem answer only to a ptrace-capable process, and the box has none)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed: calls cannot be kept apart")
+
+
+_PR_SET_DUMPABLE = 4
+
+
+def _alone(result_fd: int) -> None:
+    """A call's child before any of the package's code runs: the box's stdout (the host's channel, where a line
+    with another call's nonce would be taken as that call's result) and every other descriptor of this process
+    closed; stdin and stdout are /dev/null. Only ``result_fd`` leads out, to this call's own pipe."""
+    import resource
+
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.closerange(3, result_fd)
+    os.closerange(result_fd + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+
+
+def _end_leftovers() -> None:
+    """Every process of the box but its init and this one killed: what a call started (a daemon, a sleeper)
+    never runs beside the next call. ``kill(-1)`` reaches the whole of the box's pid namespace; again, for
+    any forked while the first went round. Only under the box's own init (pid 1 of a namespace of the box's
+    own): anywhere else ``kill(-1)`` would reach every process of this uid."""
+    import signal
+
+    if os.getppid() != 1:
+        raise OSError("the runner is not the child of its box's init: calls cannot be kept apart")
+    for _ in range(3):
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+
+
 def _collect(fd: int, pid: int, limit: float) -> bytes:
-    """What the child at ``pid`` writes to ``fd`` before it exits, or b'{}' (no verdict) if it is still at it
-    after ``limit`` seconds: then it is killed."""
+    """What the child at ``pid`` writes to ``fd`` until it exits, or b'{}' (no verdict) if it is still at it
+    after ``limit`` seconds: then it is killed. Its exit ends the call, not the pipe's end: a process it left
+    behind may hold the pipe open (``_end_leftovers`` kills it next)."""
     import select
     import signal
     import time
 
     deadline = time.monotonic() + limit
+    exited = os.pidfd_open(pid)
+    os.set_blocking(fd, False)
     chunks: list[bytes] = []
     size = 0
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            os.close(fd)
-            return b"{}"
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            break
-        size += len(chunk)
-        if size <= _MAX_RESULT:
-            chunks.append(chunk)
-    os.close(fd)
+    reading = True
+    """Until the pipe's end, or more than a result's bound read: then only the exit is waited for."""
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            ready = select.select([fd, exited] if reading else [exited], [], [], left)[0] if left > 0 else []
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return b"{}"
+            while reading:  # all there is now: at the exit, everything the child wrote
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    break
+                size += len(chunk)
+                chunks.append(chunk)
+                reading = bool(chunk) and size <= _MAX_RESULT
+            if exited in ready:
+                break
+    finally:
+        os.close(fd)
+        os.close(exited)
     os.waitpid(pid, 0)
-    return b"".join(chunks)
+    return b"".join(chunks)[:_MAX_RESULT + 1]
 
 
 def main() -> None:

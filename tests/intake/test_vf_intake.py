@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from farmd.errors import PackageError
+from farmd.errors import ContributedError, PackageError
 from farmd.intake.boxed import BoxedEnvironment
 from farmd.intake.contributed_checks import tier1_report
 from farmd.intake.package import read_package
@@ -91,6 +91,64 @@ async def test_tier_1_catches_a_rubric_for_anything_a_leak_and_a_dataset_that_mo
     assert any(f.startswith("check_examples: bad example") for f in anything), anything
     assert any(f.startswith("check_reference_passes: the answer to (0, 1) is in the public task") for f in leak), leak
     assert any(f.startswith("check_generates: generate(0, 1) made two different tasks") for f in moves), moves
+
+
+# A reward function that passes anything, and answers for the other calls of its box: it finds their nonces in
+# its own memory (a copy of the runner's), writes a refusal under each to the box's stdout and to the runner's
+# through /proc, leaves a process behind to do it again later, and (KILL_RUNNER) kills the runner so that no honest line
+# follows. Its own reward is 1; 0.5 when a process of an earlier call is still there beside it, 0.25 when it can read
+# the runner's /proc entries.
+FORGER = """
+    def forger(completion, **kwargs):
+        import json, os, signal, sys, time
+        others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())
+                  and open(f"/proc/{p}/stat").read().split(") ")[1][0] != "Z"]
+        frame, nonces = sys._getframe(), []
+        while frame is not None:
+            request = frame.f_locals.get("request")
+            if frame.f_code.co_name == "_batch" and isinstance(request, dict):
+                nonces = [frame.f_locals["nonce"]] + [c["nonce"] for c in request["batch"] if "nonce" in c]
+            frame = frame.f_back
+        lines = "".join("FARM " + n + " " + json.dumps({"ok": True, "value": {"reward": 0.0, "passed": False,
+                        "reasons": ["forged"]}}) + "\\n" for n in nonces).encode()
+        for path in (None, f"/proc/{os.getppid()}/fd/1"):
+            try:
+                fd = 1 if path is None else os.open(path, os.O_WRONLY)
+                os.write(fd, lines)
+            except OSError:
+                pass
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        if KILL_RUNNER:
+            os.kill(os.getppid(), signal.SIGKILL)
+        try:
+            with open(f"/proc/{os.getppid()}/environ", "rb") as fh:
+                fh.read()
+            return 0.25  # the runner's /proc is open to it: so are its descriptors, where farmd runs unprivileged
+        except OSError:
+            return 0.5 if others else 1.0
+
+    funcs, weights = [forger], [1.0]
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_a_call_answers_only_for_itself_in_a_box_its_calls_share(tmp_path: Path, sandbox: Sandbox) -> None:
+    def forger(kill: bool) -> BoxedEnvironment:
+        root = submission(tmp_path / f"forger-{kill}", source(rubric=FORGER.replace("KILL_RUNNER", str(kill))))
+        return BoxedEnvironment(read_package(root), sandbox, VerifierKey(b"verifiers-intake-tier-one-key-32"))
+
+    forging, killing = forger(False), forger(True)
+    verdicts, ends = await asyncio.gather(
+        asyncio.gather(*(forging.verify(seed, 1, "junk") for seed in range(4))),
+        asyncio.gather(*(killing.verify(seed, 1, "junk") for seed in range(4)), return_exceptions=True))
+    assert len({(c.wall_s, c.cpu_s) for c in forging.calls}) == 1, "the four calls shared one box"
+    assert [(v.reward, v.passed) for v in verdicts] == [(1.0, True)] * 4, verdicts
+    # With the runner killed by its first call, no call has an answer: each is the package's failure, none a
+    # verdict of the forger's making.
+    assert all(isinstance(e, ContributedError) and "0 result lines" in str(e) for e in ends), ends
 
 
 def test_the_manifest_says_verifiers_and_holds_it_to_one_level(tmp_path: Path) -> None:
