@@ -27,10 +27,12 @@ reported with its evidence; never a task, never a pass.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import secrets
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +41,9 @@ from typing import Any
 from farmd import domain
 from farmd.errors import CheckBudgetSpent, ContributedError
 from farmd.intake.package import Package
-from farmd.sandbox import BoxResult, Sandbox, SandboxPolicy
+from farmd.sandbox import BoxResult, BoxSession, Sandbox, SandboxPolicy
 from farmd.sandbox.command import BOX_SITE
+from farmd.sandbox.result import OUTPUT, WALL_TIME
 from farmd.text import bounded, clip, decode, valid_text
 from farmd.verifier import VerifierKey
 
@@ -61,15 +64,21 @@ BATCH_MAX = 32
 part of its box (about 3 CPU seconds; a call is about a quarter of one), paid once for them all. Tier 2 of the
 sums example: 83 CPU seconds in 15 boxes at 16 calls a box, 65 in 10 at 32."""
 BATCH_BOXES = 2
-"""Batched boxes of one environment worth having at once: its calls run one after another in a box, so one
-box at a time leaves every other core idle while the next batch waits for its answers."""
+"""Boxes of one verifiers package at once: its calls run one after another in a box, so one box at a time leaves
+every other core idle while the next batch waits for its answers."""
 BATCH_WAIT_S = 0.05
 """How long a call waits for others to share its box."""
 IMPORT_CPU_S = 30.0
 IMPORT_WALL_S = 120.0
 """What a verifiers package's box may take before its first call starts (importing verifiers: about 4 CPU
-seconds, and on a loaded host ten times that in wall time): farm's cost, not the package's, so added to the
-manifest's bounds rather than taken from them."""
+seconds, and on a loaded host ten times that in wall time): farm's cost, not the package's, so bounded apart
+from the manifest's bounds."""
+SESSION_IDLE_S = 5.0
+"""How long a verifiers package's box waits for its next batch before it is closed. Its box lives from batch to
+batch (``Sandbox.session``): the checks ask in stages, a few calls each, and a box per stage paid the import for
+each. Tiers 1 and 2 of the sums example: 15 boxes, 66 CPU seconds, before."""
+BATCH_OUTPUT_BYTES = MAX_RESULT_BYTES * 2
+"""What one batch may write (its calls' result lines): more ends its box."""
 
 
 @dataclass(frozen=True)
@@ -108,10 +117,6 @@ class Call:
     cpu_s: float
     seed: int = 0
     difficulty: int = 0
-    farm_cpu_s: float = 0.0
-    farm_wall_s: float = 0.0
-    """Of that, farm's own part: a verifiers package's share of importing verifiers in its box (measured in a box
-    of farm's code alone), which a verdict's cost (``verdict_cost``) leaves out: the package did not choose it."""
 
 
 class BoxedEnvironment:
@@ -131,18 +136,20 @@ class BoxedEnvironment:
             self._files["vf_adapter.py"] = VF_ADAPTER_SOURCE
             self._form = {"form": "verifiers", "site": BOX_SITE, "env_args": package.manifest.env_args}
         self.batch = verifiers if batch is None else batch and verifiers
-        """Whether calls share boxes (``BATCH_MAX``), each in a child process of its own forked after verifiers is
-        imported: intake's checks of a verifiers package, whose attempts are the farm's own. A rollout's verdict
+        """Whether calls share boxes (``BATCH_MAX`` a batch, batch after batch in a box that lives while they come:
+        ``SESSION_IDLE_S``), each in a child process of its own forked after verifiers is imported: intake's
+        checks of a verifiers package, whose attempts are the farm's own. A rollout's verdict
         (``ContributedEnvironment``) has a fresh box to itself: an attempt never shares a process tree with
         another attempt."""
         self.parallel = BATCH_MAX * BATCH_BOXES if self.batch else 3
         """Calls worth having in flight at once (tier 1 asks this many together)."""
         self._queued: list[tuple[str, dict[str, Any], asyncio.Future[tuple[BoxResult, int]]]] = []
         self._flusher: asyncio.Task[None] | None = None
-        self._boxes: set[asyncio.Task[None]] = set()
-        """Batched boxes running (held: the loop keeps only weak references to tasks)."""
-        self._import_cost: tuple[float, float] | None = None
-        self._measuring = asyncio.Lock()
+        self._boxes: set[asyncio.Task[Any]] = set()
+        """Batches running, and boxes closing (held: the loop keeps only weak references to tasks)."""
+        self._idle: list[_Session] = []
+        """Boxes between batches, newest last."""
+        self._box_slots = asyncio.Semaphore(BATCH_BOXES)
         self.calls: list[Call] = []
         self.budget_s = budget_s
         """Box seconds (wall) this environment's calls may take in all; None: no bound."""
@@ -193,16 +200,12 @@ class BoxedEnvironment:
                    "task_seed": task_seed, "env": self.manifest.name,
                    "entry_file": self.manifest.entry_file,
                    "entry_class": self.manifest.entry_class, **self._form, **extra}
-        farm_cpu_s = farm_wall_s = 0.0
         if self._form:
-            if self.verdict_cpu_s is not None:
-                farm_cpu_s, farm_wall_s = await self._farm_cost()
             result, shared = await self._batched(op, request)
         else:
             files = {**self._files, "request.json": json.dumps(request).encode()}
             result, shared = await self.sandbox.run(COMMAND, self._policy(op), files=files), 1
-        call = Call(op, result.wall_s / shared, result.cpu_s / shared, seed, difficulty,
-                    min(result.cpu_s, farm_cpu_s) / shared, min(result.wall_s, farm_wall_s) / shared)
+        call = Call(op, result.wall_s / shared, result.cpu_s / shared, seed, difficulty)
         self.calls.append(call)
         if op == "verify" and self.verdict_cpu_s is not None and self.verdict_wall_s is not None:
             costly = verdict_cost(self.calls, self.verdict_cpu_s, self.verdict_wall_s, at_least=VERDICTS_JUDGED)
@@ -250,28 +253,71 @@ class BoxedEnvironment:
             if not done.done():
                 done.set_result((result, len(batch)))
 
-    async def _farm_cost(self) -> tuple[float, float]:
-        """What a verifiers box costs before any of the package's code runs (CPU and wall seconds): one box of
-        farm's code alone (the runner importing verifiers, no call), measured once."""
-        async with self._measuring:
-            if self._import_cost is None:
-                result = await self._box([])
-                ok = result.exit_code == 0 and not result.violations
-                self._import_cost = (result.cpu_s, result.wall_s) if ok else (0.0, 0.0)
-                self.calls.append(Call("import", result.wall_s, result.cpu_s))
-        return self._import_cost
-
     async def _box(self, calls: list[tuple[str, dict[str, Any]]]) -> BoxResult:
-        """One box for a verifiers package's ``calls``: verifiers imported once (``IMPORT_CPU_S``, ``IMPORT_WALL_S``), then each call in
-        a child of its own with the manifest's bound for it (``env_runner``), whatever the import took."""
-        item_s = max((self._policy(op).cpu_time_s for op, _ in calls), default=0.0)
-        seconds = item_s * len(calls)
-        request = {"nonce": secrets.token_hex(16), "batch": [r for _, r in calls], "item_s": item_s,
-                   "site": BOX_SITE}
-        policy = SandboxPolicy(wall_time_s=IMPORT_WALL_S + seconds + 1.0, cpu_time_s=IMPORT_CPU_S + seconds,
+        """A verifiers package's ``calls`` run in one of its boxes (``BATCH_BOXES`` at most), verifiers imported
+        there once for every batch it takes, each call in a child of its own with the manifest's bound for it
+        (``env_runner``). The result's stdout holds the calls' lines; its costs are the batch's alone (the box's
+        import is a call of its own, ``"import"``)."""
+        async with self._box_slots:
+            box = self._idle.pop() if self._idle else None
+            if box is not None:
+                box.wanted()
+            if box is None or box.session.ended:
+                opened = await self._open()
+                if isinstance(opened, BoxResult):  # the import failed: no call ran
+                    return opened
+                box = opened
+            result = await self._run_in(box, calls)
+            if not box.session.ended:
+                box.waiting = asyncio.get_running_loop().call_later(SESSION_IDLE_S, self._let_go, box)
+                self._idle.append(box)
+            return result
+
+    async def aclose(self) -> None:
+        """Close this environment's boxes between batches (those in a batch close when it ends and none follows)."""
+        idle, self._idle = self._idle, []
+        for box in idle:
+            box.wanted()
+        await asyncio.gather(*(box.session.close() for box in idle), return_exceptions=True)
+
+    def _let_go(self, box: _Session) -> None:
+        if box in self._idle:
+            self._idle.remove(box)
+            task = asyncio.ensure_future(box.session.close())
+            self._boxes.add(task)
+            task.add_done_callback(self._boxes.discard)
+
+    async def _open(self) -> _Session | BoxResult:
+        """A box of this package with verifiers imported, its import recorded as a call (``"import"``); or, when
+        the import did not finish, that box's result."""
+        ready = secrets.token_hex(16)
+        request = {"nonce": ready, "session": True, "site": BOX_SITE, "idle_s": 4 * SESSION_IDLE_S}
+        policy = SandboxPolicy(wall_time_s=IMPORT_WALL_S, cpu_time_s=IMPORT_CPU_S,
                                memory_mb=int(self.manifest.bounds["memory_mb"]), output_kb=2048)
         files = {**self._files, "request.json": json.dumps(request).encode()}
-        return await self.sandbox.run(COMMAND, policy, files=files)
+        session = await self.sandbox.session(COMMAND, policy, files=files)
+        out, done = await _answer(session, ready, IMPORT_WALL_S)
+        if not done:
+            return await _ended(session, out, 0.0, time.monotonic())
+        self.calls.append(Call("import", time.monotonic() - session.started_at, session.cpu_s()))
+        return _Session(session)
+
+    async def _run_in(self, box: _Session, calls: list[tuple[str, dict[str, Any]]]) -> BoxResult:
+        """One batch in ``box``: its result, with the costs of this batch alone. A box that does not end a batch
+        within the calls' bounds is ended (its calls have no answer)."""
+        item_s = max(self._policy(op).cpu_time_s for op, _ in calls)
+        seconds = item_s * len(calls) + 1.0
+        session = box.session
+        session.allow(seconds, seconds)
+        nonce = secrets.token_hex(16)
+        cpu_s, started = session.cpu_s(), time.monotonic()
+        line = json.dumps({"nonce": nonce, "batch": [r for _, r in calls], "item_s": item_s}).encode() + b"\n"
+        out, done = (await _answer(session, nonce, seconds + 1.0)) if await session.send(line) else (b"", False)
+        if not done:
+            return await _ended(session, out, cpu_s, started)
+        return BoxResult(exit_code=0, signal=None, timed_out=False, oom=False, output_truncated=False, stdout=out,
+                         stderr=b"", wall_s=time.monotonic() - started, cpu_s=session.cpu_s() - cpu_s,
+                         max_rss_mb=0.0)
 
     async def generate(self, seed: int, difficulty: int, *, variant: Variant | None = None) -> ContributedTask:
         value, _ = await self._call("generate", seed, difficulty, variant=variant)
@@ -308,6 +354,50 @@ class BoxedEnvironment:
                                   call.cpu_s, call.wall_s, tuple(bounded(t, MAX_TRACE_CHARS) for t in kept))
 
 
+@dataclass(eq=False)
+class _Session:
+    """A verifiers package's box that takes batch after batch, and its timer while it waits for the next."""
+
+    session: BoxSession
+    waiting: asyncio.TimerHandle | None = None
+
+    def wanted(self) -> None:
+        """Taken for a batch: it no longer waits to be closed."""
+        if self.waiting is not None:
+            self.waiting.cancel()
+            self.waiting = None
+
+
+async def _answer(session: BoxSession, nonce: str, timeout_s: float) -> tuple[bytes, bool]:
+    """What the box writes until its line under ``nonce`` (True), or until it ends, writes more than a batch may,
+    or ``timeout_s`` passes (False)."""
+    prefix = f"FARM {nonce} ".encode()
+    out = b""
+    deadline = time.monotonic() + timeout_s
+    while len(out) <= BATCH_OUTPUT_BYTES:
+        out += session.take()
+        if out.startswith(prefix) or b"\n" + prefix in out:
+            return out, True
+        left = deadline - time.monotonic()
+        if left <= 0 or session.ended:
+            break
+        await session.output(left)
+    return out, False
+
+
+async def _ended(session: BoxSession, out: bytes, cpu_s: float, started: float) -> BoxResult:
+    """The result of a box ended in the middle of a batch (``out``: what the batch wrote), costs from
+    ``cpu_s`` and ``started``; what it was ended for among its violations."""
+    late = not session.ended
+    too_much = len(out) > BATCH_OUTPUT_BYTES
+    session.kill()
+    result = await session.close()
+    violations = [*result.violations, *([OUTPUT] if too_much else []),
+                  *([WALL_TIME] if late and not too_much else [])]
+    return dataclasses.replace(result, stdout=out + result.stdout, cpu_s=max(0.0, result.cpu_s - cpu_s),
+                               wall_s=time.monotonic() - started, violations=list(dict.fromkeys(violations)))
+
+
 def verdict_cost(calls: Sequence[Call], cpu_budget_s: float, wall_budget_s: float, *, at_least: int = 2
                  ) -> str | None:
     """Why verdicts typically cost more than the farm's budget, or None: the upper quartile of the verify
@@ -315,14 +405,14 @@ def verdict_cost(calls: Sequence[Call], cpu_budget_s: float, wall_budget_s: floa
     verifies = [c for c in calls if c.op == "verify"]
     if len(verifies) < max(1, at_least):
         return None
-    cpu = _upper_quartile([c.cpu_s - c.farm_cpu_s for c in verifies])
-    wall = _upper_quartile([c.wall_s - c.farm_wall_s for c in verifies])
+    cpu = _upper_quartile([c.cpu_s for c in verifies])
+    wall = _upper_quartile([c.wall_s for c in verifies])
     if cpu <= cpu_budget_s and wall <= wall_budget_s:
         return None
     what = f"{cpu:.2f} CPU seconds" if cpu > cpu_budget_s else f"{wall:.2f} seconds of wall time"
     return (f"a quarter of its {len(verifies)} verdicts cost more than {what} each (the farm's budget is "
             f"{cpu_budget_s:g} CPU and {wall_budget_s:g} wall seconds a verdict, measured in its boxes whatever its "
-            f"manifest declares; the median was {statistics.median(c.cpu_s - c.farm_cpu_s for c in verifies):.2f} CPU "
+            f"manifest declares; the median was {statistics.median(c.cpu_s for c in verifies):.2f} CPU "
             "seconds)")
 
 

@@ -164,11 +164,44 @@ def _line(nonce: str, result: dict[str, Any]) -> bytes:
     return ("FARM " + nonce + " " + json.dumps(result, default=str) + "\n").encode("utf-8", "replace")
 
 
-def _batch(request: dict[str, Any], out: int) -> None:
-    """Several calls of one verifiers package in one box (intake's checks): verifiers is imported once, then
-    each call runs in a child forked from that, with fresh random state and its own deadline (``item_s``), so
-    a call that hangs or crashes is that call's failure, and what one call's code does to its process is
-    gone for the next. Each call's line carries that call's own nonce.
+def _session(ready: str, request: dict[str, Any], out: int) -> None:
+    """A verifiers package's box for as many batches as intake's checks send it: verifiers imported once, a line
+    under ``ready`` when it is, then one batch a line on stdin (``{"nonce", "batch", "item_s"}``), each run by
+    ``_calls`` and ended by a line under its nonce. It ends at its stdin's end, or when no batch came for
+    ``idle_s`` (its host went away without ending it)."""
+    _undumpable()
+    _adapter().prepare(request["site"])
+    os.write(out, _line(ready, {"ok": True, "value": {}}))
+    pending = b""
+    while True:
+        line, pending = _next_line(pending, float(request["idle_s"]))
+        if line is None:
+            return
+        batch = json.loads(line)
+        _calls(batch["batch"], float(batch["item_s"]), out)
+        os.write(out, _line(batch["nonce"], {"ok": True, "value": {"calls": len(batch["batch"])}}))
+
+
+def _next_line(pending: bytes, idle_s: float) -> tuple[bytes | None, bytes]:
+    """The next line on stdin (at most ``_MAX_REQUEST`` bytes) and what was read past it; None at its end, past
+    the bound, or after ``idle_s`` with nothing."""
+    import select
+
+    while b"\n" not in pending:
+        if len(pending) > _MAX_REQUEST or not select.select([0], [], [], idle_s)[0]:
+            return None, b""
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            return None, b""
+        pending += chunk
+    line, _, rest = pending.partition(b"\n")
+    return line, rest
+
+
+def _calls(items: list[dict[str, Any]], limit: float, out: int) -> None:
+    """Each call in a child forked from this process, with fresh random state and its own deadline (``limit``
+    seconds), so a call that hangs or crashes is that call's failure, and what one call's code does to its
+    process is gone for the next. Each call's line carries that call's own nonce.
 
     The calls are one package's, and each must answer only for itself: a child holds every nonce of the batch
     (it is a copy of this process), so it must have no way to the host's channel. It writes its result to a
@@ -176,10 +209,7 @@ def _batch(request: dict[str, Any], out: int) -> None:
     process is not dumpable, nor are the children (inherited), so no process of the box can open another's
     descriptors or memory through /proc; and whatever a call leaves running is killed before the next starts
     (``_end_leftovers``)."""
-    _undumpable()
-    _adapter().prepare(request["site"])
-    limit = float(request["item_s"])
-    for item in request["batch"]:
+    for item in items:
         nonce = item.pop("nonce")
         read_end, write_end = os.pipe()
         pid = os.fork()
@@ -292,8 +322,8 @@ def main() -> None:
     out = sys.stdout
     sys.stdout = sys.stderr = io.StringIO()  # the environment's prints are not the result
     out.flush()
-    if "batch" in request:
-        _batch(request, out.fileno())
+    if request.get("session"):
+        _session(nonce, request, out.fileno())
         return
     os.write(out.fileno(), _line(nonce, _result(request)))
 

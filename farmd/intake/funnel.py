@@ -308,7 +308,9 @@ class Funnel:
                                               detail="checking crashed (farmd's fault, see its log); "
                                                      "it is tried again when farmd restarts")
             finally:
-                self._costing.pop(submission_id, None)
+                env = self._costing.pop(submission_id, None)
+                if env is not None:  # its boxes between batches: closed now, not when they time out
+                    await env.aclose()
 
     async def _run_tiers(self, submission_id: int) -> None:
         sub = await self.submission(submission_id)
@@ -366,6 +368,7 @@ class Funnel:
         if sub.state != "approved":
             return
         env = self._environment(await self._package(submission_id))
+        self._costing[submission_id] = env
         # A version already served is attacked again whatever it costs: it is serving, and its cost was judged.
         env.budget_s = env.verdict_cpu_s = env.verdict_wall_s = None
         rng = secrets.SystemRandom()
@@ -383,7 +386,7 @@ class Funnel:
     async def _too_costly(self, submission_id: int, spent: CheckBudgetSpent) -> None:
         """Checking used the box seconds one submission may: refused as too costly, at the tier it was in."""
         sub = await self.submission(submission_id)
-        env = self._costing.pop(submission_id, None)
+        env = self._costing.get(submission_id)
         calls = env.calls if env is not None else []
         finding = FindingRow(sub.tier, COST, bounded(f"checking stopped: {spent.evidence}", MAX_FIELD_CHARS),
                              "make each call cheap: the farm checks a version within a bounded number of box "

@@ -141,7 +141,10 @@ async def measure(original: BoxedEnvironment, keys: Sequence[tuple[int, int]], *
         made += 1
         env = original.variant(dataclasses.replace(package, files={**package.files, m.entry_file: mutated.encode()}))
         # A mutant's keys are independent: asked at once, and its differing answers judged at once.
-        given = await asyncio.gather(*[_answer(env, k, posed[k], answers[k]) for k in keys])
+        try:
+            given = await asyncio.gather(*[_answer(env, k, posed[k], answers[k]) for k in keys])
+        finally:
+            await env.aclose()
         wrong = [(k, a) for k, a in zip(keys, given, strict=True) if a is not None]
         if not wrong:
             continue

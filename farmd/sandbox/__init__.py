@@ -16,17 +16,19 @@ if TYPE_CHECKING:
     from farmd.sandbox.host import Check, check_host
     from farmd.sandbox.policy import DEFAULT_POLICY, NAMED_POLICIES, SandboxPolicy
     from farmd.sandbox.result import BoxResult
-    from farmd.sandbox.runner import Sandbox
+    from farmd.sandbox.runner import BoxSession, Sandbox
 
 # Loaded when first asked for: ``farmd.config`` reads ``farmd.sandbox.config`` on every start (every farmctl
 # call included), and the box machinery behind the rest costs a tenth of a second to import.
 _WHERE = {"SandboxConfig": "config", "Check": "host", "check_host": "host", "DEFAULT_POLICY": "policy",
-          "NAMED_POLICIES": "policy", "SandboxPolicy": "policy", "BoxResult": "result", "Sandbox": "runner"}
+          "NAMED_POLICIES": "policy", "SandboxPolicy": "policy", "BoxResult": "result", "Sandbox": "runner",
+          "BoxSession": "runner"}
 
 __all__ = [
     "DEFAULT_POLICY",
     "NAMED_POLICIES",
     "BoxResult",
+    "BoxSession",
     "Check",
     "Sandbox",
     "SandboxConfig",

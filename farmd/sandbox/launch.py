@@ -56,11 +56,12 @@ class Launcher:
     boxes_dir: Path
     timeout_s: float
 
-    def launch(self, box_id: str, slot: Slot, policy: SandboxPolicy) -> Box:
+    def launch(self, box_id: str, slot: Slot, policy: SandboxPolicy, stdin: bool = False) -> Box:
+        """``stdin``: the program's stdin is a pipe the host writes (``Box.in_fd``), not /dev/null."""
         undo: list[Callable[[], object]] = []
         fds: list[int] = []
         try:
-            return self._launch(box_id, slot, policy, undo, fds)
+            return self._launch(box_id, slot, policy, stdin, undo, fds)
         except BaseException:
             for fd in fds:
                 with contextlib.suppress(OSError):
@@ -71,7 +72,8 @@ class Launcher:
             raise
 
     def _launch(
-        self, box_id: str, slot: Slot, policy: SandboxPolicy, undo: list[Callable[[], object]], fds: list[int]
+        self, box_id: str, slot: Slot, policy: SandboxPolicy, stdin: bool, undo: list[Callable[[], object]],
+        fds: list[int],
     ) -> Box:
         scratch_dir = self.boxes_dir / box_id
         scratch_dir.mkdir(mode=0o711)
@@ -96,6 +98,7 @@ class Launcher:
         block_r, block_w = pipe() if admit else (-1, -1)
         out_r, out_w = pipe()
         err_r, err_w = pipe()
+        in_r, in_w = pipe() if stdin else (-1, -1)
         host_ctrl, box_ctrl = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         undo += [host_ctrl.close, box_ctrl.close]
         seccomp_fd = seccomp.bpf_fd()
@@ -115,7 +118,7 @@ class Launcher:
                 pass_fds=passed,
                 env={},
                 cwd="/",
-                stdin=subprocess.DEVNULL,
+                stdin=in_r if stdin else subprocess.DEVNULL,
                 stdout=out_w,
                 stderr=err_w,
                 close_fds=True,
@@ -131,21 +134,21 @@ class Launcher:
         undo.append(functools.partial(_reap, proc))
         if os.geteuid() == 0:
             creds.verify(proc.pid, slot.uid, slot.gid)
-        for fd in [*passed, out_w, err_w]:
+        for fd in [*passed, out_w, err_w, *([in_r] if stdin else [])]:
             if fd != box_ctrl.fileno():
                 fds.remove(fd)
                 os.close(fd)
         box_ctrl.close()
         pid1, pid1_fd = self._admit(proc, cg, info_r, block_w, err_r, fds) if admit else (-1, -1)
         host_ctrl.setblocking(False)
-        for fd in (out_r, err_r):
+        for fd in (out_r, err_r, *([in_w] if stdin else [])):
             os.set_blocking(fd, False)
         if not admit:
             fds.remove(info_r)
         return Box(
             box_id=box_id, slot=slot, shape=policy.mount_shape(), scratch=scratch_dir, cgroup=cg,
             proc=proc, pid1=pid1, pid1_fd=pid1_fd, info_fd=-1 if admit else info_r, ctrl=host_ctrl,
-            out_fd=out_r, err_fd=err_r, limits=limits,
+            out_fd=out_r, err_fd=err_r, limits=limits, in_fd=in_w,
         )
 
 
@@ -181,7 +184,7 @@ def teardown(box: Box) -> None:
     box.proc.wait()
     box.ctrl.close()
     pid1 = box.pid1 if box.pid1 > 0 else _pid1_from_info(box.info_fd)
-    for fd in (box.pid1_fd, box.out_fd, box.err_fd, box.info_fd):
+    for fd in (box.pid1_fd, box.out_fd, box.err_fd, box.info_fd, box.in_fd):
         if fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(fd)

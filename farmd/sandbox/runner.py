@@ -185,10 +185,7 @@ class Sandbox:
         With ``keep``, the working directory's regular files are copied there afterwards
         (links and special files skipped, listed in ``result.harvest``).
         """
-        if not argv or not all(isinstance(a, str) and a and "\0" not in a for a in argv[:1]):
-            raise PolicyError("a command needs a non-empty program name")
-        if any("\0" in a for a in argv):
-            raise PolicyError("command arguments must not hold NUL bytes")
+        _check_argv(argv)
         if self._closing:
             raise SandboxError("the sandbox is shutting down")
         await self.start()
@@ -219,14 +216,14 @@ class Sandbox:
 
     # -- launching ----------------------------------------------------------------------------
 
-    async def _launch(self, policy: SandboxPolicy) -> Box:
+    async def _launch(self, policy: SandboxPolicy, stdin: bool = False) -> Box:
         assert self._slots is not None and self._spawner is not None and self._launcher is not None
         if self._warm:
             await self._evict_warm_if_full()
         slot = await self._slots.acquire()
         box_id = f"{os.getpid()}-{next(_BOX_IDS)}"
         loop = asyncio.get_running_loop()
-        launched = loop.run_in_executor(self._spawner, self._launcher.launch, box_id, slot, policy)
+        launched = loop.run_in_executor(self._spawner, self._launcher.launch, box_id, slot, policy, stdin)
         self._launching.add(launched)
         launched.add_done_callback(self._launching.discard)
         try:
@@ -308,6 +305,15 @@ class Sandbox:
     async def _execute(
         self, box: Box, argv: Sequence[str], policy: SandboxPolicy, files: Files | None, requested_at: float
     ) -> BoxResult:
+        run = await self._begin(box, argv, policy, files)
+        try:
+            await run.done
+        finally:
+            run.stop()
+        return self._ended(box, run, requested_at)
+
+    async def _begin(self, box: Box, argv: Sequence[str], policy: SandboxPolicy, files: Files | None) -> Run:
+        """The program started in ``box`` and watched (await ``run.done``)."""
         loop = asyncio.get_running_loop()
         box.set_limits(policy.memory_bytes, policy.pids + INFRA_PIDS, policy.cpus)
         if files is not None:
@@ -328,10 +334,10 @@ class Sandbox:
         except OSError as exc:
             run.stop()
             raise SandboxError(f"box {box.box_id}: its init is gone before the program was sent: {exc}") from exc
-        try:
-            await run.done
-        finally:
-            run.stop()
+        return run
+
+    def _ended(self, box: Box, run: Run, requested_at: float) -> BoxResult:
+        """The result of a run that is done (read from the box's cgroup: before its teardown)."""
         if run.exit is None and run.started_at is None:
             # The program never started (the init tells the host before it becomes the program): bwrap or the init
             # ended first, as on a host that cannot build boxes now. The host's failure, never the program's doing.
@@ -341,6 +347,41 @@ class Sandbox:
             return run.result(requested_at)
         except OSError as exc:
             raise SandboxError(f"box {box.box_id}: cgroup unreadable: {exc}") from exc
+
+    # -- sessions -----------------------------------------------------------------------------
+
+    async def session(self, argv: Sequence[str], policy: SandboxPolicy = DEFAULT_POLICY, *,
+                      files: Files | None = None) -> BoxSession:
+        """``argv`` in a fresh box of its own that takes input while it runs (its stdin is a pipe: ``send``), and
+        whose output is read as it comes (``take``, ``output``). The policy's bounds hold for the whole session,
+        raised for each piece of work by ``allow``; the output bound holds for what is written and not yet taken.
+        ``await session.close()`` ends its stdin and returns its ``BoxResult`` once it has ended."""
+        _check_argv(argv)
+        if self._closing:
+            raise SandboxError("the sandbox is shutting down")
+        await self.start()
+        requested_at = time.monotonic()
+        try:
+            box = await self._launch(policy, stdin=True)
+        except BaseException:
+            self.outcomes["start_failed"] += 1
+            raise
+        try:
+            run = await self._begin(box, argv, policy, files)
+        except BaseException:
+            await asyncio.shield(self._destroy(box))
+            raise
+        session = BoxSession(self, box, run, requested_at)
+        # Returned once its program runs: a session ended before that is the host's failure (``_ended``), raised
+        # here, never something its owner does later (a ``kill``) turned into one.
+        try:
+            await asyncio.wait([run.started, run.done], return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            session.kill()
+            raise
+        if not run.started.done():
+            await session.close()
+        return session
 
     # -- cleaning up --------------------------------------------------------------------------
 
@@ -386,6 +427,128 @@ class Sandbox:
             await self._slots.release(box.slot)
 
 
+class BoxSession:
+    """A program running in a box of its own that takes input while it runs (``Sandbox.session``).
+
+    Whatever ends it (its own exit, a bound, ``kill``, the sandbox closing), its result is read and its box torn
+    down at once, whether or not anyone calls ``close``."""
+
+    def __init__(self, sandbox: Sandbox, box: Box, run: Run, requested_at: float) -> None:
+        self._sandbox = sandbox
+        self._box = box
+        self._run = run
+        self._requested_at = requested_at
+        self._news = asyncio.Event()
+        run.on_output = self._news.set
+        self._outcome: asyncio.Future[BoxResult] = asyncio.get_running_loop().create_future()
+        self._outcome.add_done_callback(_retrieved)  # a session nobody closes has nobody to tell
+        run.done.add_done_callback(lambda _: sandbox._background(self._wind_up()))
+
+    @property
+    def ended(self) -> bool:
+        """Whether the program has ended (or been ended): it takes nothing more."""
+        return self._run.done.done() or self._run.killed or self._run.exit is not None
+
+    @property
+    def started_at(self) -> float:
+        """When its program started (``time.monotonic()``)."""
+        return self._run.started_at or self._requested_at
+
+    def cpu_s(self) -> float:
+        """CPU seconds the box has used since its program started, as its cgroup counts them."""
+        try:
+            return max(0.0, (self._box.cgroup.cpu_ns() - self._run.cpu_base) / 1e9)
+        except OSError:
+            return 0.0
+
+    def allow(self, cpu_s: float, wall_s: float) -> None:
+        """Bounds for the next piece of work: ``cpu_s`` more CPU seconds, and ``wall_s`` from now at least."""
+        self._run.allow(cpu_s, wall_s)
+
+    async def send(self, data: bytes) -> bool:
+        """``data`` written to the program's stdin; False if it no longer reads it (ended, or closed it)."""
+        loop = asyncio.get_running_loop()
+        view = memoryview(data)
+        while view:
+            if self._box.in_fd < 0 or self.ended:
+                return False
+            try:
+                view = view[os.write(self._box.in_fd, view):]
+            except BlockingIOError:
+                room: asyncio.Future[None] = loop.create_future()
+                loop.add_writer(self._box.in_fd, _settle, room)
+                try:
+                    await asyncio.wait([room, self._run.done], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    loop.remove_writer(self._box.in_fd)
+            except OSError:  # EPIPE: nobody reads it any more
+                return False
+        return True
+
+    def take(self) -> bytes:
+        """Everything the program wrote to stdout since the last ``take``."""
+        out = bytes(self._run.stdout)
+        self._run.stdout.clear()
+        self._news.clear()
+        return out
+
+    async def output(self, timeout_s: float) -> None:
+        """Until the program writes more to stdout, ends, or ``timeout_s`` passes."""
+        if self._run.stdout or self._run.done.done():
+            return
+        news: asyncio.Future[Any] = asyncio.ensure_future(self._news.wait())
+        try:
+            await asyncio.wait([news, self._run.done], timeout=max(0.0, timeout_s),
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            news.cancel()
+
+    def kill(self) -> None:
+        """End it now, whatever it is doing (it is then torn down: ``close`` gives its result)."""
+        self._run.kill(None)
+
+    async def close(self) -> BoxResult:
+        """End its stdin and wait for it to end (within its wall bound); its result. Raises ``SandboxError`` as
+        ``Sandbox.run`` does."""
+        self._close_stdin()
+        return await asyncio.shield(self._outcome)
+
+    def _close_stdin(self) -> None:
+        if self._box.in_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._box.in_fd)
+            self._box.in_fd = -1
+
+    async def _wind_up(self) -> None:
+        self._run.stop()
+        self._close_stdin()
+        try:
+            result = self._sandbox._ended(self._box, self._run, self._requested_at)
+            self._sandbox.outcomes[result.outcome] += 1
+            self._outcome.set_result(result)
+        except BaseException as exc:
+            self._outcome.set_exception(exc)
+        finally:
+            await self._sandbox._destroy(self._box)
+
+
+def _retrieved(future: asyncio.Future[BoxResult]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _check_argv(argv: Sequence[str]) -> None:
+    if not argv or not all(isinstance(a, str) and a and "\0" not in a for a in argv[:1]):
+        raise PolicyError("a command needs a non-empty program name")
+    if any("\0" in a for a in argv):
+        raise PolicyError("command arguments must not hold NUL bytes")
+
+
 def _rlimits(policy: SandboxPolicy) -> dict[str, tuple[int, int]]:
     cpu = math.ceil(policy.cpu_time_s)
     # Backstops only, set just above what the box's mounts and cgroup allow, so that the
@@ -404,4 +567,4 @@ def _rlimits(policy: SandboxPolicy) -> dict[str, tuple[int, int]]:
     }
 
 
-__all__ = ["BoxResult", "Sandbox"]
+__all__ = ["BoxResult", "BoxSession", "Sandbox"]

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,8 @@ class Box:
     limits: tuple[int, int, float]
     """The cgroup limits currently written (memory bytes, pids, cpus)."""
     closed: bool = False
+    in_fd: int = -1
+    """The host's end of the program's stdin (non-blocking), for a box launched with one; else -1."""
 
     def kill(self) -> None:
         """SIGKILL the box: its pid 1 (the kernel then kills its whole pid namespace), bwrap's
@@ -95,10 +98,17 @@ class Run:
         self.ended_at: float | None = None
         self.bwrap_status: int | None = None
         self.cpu_base = 0
+        self.cpu_limit_s = policy.cpu_time_s
+        """The CPU bound: the policy's, raised by ``allow``."""
+        self.on_output: Callable[[], None] | None = None
+        """Called after new stdout was read (a session's reader waits on it)."""
         self.done: asyncio.Future[None] = loop.create_future()
+        self.started: asyncio.Future[None] = loop.create_future()
+        """Set when the init reports the program started."""
         self._open = {box.out_fd, box.err_fd, box.ctrl.fileno()}
         self._pidfd = -1
         self._timers: list[asyncio.TimerHandle] = []
+        self._wall: asyncio.TimerHandle | None = None
         self._monitor_delay = _MONITOR_FIRST_S
 
     # -- wiring -------------------------------------------------------------------------------
@@ -114,8 +124,20 @@ class Run:
         self.loop.add_reader(box.err_fd, self._on_output, box.err_fd, self.stderr)
         self.loop.add_reader(box.ctrl.fileno(), self._on_control)
         self.loop.add_reader(self._pidfd, self._on_bwrap_exit)
-        self._timers.append(self.loop.call_later(self.policy.wall_time_s, self._on_wall_timeout))
+        self._wall = self.loop.call_later(self.policy.wall_time_s, self._on_wall_timeout)
+        self._timers.append(self._wall)
         self._timers.append(self.loop.call_later(self._monitor_delay, self._on_monitor))
+
+    def allow(self, cpu_s: float, wall_s: float) -> None:
+        """More work for a program that takes it while it runs: ``cpu_s`` more CPU seconds, and at least
+        ``wall_s`` seconds from now before the wall bound."""
+        self.cpu_limit_s += cpu_s
+        if self._wall is not None and self.exit is None and not self.killed:
+            left = self._wall.when() - self.loop.time()
+            if left < wall_s:
+                self._wall.cancel()
+                self._wall = self.loop.call_later(wall_s, self._on_wall_timeout)
+                self._timers.append(self._wall)
 
     def stop(self) -> None:
         """Detach from the loop (idempotent)."""
@@ -171,6 +193,8 @@ class Run:
             if len(chunk) > room:
                 self.truncated = True
                 self.kill(R.OUTPUT)
+            if buf is self.stdout and self.on_output is not None:
+                self.on_output()
 
     def _on_control(self) -> None:
         sock = self.box.ctrl
@@ -193,6 +217,8 @@ class Run:
             kind = event.get("event")
             if kind == "started":
                 self.started_at = time.monotonic()
+                if not self.started.done():
+                    self.started.set_result(None)
                 # CPU counts from here: a box launched on demand has just spent ~10 ms starting
                 # its init, which a box started ahead of demand spent earlier; neither is the program's.
                 with contextlib.suppress(OSError):
@@ -229,7 +255,7 @@ class Run:
         if self.killed or self.exit is not None:
             return
         cg = self.box.cgroup
-        limit_ns = self.policy.cpu_time_s * 1e9
+        limit_ns = self.cpu_limit_s * 1e9
         try:
             used_ns = cg.cpu_ns() - self.cpu_base
             if used_ns > limit_ns:
@@ -282,7 +308,7 @@ class Run:
             self.flag(R.PIDS)
         if oom:
             self.flag(R.MEMORY)
-        if cpu_s > self.policy.cpu_time_s or sig == signal.SIGXCPU:
+        if cpu_s > self.cpu_limit_s or sig == signal.SIGXCPU:
             self.flag(R.CPU_TIME)
         if sig == signal.SIGSYS:
             self.flag(R.SYSCALL)

@@ -104,7 +104,7 @@ async def test_what_a_reward_function_does_wrong_is_the_verifiers_failure_each_o
     verdicts = dict(zip(finals, await asyncio.gather(*[env.verify(3, 1, f) for f in finals.values()],
                                                    return_exceptions=True), strict=True))
     # One box for all six (verifiers imported once), each call in its own child: the hang is its own.
-    assert len({(c.wall_s, c.cpu_s) for c in env.calls}) == 1, env.calls
+    assert len({(c.wall_s, c.cpu_s) for c in env.calls if c.op == "verify"}) == 1, env.calls
     right, wrong = verdicts["right"], verdicts["wrong"]
     assert not isinstance(right, BaseException) and not isinstance(wrong, BaseException), verdicts
     assert (right.reward, right.passed) == (1.0, True), "1.2 by the rubric, clamped to 1"

@@ -94,21 +94,37 @@ async def test_tier_1_catches_a_rubric_for_anything_a_leak_and_a_dataset_that_mo
 
 
 # A reward function that passes anything, and answers for the other calls of its box: it finds their nonces in
-# its own memory (a copy of the runner's), writes a refusal under each to the box's stdout and to the runner's
-# through /proc, leaves a process behind to do it again later, and (KILL_RUNNER) kills the runner so that no honest line
-# follows. Its own reward is 1; 0.5 when a process of an earlier call is still there beside it, 0.25 when it can read
-# the runner's /proc entries.
+# its own memory (a copy of the runner's: its frames and every dict the collector holds), writes a refusal under
+# each to the box's stdout and to the runner's through /proc, leaves a process behind to do it again later, and
+# (KILL_RUNNER) kills the runner so that no honest line follows. Its own reward is 1; 0.75 when it found no nonce
+# to forge (the test would prove nothing), 0.5 when a process of an earlier call is still there beside it, 0.25
+# when it can read the runner's /proc entries.
 FORGER = """
     def forger(completion, **kwargs):
-        import json, os, signal, sys, time
+        import gc, json, os, signal, sys, time
         others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())
                   and open(f"/proc/{p}/stat").read().split(") ")[1][0] != "Z"]
-        frame, nonces = sys._getframe(), []
+        nonces = set()
+
+        def walk(value, depth):
+            if type(value) is dict and depth < 4:
+                if isinstance(value.get("nonce"), str):
+                    nonces.add(value["nonce"])
+                for item in list(value.values()):
+                    walk(item, depth + 1)
+            elif type(value) is list and depth < 4:
+                for item in list(value):
+                    walk(item, depth + 1)
+
+        frame = sys._getframe()
         while frame is not None:
-            request = frame.f_locals.get("request")
-            if frame.f_code.co_name == "_batch" and isinstance(request, dict):
-                nonces = [frame.f_locals["nonce"]] + [c["nonce"] for c in request["batch"] if "nonce" in c]
+            for name, value in list(frame.f_locals.items()):
+                if name == "nonce" and isinstance(value, str):
+                    nonces.add(value)
+                walk(value, 0)
             frame = frame.f_back
+        for value in gc.get_objects():
+            walk(value, 3)
         lines = "".join("FARM " + n + " " + json.dumps({"ok": True, "value": {"reward": 0.0, "passed": False,
                         "reasons": ["forged"]}}) + "\\n" for n in nonces).encode()
         for path in (None, f"/proc/{os.getppid()}/fd/1"):
@@ -127,7 +143,7 @@ FORGER = """
                 fh.read()
             return 0.25  # the runner's /proc is open to it: so are its descriptors, where farmd runs unprivileged
         except OSError:
-            return 0.5 if others else 1.0
+            return 0.75 if not nonces else 0.5 if others else 1.0
 
     funcs, weights = [forger], [1.0]
 """
@@ -144,7 +160,7 @@ async def test_a_call_answers_only_for_itself_in_a_box_its_calls_share(tmp_path:
     verdicts, ends = await asyncio.gather(
         asyncio.gather(*(forging.verify(seed, 1, "junk") for seed in range(4))),
         asyncio.gather(*(killing.verify(seed, 1, "junk") for seed in range(4)), return_exceptions=True))
-    assert len({(c.wall_s, c.cpu_s) for c in forging.calls}) == 1, "the four calls shared one box"
+    assert len({(c.wall_s, c.cpu_s) for c in forging.calls if c.op == "verify"}) == 1, "the calls shared a box"
     assert [(v.reward, v.passed) for v in verdicts] == [(1.0, True)] * 4, verdicts
     # With the runner killed by its first call, no call has an answer: each is the package's failure, none a
     # verdict of the forger's making.
