@@ -297,8 +297,8 @@ class BoxedEnvironment:
         files = {**self._files, "request.json": json.dumps(request).encode()}
         session = await self.sandbox.session(COMMAND, policy, files=files)
         out, done = await _answer(session, ready, IMPORT_WALL_S)
-        if not done:
-            return await _ended(session, out, 0.0, time.monotonic())
+        if not done:  # what the box cost is its first batch's
+            return await _ended(session, out, 0.0, session.started_at)
         self.calls.append(Call("import", time.monotonic() - session.started_at, session.cpu_s()))
         return _Session(session)
 

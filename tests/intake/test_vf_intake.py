@@ -167,6 +167,16 @@ async def test_a_call_answers_only_for_itself_in_a_box_its_calls_share(tmp_path:
     assert all(isinstance(e, ContributedError) and "0 result lines" in str(e) for e in ends), ends
 
 
+async def test_a_box_that_cannot_import_verifiers_within_the_packages_bounds_answers_no_call(
+        tmp_path: Path, sandbox: Sandbox) -> None:
+    root = submission(tmp_path / "small", source(), bounds="[bounds]\nmemory_mb = 64\n")
+    env = BoxedEnvironment(read_package(root), sandbox, VerifierKey(b"verifiers-intake-tier-one-key-32"))
+    ends = await asyncio.gather(*(env.verify(seed, 1, formatted(seed)) for seed in range(2)), return_exceptions=True)
+    assert all(isinstance(e, ContributedError) and "bound of its box: memory" in str(e) for e in ends), ends
+    assert [c.op for c in env.calls] == ["verify", "verify"] and all(c.wall_s > 0 for c in env.calls), \
+        "the box's cost is its calls'"
+
+
 def test_the_manifest_says_verifiers_and_holds_it_to_one_level(tmp_path: Path) -> None:
     root = submission(tmp_path / "sums", source(), bounds='[env_args]\nrows = 12\n')
     manifest = read_package(root).manifest
