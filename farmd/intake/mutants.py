@@ -19,6 +19,7 @@ import copy
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 
+from farmd import syntax
 from farmd.errors import ContributedError
 from farmd.intake.boxed import BoxedEnvironment, ContributedTask
 from farmd.intake.checks import Finding
@@ -84,7 +85,7 @@ def _hidden_values(node: ast.AST) -> list[ast.expr]:
 
 def mutants(source: str, entry_class: str) -> Iterator[tuple[str, str]]:
     """(what changed, mutated source) for each mutation of the reference, at most ``MAX_MUTANTS``."""
-    tree = ast.parse(source)
+    tree = syntax.parse(source)
     made = 0
     for index, node in enumerate(_reference_nodes(tree, entry_class)):
         if made >= MAX_MUTANTS:

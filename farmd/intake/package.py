@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from farmd import syntax
 from farmd.errors import PackageError
 
 MANIFEST = "farm-env.toml"
@@ -440,7 +441,7 @@ def _defines_load_environment(source: bytes) -> bool:
     import ast
 
     try:
-        tree = ast.parse(source)
+        tree = syntax.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     return any(isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "load_environment"

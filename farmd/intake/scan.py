@@ -15,6 +15,7 @@ import ast
 import dataclasses
 from collections.abc import Iterator
 
+from farmd import syntax
 from farmd.intake.checks import Finding
 from farmd.intake.package import Package
 
@@ -112,7 +113,7 @@ def scan_package(package: Package) -> list[Finding]:
         if not path.endswith(".py"):
             continue
         try:
-            tree = ast.parse(data.decode("utf-8", errors="replace"), filename=path)
+            tree = syntax.parse(data.decode("utf-8", errors="replace"), filename=path)
         except SyntaxError as exc:
             found.append(Finding("scan_parses", f"{path}:{exc.lineno}: {exc.msg}", "submit Python that parses"))
             continue

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
+from farmd import syntax
 from farmd.errors import BadExpression
 from farmd.verifier.verdict import NO_ANSWER, SUSPECTED_HACK
 
@@ -183,7 +184,7 @@ def parse_arithmetic(text: str, max_chars: int = MAX_EXPRESSION_CHARS) -> Arithm
     if not _EXPRESSION_CHARS.fullmatch(text):
         raise BadExpression("an expression may only hold ASCII digits, + - * / ( ) and spaces")
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        tree = syntax.parse_expression(text.strip())
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         raise BadExpression("not a well-formed arithmetic expression") from None
     numbers: list[int] = []
