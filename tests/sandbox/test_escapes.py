@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from farmd.sandbox.owners import box_name_owner
 from tests.conftest import FARMCTL, box, box_processes, farmctl, py
 
 pytestmark = pytest.mark.sandbox
@@ -1533,8 +1534,13 @@ def test_the_leftover_check_counts_only_this_suites_boxes(tmp_path: Path) -> Non
     other = subprocess.Popen([str(FARMCTL), "sandbox", "run", "--wall-time", "30", "--", "sleep", "30"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        assert wait_until(lambda: any(_box_of(p) for p in box_processes()), 20.0), "the other box never started"
-        theirs = [p for p in box_processes() if _box_of(p)]
+        # Only that farmctl's box: other workers' tests start and end boxes meanwhile, and one whose owner has
+        # just exited is, rightly, not another farm's.
+        def _theirs() -> list[int]:
+            return [p for p in box_processes() if box_name_owner(_box_of(p)) == other.pid]
+
+        assert wait_until(lambda: bool(_theirs()), 20.0), "the other box never started"
+        theirs = _theirs()
         assert all(others_box(_box_of(p)) for p in theirs), "a running farmctl's box is not ours"
         assert not [p for p in live_box_processes() if p in theirs], "counted as our leftover"
         gone = subprocess.Popen(["true"])
