@@ -31,14 +31,15 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from farmd.envs.base import Attempt, JudgeRun, Rule, SourceEnvironment, Task, VerifyContext
 from farmd.sandbox import SandboxPolicy
 from farmd.verifier import judge
 from farmd.verifier.kernels import CHECKS, SPEED_AT_PARITY, WARMUP, Tolerance, judge_kernel
+
+if TYPE_CHECKING:  # numpy is imported where a kernel task is made: a farmd that serves none never loads it
+    import numpy as np
 
 ENTRY_POINT = "kernel"
 ALLOWED_IMPORTS = frozenset({"numpy", "math"})
@@ -231,6 +232,8 @@ class Kernel(SourceEnvironment):
 
     def inputs(self, s: Spec, task: Task, ctx: VerifyContext) -> list[list[np.ndarray]]:
         """Hidden inputs: CHECKS correctness cases (edge cases first), then WARMUP + TIMED fresh ones."""
+        import numpy as np
+
         rng = np.random.default_rng(ctx.key.seed(self.name, self.version, task.seed, task.difficulty, "hidden"))
         cases: list[list[np.ndarray]] = []
         for i in range(CHECKS + WARMUP + TIMED):
@@ -275,6 +278,8 @@ class Kernel(SourceEnvironment):
     def _prepare(self, task: Task, ctx: VerifyContext) -> tuple[Spec, list[np.ndarray], dict[str, Any],
                                                                 dict[str, bytes]]:
         """The task's spec, the expected outputs, the judge's spec (tests, samples) and its input blobs."""
+        import numpy as np
+
         s = self.spec(task.seed, task.difficulty)
         cases = self.inputs(s, task, ctx)
         fn = s.reference()

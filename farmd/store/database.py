@@ -119,6 +119,8 @@ class Database:
     each opened by its ``open``. Close with ``await db.close()``."""
 
     sql: Dialect = Dialect()
+    shared = False
+    """Whether other processes (coordinators) may use the database too: a server's, never a file's."""
     path: Path
     """The data directory's database file (SQLite), or where it would be (PostgreSQL): files beside it."""
 

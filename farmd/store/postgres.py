@@ -260,6 +260,7 @@ class PostgresDatabase(Database):
     (policies' content, beside where SQLite's file would be)."""
 
     sql: Dialect = DIALECT
+    shared = True
 
     def __init__(self, writer: asyncpg.Connection, pool: asyncpg.Pool, listener: asyncpg.Connection,
                  path: Path) -> None:

@@ -25,7 +25,6 @@ from farmd.store.nodes import NodeRecords
 from farmd.store.policies import PolicyRecords
 from farmd.store.policy_chunks import PolicyChunks
 from farmd.store.policy_files import PolicyFiles
-from farmd.store.postgres import PostgresDatabase
 from farmd.store.retention import RetentionRecords
 from farmd.store.state import StateRecords
 from farmd.store.trajectories import TrajectoryRecords
@@ -98,7 +97,7 @@ class Store:
         self.unconsumed = consumers.unconsumed
 
         # Content in files beside SQLite's; in the database on PostgreSQL, where every coordinator reads it.
-        files = PolicyChunks(db, db.path.parent) if isinstance(db, PostgresDatabase) else PolicyFiles(db.path.parent)
+        files = PolicyChunks(db, db.path.parent) if db.shared else PolicyFiles(db.path.parent)
         self._policies = PolicyRecords(db, files)
         self.retention = RetentionRecords(db, self._policies.files)
         """Which policy versions still hold content, pins, removal, and the disk the store and policies take."""
@@ -119,6 +118,8 @@ class Store:
         """The store under the data directory (``path``: its SQLite file), or on the PostgreSQL server ``url``
         (``postgresql://...``), the data directory still holding what is not in the database."""
         if url is not None:
+            from farmd.store.postgres import PostgresDatabase  # asyncpg is loaded by the farms that use it
+
             db: Database = await PostgresDatabase.open(url, path)
         else:
             db = await SqliteDatabase.open(path)

@@ -15,13 +15,14 @@ import base64
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from farmd.verifier.boxjudge import JudgeReport, TestOutcome, broke_a_rule, opening_verdict
 from farmd.verifier.speed import Speed, paired_speed
 from farmd.verifier.verdict import RULE_BROKEN, SUSPECTED_HACK, TIMEOUT, Verdict, errored
+
+if TYPE_CHECKING:  # imported where a kernel is judged: a farmd that judges none never loads numpy
+    import numpy as np
 
 CHECKS = 4
 """Correctness tests before timing (edge cases among them)."""
@@ -159,6 +160,8 @@ def _speed(rounds: list[_Round]) -> tuple[float, dict[str, Any]]:
     reference went first, the second's in the others. Work a runner's CPU clock cannot see (a
     helper process) is caught by the box's CPU count instead: see ``_unseen_work``.
     """
+    import numpy as np
+
     cpu_known = bool(rounds) and all(x.ref.cpu_seconds is not None and x.echo.cpu_seconds is not None
                                      and x.sub.cpu_seconds is not None for x in rounds)
 
@@ -211,6 +214,8 @@ def _unseen_work(report: JudgeReport) -> str | None:
 
 
 def _matches(outcome: TestOutcome, want: np.ndarray, tol: Tolerance, sample: list[int] | None = None) -> tuple[bool, str]:
+    import numpy as np
+
     if outcome.dtype != want.dtype.str:
         return False, f"dtype {outcome.dtype}, expected {want.dtype.str}"
     if outcome.shape != list(want.shape):
