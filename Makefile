@@ -64,7 +64,7 @@ protos:
 # A worker more than the cores, a file's tests on one worker (they share its module fixtures); then the clocked tests,
 # which assert on time or speed, alone. JOBS=1 runs it all in one process. Most tests wait on processes they start
 # (farmd, boxes, servers) for part of their time, and the extra worker fills a core while one waits: on two cores the
-# parallel part took 8.2 minutes on three workers against 12.5 on two, on 4 December.
+# parallel part took 12.2 minutes on three workers against 13.7 on two, one after the other on 4 December.
 # Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set (CI's machines): otherwise every farmd and farmctl a
 # test starts compiles farm's modules from source again (0.25 s of each farmd's 1.7 s start), and each pytest process
 # rewrites every test module (half of its 10 s collection). Boxes keep their own setting.

@@ -312,7 +312,9 @@ class Daemon:
         """A quarantined (or re-reviewed) version leaves the bank and the catalog: its queued jobs are the
         funnel's to cancel, and one leased now fails as an unknown environment, never scored."""
         if env in self.catalog.names():
-            self.catalog.remove(env)
+            removed = self.catalog.remove(env)
+            if isinstance(removed, ContributedEnvironment):
+                await removed.aclose()
         assert self.scheduler is not None
         self.scheduler.bank.remove_env(env)
         log.info("no longer serving %s", env, extra={"event": "env_unserved", "env": env})

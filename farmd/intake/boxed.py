@@ -124,11 +124,11 @@ class BoxedEnvironment:
 
     def __init__(self, package: Package, sandbox: Sandbox, key: VerifierKey, *, budget_s: float | None = None,
                  verdict_cpu_s: float | None = None, verdict_wall_s: float | None = None,
-                 batch: bool | None = None) -> None:
+                 batch: bool | None = None, keep_calls: int | None = None) -> None:
         self.package = package
         self.manifest = package.manifest
         self.sandbox = sandbox
-        self._key = key
+        self.key = key
         self._files = {f"env/{name}": data for name, data in package.files.items()} | {"runner.py": RUNNER_SOURCE}
         self._form: dict[str, Any] = {}
         verifiers = package.manifest.form == "verifiers"
@@ -138,9 +138,9 @@ class BoxedEnvironment:
         self.batch = verifiers if batch is None else batch and verifiers
         """Whether calls share boxes (``BATCH_MAX`` a batch, batch after batch in a box that lives while they come:
         ``SESSION_IDLE_S``), each in a child process of its own forked after verifiers is imported: intake's
-        checks of a verifiers package, whose attempts are the farm's own. A rollout's verdict
-        (``ContributedEnvironment``) has a fresh box to itself: an attempt never shares a process tree with
-        another attempt."""
+        checks of a verifiers package, whose attempts are the farm's own, and a served version's tasks and
+        references, made from seeds alone. A rollout's verdict (``ContributedEnvironment``) has a fresh box to
+        itself: an attempt never shares a process tree with another attempt."""
         self.parallel = BATCH_MAX * BATCH_BOXES if self.batch else 3
         """Calls worth having in flight at once (tier 1 asks this many together)."""
         self._queued: list[tuple[str, dict[str, Any], asyncio.Future[tuple[BoxResult, int]]]] = []
@@ -151,6 +151,8 @@ class BoxedEnvironment:
         """Boxes between batches, newest last."""
         self._box_slots = asyncio.Semaphore(BATCH_BOXES)
         self.calls: list[Call] = []
+        self.keep_calls = keep_calls
+        """How many of the newest calls ``calls`` keeps; None: every one (intake's checks count them all)."""
         self.budget_s = budget_s
         """Box seconds (wall) this environment's calls may take in all; None: no bound."""
         self.verdict_cpu_s = verdict_cpu_s
@@ -159,7 +161,7 @@ class BoxedEnvironment:
 
     def variant(self, package: Package) -> BoxedEnvironment:
         """Another version of this environment (a mutant), run the same way (its calls count here too)."""
-        other = BoxedEnvironment(package, self.sandbox, self._key, budget_s=self.budget_s,
+        other = BoxedEnvironment(package, self.sandbox, self.key, budget_s=self.budget_s,
                                  verdict_cpu_s=self.verdict_cpu_s, verdict_wall_s=self.verdict_wall_s,
                                  batch=self.batch)
         other.calls = self.calls
@@ -172,7 +174,7 @@ class BoxedEnvironment:
     def task_seed(self, seed: int, difficulty: int) -> int:
         """The seed a task's hidden data comes from: the farm's key, this environment and version, the task."""
         m = self.manifest
-        return self._key.seed("contributed", m.env_name, m.version, seed, difficulty)
+        return self.key.seed("contributed", m.env_name, m.version, seed, difficulty)
 
     def _policy(self, op: str) -> SandboxPolicy:
         bounds = self.manifest.bounds
@@ -192,7 +194,7 @@ class BoxedEnvironment:
         if variant is not None:
             # Another per-task seed is a number like any other: the box cannot tell it from the task's own.
             if variant.hidden is not None:
-                task_seed = self._key.seed("contributed", self.manifest.env_name, self.manifest.version, seed,
+                task_seed = self.key.seed("contributed", self.manifest.env_name, self.manifest.version, seed,
                                            difficulty, "variant", variant.hidden)
             if variant.rng_salt is not None:
                 extra["rng_salt"] = variant.rng_salt
@@ -206,7 +208,7 @@ class BoxedEnvironment:
             files = {**self._files, "request.json": json.dumps(request).encode()}
             result, shared = await self.sandbox.run(COMMAND, self._policy(op), files=files), 1
         call = Call(op, result.wall_s / shared, result.cpu_s / shared, seed, difficulty)
-        self.calls.append(call)
+        self._count(call)
         if op == "verify" and self.verdict_cpu_s is not None and self.verdict_wall_s is not None:
             costly = verdict_cost(self.calls, self.verdict_cpu_s, self.verdict_wall_s, at_least=VERDICTS_JUDGED)
             if costly is not None:
@@ -299,8 +301,13 @@ class BoxedEnvironment:
         out, done = await _answer(session, ready, IMPORT_WALL_S)
         if not done:  # what the box cost is its first batch's
             return await _ended(session, out, 0.0, session.started_at)
-        self.calls.append(Call("import", time.monotonic() - session.started_at, session.cpu_s()))
+        self._count(Call("import", time.monotonic() - session.started_at, session.cpu_s()))
         return _Session(session)
+
+    def _count(self, call: Call) -> None:
+        self.calls.append(call)
+        if self.keep_calls is not None and len(self.calls) > self.keep_calls:
+            del self.calls[:-self.keep_calls]
 
     async def _run_in(self, box: _Session, calls: list[tuple[str, dict[str, Any]]]) -> BoxResult:
         """One batch in ``box``: its result, with the costs of this batch alone. A box that does not end a batch

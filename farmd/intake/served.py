@@ -3,7 +3,8 @@
 
 Its generator, reference and verifier are the contributor's code, so each call runs in a box
 (``BoxedEnvironment``) and only the async ``make_task``/``make_reference`` can reach them: the sync
-``generate``/``reference`` refuse. It is named ``contrib:NAME@VERSION``, as the task bank and jobs name
+``generate``/``reference`` refuse. A verdict has a box of its own; a verifiers package makes its tasks and
+references in one box that lives from call to call (``_maker``), since they come from seeds, never attempts. It is named ``contrib:NAME@VERSION``, as the task bank and jobs name
 an approved version, so two versions can be served side by side and every trajectory says which one made
 its task.
 
@@ -23,6 +24,7 @@ one (``[verifiers]`` in farm.toml, ``farmd.intake.vf``).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from farmd.envs.base import Attempt, SubmissionEnvironment, Task, VerifyContext
@@ -33,6 +35,8 @@ from farmd.verifier.verdict import Verdict, failed
 
 _DIGEST_CHARS = 12
 """Of the package's digest in ``verifier_version``: enough to tell two packages apart."""
+MAKER_CALLS_KEPT = 64
+"""The newest calls a served version's task maker keeps (what they cost): it lives as long as the farm serves it."""
 
 
 class ContributedEnvironment(SubmissionEnvironment):
@@ -49,10 +53,28 @@ class ContributedEnvironment(SubmissionEnvironment):
         self.verifier_version = f"{m.version}+{package.digest[:_DIGEST_CHARS]}"
         self.max_difficulty = m.levels
         self.exploit_kind = m.kind
+        self._makers: dict[int, BoxedEnvironment] = {}
+        """Where tasks and references are made, by the node's sandbox (``_maker``)."""
 
     def _boxed(self, ctx: VerifyContext) -> BoxedEnvironment:
         # A verdict's box is its own (never batched): an attempt shares no process tree with another attempt.
         return BoxedEnvironment(self.package, ctx.sandbox, ctx.key, batch=False)
+
+    def _maker(self, ctx: VerifyContext) -> BoxedEnvironment:
+        """Where a task or a reference is made. Those are made from a seed alone, never from an attempt, so a
+        verifiers package makes them in a box that lives from call to call (``BoxedEnvironment``'s batches:
+        verifiers imported once, not once a task; each call in a child of its own, forked from the same imported
+        state, so a task is what a fresh box would make). Other packages' calls have a box each either way."""
+        maker = self._makers.get(id(ctx.sandbox))
+        if maker is None or maker.sandbox is not ctx.sandbox or maker.key is not ctx.key:
+            maker = BoxedEnvironment(self.package, ctx.sandbox, ctx.key, batch=True, keep_calls=MAKER_CALLS_KEPT)
+            self._makers[id(ctx.sandbox)] = maker  # it holds the sandbox: the id is not reused while it is here
+        return maker
+
+    async def aclose(self) -> None:
+        """Close the box its tasks are made in now (left alone, it closes after ``SESSION_IDLE_S`` idle)."""
+        makers, self._makers = list(self._makers.values()), {}
+        await asyncio.gather(*(m.aclose() for m in makers), return_exceptions=True)
 
     def generate(self, seed: int, difficulty: int) -> Task:
         raise TaskError(f"{self.name} makes its tasks in boxes: ask make_task(seed, difficulty, ctx)")
@@ -62,12 +84,12 @@ class ContributedEnvironment(SubmissionEnvironment):
 
     async def make_task(self, seed: int, difficulty: int, ctx: VerifyContext) -> Task:
         self.check_difficulty(difficulty)  # before a box is spent on it
-        made = await self._boxed(ctx).generate(seed, difficulty)
+        made = await self._maker(ctx).generate(seed, difficulty)
         return self.task(seed, difficulty, made.prompt, **_public_fields(made.public))
 
     async def make_reference(self, task: Task, ctx: VerifyContext) -> Attempt:
         self.check_difficulty(task.difficulty)
-        return Attempt(final=await self._boxed(ctx).reference(task.seed, task.difficulty))
+        return Attempt(final=await self._maker(ctx).reference(task.seed, task.difficulty))
 
     async def verify(self, task: Task, attempt: Attempt, ctx: VerifyContext) -> Verdict:
         v = self.verifier_version

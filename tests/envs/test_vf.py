@@ -88,6 +88,24 @@ def test_a_vf_environment_rolls_out_through_farmd_judged_in_boxes(running_farm, 
         assert _metric(t.reasons, "read_host_file") == 0.0 and secret.read_text() == "host secret"
 
 
+async def test_a_served_packages_tasks_and_references_are_made_in_one_box_as_fresh_boxes_make_them(
+        tmp_path: Path, ctx: VerifyContext) -> None:
+    env = local_environment("sums", write(tmp_path / "sums", source()))
+    try:
+        tasks = [await env.make_task(seed, 1, ctx) for seed in (4, 5, 6)]
+        references = [await env.make_reference(task, ctx) for task in tasks]
+        made = env._maker(ctx).calls
+        # verifiers imported once for the six, not once a call
+        assert [c.op for c in made] == ["import", *["generate"] * 3, *["reference"] * 3], made
+        fresh = BoxedEnvironment(env.package, ctx.sandbox, ctx.key, batch=False)  # a box for the call alone
+        task, reference = await fresh.solve(5, 1)
+        assert tasks[1].prompt.endswith(task.prompt) and references[1].final == reference == formatted(5)
+        verdict = await env.verify(tasks[2], references[2], ctx)  # a verdict's box is still its own
+        assert verdict.passed and len(env._maker(ctx).calls) == len(made)
+    finally:
+        await env.aclose()
+
+
 def _quick(package_root: Path, name: str = "sums", verify_s: float = 6.0):  # type: ignore[no-untyped-def]
     """The package read as ``vf:NAME`` with a short bound on each call (a hang costs the test this much)."""
     package = read_verifiers_package(package_root, name)
