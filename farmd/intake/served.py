@@ -4,9 +4,9 @@
 Its generator, reference and verifier are the contributor's code, so each call runs in a box
 (``BoxedEnvironment``) and only the async ``make_task``/``make_reference`` can reach them: the sync
 ``generate``/``reference`` refuse. A verdict has a box of its own; a verifiers package makes its tasks and
-references in one box that lives from call to call (``_maker``), since they come from seeds, never attempts. It is named ``contrib:NAME@VERSION``, as the task bank and jobs name
-an approved version, so two versions can be served side by side and every trajectory says which one made
-its task.
+references in one box that lives from call to call (``_maker``), since they come from seeds, never attempts.
+It is named ``contrib:NAME@VERSION``, as the task bank and jobs name an approved version, so two versions can
+be served side by side and every trajectory says which one made its task.
 
 A verdict is the contributed verifier's, read strictly by ``BoxedEnvironment``. When that verifier fails
 (``ContributedError``: it raised, hit a bound, answered out of shape) the failure goes to
