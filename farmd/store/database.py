@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import re
 import sqlite3
@@ -31,6 +32,8 @@ import aiosqlite
 from farmd.errors import StoreError
 from farmd.private import create_file, make_dir
 from farmd.store.schema import MIGRATIONS
+
+log = logging.getLogger(__name__)
 
 MAX_VARS = 10_000
 """Ids bound to one statement at most (SQLite binds at most 32766 values): longer lists go in chunks."""
@@ -155,14 +158,22 @@ class Database:
         server has other processes: SQLite's one writer wakes its own streams)."""
 
 
+CHECKPOINT_EVERY_S = 1.0
+"""How often, at most, the WAL is checkpointed while writes come (``SqliteDatabase._checkpoint``)."""
+
+
 class SqliteDatabase(Database):
     """Open with ``await SqliteDatabase.open(path)``; close with ``await db.close()``."""
 
-    def __init__(self, writer: aiosqlite.Connection, reader: aiosqlite.Connection, path: Path) -> None:
+    def __init__(self, writer: aiosqlite.Connection, reader: aiosqlite.Connection, checkpointer: aiosqlite.Connection,
+                 path: Path) -> None:
         self._wdb = writer
         self._db = reader
         """Reads go through their own connection: in WAL mode it sees only committed transactions,
         never the middle of a write another coroutine has open on the writing connection."""
+        self._checkpointer = checkpointer
+        self._written = asyncio.Event()
+        self._checkpoints = asyncio.get_running_loop().create_task(self._checkpoint(), name="sqlite-checkpoints")
         self._write_lock = asyncio.Lock()
         self.path = path
 
@@ -181,20 +192,45 @@ class SqliteDatabase(Database):
             await db.execute("PRAGMA synchronous=NORMAL")
             await db.execute("PRAGMA foreign_keys=ON")
             await db.execute("PRAGMA busy_timeout=10000")
+            await db.execute("PRAGMA wal_autocheckpoint=0")  # the checkpoints are _checkpoint's
             reader = await aiosqlite.connect(path, isolation_level=None)
             await reader.execute("PRAGMA busy_timeout=10000")
-            database = cls(db, reader, path)
+            checkpointer = await aiosqlite.connect(path, isolation_level=None)
+            database = cls(db, reader, checkpointer, path)
+        except BaseException:
+            for conn in (db, reader):
+                if conn is not None:
+                    await conn.close()
+            raise
+        try:
             await database._migrate()
         except BaseException:
-            await db.close()
-            if reader is not None:
-                await reader.close()
+            await database.close()
             raise
         return database
 
     async def close(self) -> None:
+        self._checkpoints.cancel()
+        await asyncio.gather(self._checkpoints, return_exceptions=True)
+        await self._checkpointer.close()
         await self._db.close()
-        await self._wdb.close()
+        await self._wdb.close()  # the last connection: SQLite checkpoints the whole WAL as it closes
+
+    async def _checkpoint(self) -> None:
+        """SQLite's WAL copied back into the database file, at most every ``CHECKPOINT_EVERY_S`` while writes come,
+        on a connection and thread of its own. Left to the writer (SQLite's automatic checkpoint, every 1,000 pages),
+        a commit now and then paid for a whole checkpoint and its fsync: an Atropos push's 45 KB commit took 0.07 ms
+        at the median and 0.24-0.36 ms on average, up to 275 ms, against 0.09 ms and at most 2 ms without. A passive
+        checkpoint never waits for the writer or the readers; what it cannot copy yet is copied by the next."""
+        while True:
+            await self._written.wait()
+            await asyncio.sleep(CHECKPOINT_EVERY_S)
+            self._written.clear()
+            try:
+                await self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except sqlite3.Error as exc:  # the WAL grows until one succeeds; nothing committed is lost
+                log.warning("a checkpoint of %s failed: %s", self.path, exc,
+                            extra={"event": "checkpoint_failed", "error": str(exc)})
 
     async def _migrate(self) -> None:
         row = await self.one("PRAGMA user_version")
@@ -213,6 +249,7 @@ class SqliteDatabase(Database):
             try:
                 yield transaction
                 await transaction.commit()
+                self._written.set()
             except BaseException:
                 # Also when the caller was cancelled: a statement already handed to the
                 # connection's thread runs anyway (a BEGIN included), so the transaction must

@@ -1,17 +1,19 @@
-"""The one write transaction at a time: what a writer that is cancelled or writes nothing leaves behind, and the
-round trips a write costs on SQLite's thread."""
+"""The one write transaction at a time: what a writer that is cancelled or writes nothing leaves behind, the
+round trips a write costs on SQLite's thread, and the checkpoints that are not the writer's."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiosqlite
 import pytest
 
 from farmd.store import Store
+from farmd.store.database import CHECKPOINT_EVERY_S, SqliteDatabase
 
 
 async def _keys(store: Store) -> list[str]:
@@ -67,9 +69,11 @@ async def test_a_writes_begin_goes_with_its_first_statement(tmp_path: Path, monk
     hops = 0
     handed = aiosqlite.Connection._execute
 
+    writer = cast(SqliteDatabase, store.db)._wdb  # the WAL's checkpoints go on a connection of their own
+
     async def counted(self: aiosqlite.Connection, fn: Any, *args: Any, **kwargs: Any) -> Any:
         nonlocal hops
-        hops += 1
+        hops += self is writer
         return await handed(self, fn, *args, **kwargs)
 
     try:
@@ -131,3 +135,25 @@ def test_only_an_insert_ending_in_its_one_row_is_written_many_rows_at_once() -> 
     for other in ("INSERT INTO t(a) VALUES (?) ON CONFLICT(a) DO NOTHING", "INSERT INTO t SELECT a FROM u WHERE b=?",
                   "UPDATE t SET a=? WHERE b=?", "INSERT INTO t(a) VALUES (lower(?))"):
         assert _one_values_row(other) is None, other
+
+
+@pytest.mark.sqlite_only
+@pytest.mark.clocked
+async def test_the_wal_is_checkpointed_beside_the_writer_never_by_it(tmp_path: Path) -> None:
+    """A commit never pays for a checkpoint: one past SQLite's own mark (1,000 pages, where the writer checkpointed
+    the whole WAL before its commit returned) leaves the database file as it was, and the checkpoints' own
+    connection copies it back within a few ``CHECKPOINT_EVERY_S``."""
+    path = tmp_path / "farm.db"
+    store = await Store.open(path)
+    try:
+        before = path.stat().st_size
+        async with store.db.write() as tx:
+            await tx.execute("INSERT INTO state(key, value) VALUES ('test-big', ?)", (os.urandom(6 << 20),))
+        assert path.stat().st_size < before + (1 << 20), "the writer checkpointed"
+        for _ in range(int(10 * CHECKPOINT_EVERY_S / 0.05)):
+            if path.stat().st_size >= before + (6 << 20):
+                break
+            await asyncio.sleep(0.05)
+        assert path.stat().st_size >= before + (6 << 20), "no checkpoint copied the write back"
+    finally:
+        await store.close()
