@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from farmd.sandbox.owners import box_name_owner
+from farmd.sandbox.owners import box_name_owner, owner_alive
 from tests.conftest import FARMCTL, box, box_processes, farmctl, py
 
 pytestmark = pytest.mark.sandbox
@@ -99,8 +99,6 @@ def others_box(name: str) -> bool:
     """True for a box (``<pid>-<n>``, ``box-<pid>-<n>``) of a farmd or farmctl that still runs and is
     not this test's: the host is shared, and another process's boxes are not this test's leftovers.
     (Every farmctl a test starts has exited by the time its leftovers are counted.)"""
-    from farmd.sandbox.owners import box_name_owner, owner_alive
-
     owner = box_name_owner(name)
     return owner is not None and owner != os.getpid() and owner_alive(name)
 
