@@ -19,7 +19,7 @@ from typing import Any
 from farmd.records import Trajectory
 from farmd.store.codec import deflate, pack_body
 from farmd.store.database import Database
-from farmd.store.groups import finished_statements
+from farmd.store.groups import insert_finished
 from farmd.store.names import assign_in, forget_in
 
 LIVE_STATES = ("buffered", "queued", "formed")
@@ -96,8 +96,9 @@ class AtroposRecords:
         finished = [c.records for c in changes if c.new and c.records]
         bodies = [b for c in changes if c.new and c.records for b in c.bodies]
         async with self._db.write() as db:
+            if finished:
+                await insert_finished(db, finished, bodies, source="atropos", now=now)
             await db.executemany_each([
-                *(await finished_statements(db, finished, bodies, source="atropos", now=now) if finished else []),
                 ("INSERT INTO state(key, value) VALUES (?,?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
                  [(_STATE_KEY, json.dumps(state))]),
                 ("INSERT INTO atropos_groups(id, env_id, size, state, batch, payload, pushed_at, source) "

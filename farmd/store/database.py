@@ -22,7 +22,7 @@ import logging
 import os
 import re
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -87,6 +87,12 @@ class Dialect:
         return pattern
 
 
+Statements = list[tuple[str, list[Any]]]
+"""(statement, rows) pairs, each run with ``executemany`` in order."""
+Numbered = Callable[[Sequence[Any]], Statements]
+"""What ``Transaction.executemany_numbered`` takes: the statements of rows numbered from the row it is handed."""
+
+
 class Transaction(Protocol):
     """The write transaction ``Database.write`` opened: one atomic change's statements, in order.
 
@@ -106,6 +112,13 @@ class Transaction(Protocol):
 
     async def executemany_each(self, statements: Iterable[tuple[str, Iterable[Iterable[Any]]]]) -> None:
         """``executemany`` of each (statement, rows) in order, in one round trip to the driver where it allows."""
+
+    async def executemany_numbered(self, query: str, build: Numbered) -> None:
+        """``executemany_each`` of the statements ``build`` makes from ``query``'s one row (where the ids of new
+        rows start). Sent, like ``executemany``, with the next statement or the commit where the driver allows:
+        SQLite runs the query, ``build`` and its statements on its thread, so a write that numbers its own rows
+        (an Atropos push) is one hop there, not two. ``build`` is a function of that row and what it was given
+        alone: it may run on another thread."""
 
     async def execute_fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
         """The rows a statement returns (a SELECT's, or an UPDATE's RETURNING)."""
@@ -306,8 +319,9 @@ class SqliteTransaction:
     Each statement runs on the connection's thread in one hop there and back (aiosqlite's ``_execute``, as its
     own methods run theirs: aiosqlite is pinned); a short write waited on its hops more than on SQLite, so no
     hop is spent on what can ride with another. ``BEGIN IMMEDIATE`` runs in the first statement's hop, and
-    ``executemany`` and ``executemany_each``, which answer nothing, wait for the next statement's hop or the
-    COMMIT's (an error of theirs is raised there, still inside the transaction, which is then rolled back)."""
+    ``executemany``, ``executemany_each`` and ``executemany_numbered``, which answer nothing, wait for the next
+    statement's hop or the COMMIT's (an error of theirs is raised there, still inside the transaction, which is
+    then rolled back)."""
 
     sql = Dialect()
 
@@ -315,8 +329,8 @@ class SqliteTransaction:
         self._conn = conn
         self.begun = False
         """Whether BEGIN was handed to the connection (then the transaction is COMMITted or rolled back)."""
-        self._pending: list[tuple[str, list[Any]]] = []
-        """Statements with rows, sent with the next hop."""
+        self._pending: list[tuple[str, list[Any] | _Build]] = []
+        """Statements with rows (or the ``executemany_numbered`` that makes them), sent with the next hop."""
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         first, self.begun = not self.begun, True
@@ -338,6 +352,9 @@ class SqliteTransaction:
     async def executemany_each(self, statements: Iterable[tuple[str, Iterable[Iterable[Any]]]]) -> None:
         self._pending.extend((sql, list(rows)) for sql, rows in statements)
 
+    async def executemany_numbered(self, query: str, build: Numbered) -> None:
+        self._pending.append((query, _Build(build)))
+
     async def execute_fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
         return list(await self._run(_fetchall, sql, params))
 
@@ -351,7 +368,7 @@ class SqliteTransaction:
 
 # What ``SqliteTransaction`` runs on the connection's own thread.
 
-def _in_hop(begin: bool, pending: list[tuple[str, list[Any]]], fn: Callable[..., Any], conn: sqlite3.Connection,
+def _in_hop(begin: bool, pending: list[tuple[str, list[Any] | _Build]], fn: Callable[..., Any], conn: sqlite3.Connection,
            *args: Any) -> Any:
     if begin:
         conn.execute("BEGIN IMMEDIATE")
@@ -376,8 +393,20 @@ def _insert(conn: sqlite3.Connection, sql: str, params: Any) -> int:
     return int(cur.lastrowid or 0) if cur.rowcount > 0 else 0
 
 
-def _executemany_each(conn: sqlite3.Connection, batch: list[tuple[str, list[Any]]]) -> None:
+class _Build:
+    """A pending ``executemany_numbered``: its query's row is read, and its statements made, on the thread."""
+
+    __slots__ = ("build",)
+
+    def __init__(self, build: Numbered) -> None:
+        self.build = build
+
+
+def _executemany_each(conn: sqlite3.Connection, batch: Sequence[tuple[str, list[Any] | _Build]]) -> None:
     for sql, rows in batch:
+        if isinstance(rows, _Build):
+            _executemany_each(conn, rows.build(conn.execute(sql).fetchone()))
+            continue
         insert = _one_values_row(sql) if len(rows) > 1 else None
         if insert is None:
             conn.executemany(sql, rows)

@@ -8,12 +8,13 @@ quarantine, ``atropos``' pushed groups), so a group ends the same way whoever en
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from farmd.records import VERIFIED_EXTERNAL, Trajectory
 from farmd.store.codec import INSERT_TRAJECTORY, traj_row
-from farmd.store.database import MAX_VARS, Transaction
+from farmd.store.database import MAX_VARS, Statements, Transaction
 
 
 async def insert_groups(db: Transaction, groups: Iterable[tuple[str, int, int, str, int]],
@@ -55,22 +56,22 @@ async def insert_finished(db: Transaction, groups: list[list[Trajectory]], bodie
                           *, source: str, now: float, verified_by: str = VERIFIED_EXTERNAL) -> None:
     """Groups that were never run here (pushed from outside, ``source`` says by what), stored as finished farm
     groups: their jobs done, their trajectories at the end of the stream, given ids, group ids and places
-    here. Inside the caller's transaction; ``bodies`` are the trajectories' ``pack_body``, in order.
-    ``verified_by``: whose verdicts they hold (an Atropos environment's own scores, or the farm's, for
-    completions a trainer sent to be judged)."""
-    await db.executemany_each(await finished_statements(db, groups, bodies, source=source, now=now,
-                                                        verified_by=verified_by))
+    here. Inside the caller's transaction, and sent with its next statement or its commit (the records' ids are
+    set by then); ``bodies`` are the trajectories' ``pack_body``, in order. ``verified_by``: whose verdicts they
+    hold (an Atropos environment's own scores, or the farm's, for completions a trainer sent to be judged)."""
+    await db.executemany_numbered(_TOPS, functools.partial(_finished_statements, groups, bodies, source=source,
+                                                           now=now, verified_by=verified_by))
 
 
-async def finished_statements(db: Transaction, groups: list[list[Trajectory]], bodies: list[bytes], *, source: str,
-                              now: float, verified_by: str = VERIFIED_EXTERNAL
-                              ) -> list[tuple[str, list[tuple[Any, ...]]]]:
-    """``insert_finished``'s statements and their rows, ids given, for a caller that runs them with its own
-    (``executemany_each``: one round trip for all)."""
-    tops = await db.execute_fetchall("SELECT (SELECT COALESCE(MAX(id), 0) FROM groups), "
-                                     "(SELECT COALESCE(MAX(id), 0) FROM jobs), "
-                                     "(SELECT COALESCE(MAX(seq), 0) FROM trajectories)")
-    group_id, job_id, seq = (int(v) for v in next(iter(tops)))
+_TOPS = ("SELECT (SELECT COALESCE(MAX(id), 0) FROM groups), (SELECT COALESCE(MAX(id), 0) FROM jobs), "
+         "(SELECT COALESCE(MAX(seq), 0) FROM trajectories)")
+"""Where the ids of new groups, jobs and trajectories start: writes are one at a time (``Database.write``)."""
+
+
+def _finished_statements(groups: list[list[Trajectory]], bodies: list[bytes], tops: Sequence[Any], *, source: str,
+                         now: float, verified_by: str) -> Statements:
+    """``insert_finished``'s statements and their rows, numbered from ``tops`` (``_TOPS``' row)."""
+    group_id, job_id, seq = (int(v) for v in tops)
     group_rows: list[tuple[Any, ...]] = []
     job_rows: list[tuple[Any, ...]] = []
     traj_rows: list[tuple[Any, ...]] = []

@@ -29,7 +29,7 @@ from typing import Any
 import asyncpg
 
 from farmd.errors import StoreError
-from farmd.store.database import Database, Dialect, Transaction
+from farmd.store.database import Database, Dialect, Numbered, Transaction
 from farmd.store.schema import MIGRATIONS
 from farmd.text import REPLACEMENT
 
@@ -242,6 +242,9 @@ class PostgresTransaction:
     async def executemany_each(self, statements: Iterable[tuple[str, Iterable[Iterable[Any]]]]) -> None:
         for sql, rows in statements:
             await self.executemany(sql, rows)
+
+    async def executemany_numbered(self, query: str, build: Numbered) -> None:
+        await self.executemany_each(build(await self.fetchone(query)))
 
     async def execute_fetchall(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
         return [tuple(r) for r in await self._conn.fetch(translate(sql), *_bound(params))]

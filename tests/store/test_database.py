@@ -91,6 +91,14 @@ async def test_a_writes_begin_goes_with_its_first_statement(tmp_path: Path, monk
             await tx.executemany("INSERT INTO state(key, value) VALUES (?, ?)", [("test-c", "3")])
             assert (await tx.execute_fetchall("SELECT value FROM state WHERE key='test-c'")) == [("3",)]
         assert hops == 2, "the rows went with the read that follows them"
+        hops = 0
+        async with store.db.write() as tx:
+            await tx.executemany_numbered("SELECT COUNT(*) FROM state WHERE key LIKE 'test-%'",
+                                          lambda row: [("INSERT INTO state(key, value) VALUES (?, ?)",
+                                                        [(f"test-{row[0] + 1}", "n")])])
+        assert hops == 1 and "test-4" in await _keys(store), "rows numbered from a read ride with the commit, the read too"
+        async with store.db.write() as tx:
+            await tx.execute("DELETE FROM state WHERE key = 'test-4'")
         with pytest.raises(sqlite3.IntegrityError):
             async with store.db.write() as tx:
                 await tx.execute("DELETE FROM state WHERE key = 'test-a'")
@@ -101,6 +109,36 @@ async def test_a_writes_begin_goes_with_its_first_statement(tmp_path: Path, monk
         assert await _keys(store) == ["test-a", "test-b", "test-c", "test-d"]
     finally:
         monkeypatch.undo()
+        await store.close()
+
+
+async def test_rows_numbered_from_what_is_stored_follow_everything_before_them(tmp_path: Path) -> None:
+    """``executemany_numbered`` makes its statements from its query's row as the transaction stands where they
+    run (after the statements before them, before those after), on either database; a build that fails fails the
+    whole write."""
+    store = await Store.open(tmp_path / "farm.db")
+    count = "SELECT COUNT(*) FROM state WHERE key LIKE 'test-%'"
+
+    def next_key(row: Any) -> list[tuple[str, list[Any]]]:
+        return [("INSERT INTO state(key, value) VALUES (?, ?)", [(f"test-{int(row[0]) + 1}", "n")])]
+
+    try:
+        async with store.db.write() as tx:
+            await tx.executemany("INSERT INTO state(key, value) VALUES (?, ?)", [("test-1", "a")])
+            await tx.executemany_numbered(count, next_key)
+            await tx.executemany_numbered(count, next_key)
+            await tx.executemany("INSERT INTO state(key, value) VALUES (?, ?)", [("test-9", "z")])
+        assert await _keys(store) == ["test-1", "test-2", "test-3", "test-9"]
+
+        def broken(row: Any) -> list[tuple[str, list[Any]]]:
+            raise ValueError(f"no statements from {tuple(row)}")
+
+        with pytest.raises(ValueError, match="no statements from"):
+            async with store.db.write() as tx:
+                await tx.execute("DELETE FROM state WHERE key = 'test-1'")
+                await tx.executemany_numbered(count, broken)
+        assert await _keys(store) == ["test-1", "test-2", "test-3", "test-9"], "the failed write left nothing"
+    finally:
         await store.close()
 
 
