@@ -45,18 +45,21 @@ import re
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
-import httpx
-
-from farmd import domain
+from farmd import domain, lazy
 from farmd.agents.chat import TOOLS, ChatAgent, ChatLimits, Completion, Message
 from farmd.agents.replicas import HealthConfig, ReplicaSet, stamp
 from farmd.agents.sampling import Coalescer
 from farmd.errors import EndpointError, NoReplica, OffloadFailed, ReplicaDown
 from farmd.offload import OFFLOAD
 from farmd.records import SamplingParams, ToolCall
+
+if TYPE_CHECKING:
+    import httpx
+else:  # only a farm with model endpoints uses it (0.07 s of every start)
+    httpx = lazy.module("httpx")
 
 log = logging.getLogger("farmd.agents.endpoint")
 

@@ -28,11 +28,16 @@ import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import httpx
-
+from farmd import lazy
 from farmd.errors import NoReplica, ReplicaDown
+
+if TYPE_CHECKING:
+    import httpx
+else:  # only a farm with model endpoints uses it (0.07 s of every start)
+    httpx = lazy.module("httpx")
 
 log = logging.getLogger("farmd.agents.replicas")
 

@@ -59,17 +59,17 @@ async def test_a_session_answers_each_line_as_it_comes_and_ends_with_its_stdin()
 
 
 async def test_each_piece_of_work_gets_its_own_allowance() -> None:
-    policy = SandboxPolicy(wall_time_s=3, cpu_time_s=2, memory_mb=128, pids=16, disk_mb=8, tmp_mb=8, shm_mb=4)
+    policy = SandboxPolicy(wall_time_s=1, cpu_time_s=0.5, memory_mb=128, pids=16, disk_mb=8, tmp_mb=8, shm_mb=4)
     async with Sandbox() as sandbox:
         session = await sandbox.session(["python3", "-c", ECHO], policy)
         started = time.monotonic()
-        for _ in range(3):  # 4.5 CPU seconds and more of wall time, past the policy's 2 and 3
-            session.allow(1.5, 60)  # wall time to spare on a loaded machine: the CPU bound is the one tried
+        for _ in range(3):  # 1.5 CPU seconds on at most one core, past the policy's 0.5 s of CPU and 1 s of wall
+            session.allow(0.5, 60)  # wall time to spare on a loaded machine: the CPU bound is the one tried
             before = session.cpu_s()
-            assert await session.send(b"spin 1.5\n")
+            assert await session.send(b"spin 0.5\n")
             assert await _line(session, 60) == b"9\n"
-            assert session.cpu_s() - before >= 1.4
-        assert time.monotonic() - started > 4
+            assert session.cpu_s() - before >= 0.45
+        assert time.monotonic() - started > 1.5
         session.allow(0, 60)
         assert await session.send(b"spin 3\n"), "more CPU than it was allowed"
         assert await _line(session, 60) == b""
