@@ -244,11 +244,11 @@ class JobRecords:
                 for j in jobs:
                     if versions[j.agent]:
                         tagged.setdefault(versions[j.agent], []).append(j.id)
-                for version, ids in tagged.items():
+                for version, ids in tagged.items():  # rides with the commit: no hop of its own
                     for start in range(0, len(ids), MAX_VARS):
                         chunk = ids[start:start + MAX_VARS]
-                        await db.execute(f"UPDATE jobs SET policy_version=? WHERE id IN ({','.join('?' * len(chunk))})",
-                                         (version, *chunk))
+                        await db.executemany(f"UPDATE jobs SET policy_version=? WHERE id IN ({','.join('?' * len(chunk))})",
+                                             [(version, *chunk)])
                 out.append(sorted((evolve(j, policy_version=versions[j.agent]) for j in jobs),
                                   key=lambda j: j.id))
         return out

@@ -99,6 +99,13 @@ async def test_a_writes_begin_goes_with_its_first_statement(tmp_path: Path, monk
         assert hops == 1 and "test-4" in await _keys(store), "rows numbered from a read ride with the commit, the read too"
         async with store.db.write() as tx:
             await tx.execute("DELETE FROM state WHERE key = 'test-4'")
+        hops = 0
+        ids = await store.enqueue([("arith", seed, 1, "torch:tiny", 4) for seed in range(64)])
+        assert hops == 2 and len(ids) == 64, "64 groups queued in one hop, their ids read in it, then COMMIT"
+        hops = 0
+        leased = await store.lease("node:1:worker", 8, 60.0, 3)
+        assert hops == 2 and {j.policy_version for j in leased} == {3}, "the lease, its versions with the COMMIT"
+        assert [j.group_id for j in leased] == [ids[0]] * 4 + [ids[1]] * 4
         with pytest.raises(sqlite3.IntegrityError):
             async with store.db.write() as tx:
                 await tx.execute("DELETE FROM state WHERE key = 'test-a'")
