@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import re
 import time
@@ -18,7 +19,7 @@ from typing import Any
 
 from farmd.records import VERIFIED_LOCAL, Job, JobState, Trajectory, evolve
 from farmd.store.codec import INSERT_TRAJECTORY, Recent, checked_bodies, traj_row
-from farmd.store.database import MAX_VARS, Database, Dialect
+from farmd.store.database import MAX_VARS, Database, Dialect, Statements
 from farmd.store.groups import drop_cancelled, fail_job, finish_groups, insert_finished, insert_groups
 from farmd.store.intake import withdraw
 from farmd.store.nodes import Completion, lease_identity
@@ -100,6 +101,19 @@ class LeaseAsk:
     n: int
     endpoint: str | None = None
     exclude: tuple[str, ...] = ()
+
+
+def _stored_statements(keep: list[Trajectory], bodies: dict[int, bytes], now: float, rows: list[tuple[Any, ...]],
+                       top: Sequence[Any]) -> Statements:
+    """``complete_leases``' trajectories given their places in the stream after ``top`` (the greatest ``seq``
+    stored), and their rows, which are also added to ``rows`` (the caller keeps them for the streams)."""
+    seq = int(top[0])
+    for traj in keep:
+        seq += 1
+        traj.seq = seq
+        traj.finished_at = traj.finished_at or now
+    rows.extend(traj_row(t, bodies[t.id]) for t in keep)
+    return [(INSERT_TRAJECTORY, rows)]
 
 
 def _job(row: Any) -> Job:
@@ -352,21 +366,19 @@ class JobRecords:
         bound: dict[int, Trajectory] = {}
         canaries: dict[int, Trajectory] = {}
         async with self._db.write() as db:
-            top = await db.execute_fetchall("SELECT COALESCE(MAX(version), 0) FROM policies")
-            newest = int(next(iter(top))[0])
             # Every owner's at once (a batch holds many nodes' reports): a row counts only for the owner holding it.
             for start in range(0, len(ids), MAX_VARS):
                 chunk = ids[start:start + MAX_VARS]
                 marks = ",".join("?" * len(chunk))
-                rows = await db.execute_fetchall(
+                jobs = await db.execute_fetchall(
                     f"SELECT j.id, j.group_id, g.run_id, j.env, j.seed, j.difficulty, j.agent, j.policy_version, "
-                    f"j.for_node, j.lease_owner FROM jobs j JOIN groups g ON g.id = j.group_id "
-                    f"WHERE j.state='leased' AND j.id IN ({marks})", chunk)
-                for job in rows:
+                    f"j.for_node, j.lease_owner, (SELECT COALESCE(MAX(version), 0) FROM policies) "
+                    f"FROM jobs j JOIN groups g ON g.id = j.group_id WHERE j.state='leased' AND j.id IN ({marks})", chunk)
+                for job in jobs:
                     tid = int(job[0])
                     if job[9] != latest[tid][0]:
                         continue
-                    traj, why = lease_identity(latest[tid][1], job, newest)
+                    traj, why = lease_identity(latest[tid][1], job, int(job[10]))
                     if why and refuse_mismatch:
                         refused[tid] = why
                         continue
@@ -375,10 +387,10 @@ class JobRecords:
                                   extra={"event": "record_mismatch", "job": tid})
                     (canaries if job[8] is not None else bound)[tid] = traj
             done = sorted({*bound, *canaries})
-            for start in range(0, len(done), MAX_VARS):
+            for start in range(0, len(done), MAX_VARS):  # rides with the next statement: no hop of its own
                 chunk = done[start:start + MAX_VARS]
-                await db.execute(f"UPDATE jobs SET state='done', lease_expires=NULL, updated_at=? "
-                                 f"WHERE id IN ({','.join('?' * len(chunk))})", (now, *chunk))
+                await db.executemany(f"UPDATE jobs SET state='done', lease_expires=NULL, updated_at=? "
+                                     f"WHERE id IN ({','.join('?' * len(chunk))})", [(now, *chunk)])
             if refused:
                 back = sorted(refused)
                 await db.execute(
@@ -387,20 +399,15 @@ class JobRecords:
                     (now, *back))
                 await drop_cancelled(db, back, now)
             keep = [bound[tid] for tid in sorted(bound)]
+            rows: list[tuple[Any, ...]] = []
             if keep:
-                top = await db.execute_fetchall("SELECT COALESCE(MAX(seq), 0) FROM trajectories")
-                seq = int(next(iter(top))[0])
-                for traj in keep:
-                    seq += 1
-                    traj.seq = seq
-                    traj.finished_at = traj.finished_at or now
-                rows = [traj_row(t, bodies[t.id]) for t in keep]
-                await db.executemany(INSERT_TRAJECTORY, rows)
+                await db.executemany_numbered("SELECT COALESCE(MAX(seq), 0) FROM trajectories",
+                                              functools.partial(_stored_statements, keep, bodies, now, rows))
                 late = [t.id for t in keep if t.env.startswith(CONTRIBUTED_ENV_PREFIX)]
                 if late:  # running when its environment was quarantined: withdrawn as it is stored
                     await withdraw(db, f"t.id IN ({','.join('?' * len(late))})", late, now)
             await finish_groups(db, sorted({t.group_id for t in keep}))
-        if keep:  # committed: what streams read next is these, unchanged
+        if keep:  # committed (their places in the stream, and ``rows``, made with the commit): what streams read next
             self._recent.remember(rows, keep)
         return Completion(stored=[t.id for t in keep], refused=refused, canaries=canaries)
 

@@ -14,6 +14,7 @@ import pytest
 
 from farmd.store import Store
 from farmd.store.database import CHECKPOINT_EVERY_S, SqliteDatabase
+from tests.store.test_store import traj
 
 
 async def _keys(store: Store) -> list[str]:
@@ -106,6 +107,11 @@ async def test_a_writes_begin_goes_with_its_first_statement(tmp_path: Path, monk
         leased = await store.lease("node:1:worker", 8, 60.0, 3)
         assert hops == 2 and {j.policy_version for j in leased} == {3}, "the lease, its versions with the COMMIT"
         assert [j.group_id for j in leased] == [ids[0]] * 4 + [ids[1]] * 4
+        hops = 0
+        stored = await store.complete([("node:1:worker", traj(j.id, j.group_id)) for j in leased])
+        assert hops == 2 and stored == [j.id for j in leased], "the leases read, then all the rest with COMMIT"
+        records = await store.trajectories(limit=10)
+        assert [t.seq for t in records] == list(range(1, 9)) and {t.policy_version for t in records} == {3}
         with pytest.raises(sqlite3.IntegrityError):
             async with store.db.write() as tx:
                 await tx.execute("DELETE FROM state WHERE key = 'test-a'")
