@@ -70,9 +70,9 @@ TRAINER_BATCH = 512
 ENV, AGENT = "arith", "reference"
 IDLE_S = 3.0
 REVERIFY_SHARE = 0.05
+"""The coordinator's default share of nodes' results checked again (``SchedulerConfig.reverify_share``)."""
 CHECKS_AT_ONCE = 16
 """``reverify_concurrency`` of the trial with every result checked (the default's is 2)."""
-"""The coordinator's default share of nodes' results checked again (``SchedulerConfig.reverify_share``)."""
 
 TOML = """\
 [farm]
@@ -99,9 +99,9 @@ class Fleet:
     slots: int
     rollout_s: float
     spread: float = 0.5
+    """Each rollout takes ``rollout_s`` times a uniform draw in [1 - spread, 1 + spread]."""
     lease_apart: bool = False
     """Nodes never ask for jobs with their results (as nodes from before ``ResultsRequest.lease``)."""
-    """Each rollout takes ``rollout_s`` times a uniform draw in [1 - spread, 1 + spread]."""
 
     @property
     def offered_per_s(self) -> float:

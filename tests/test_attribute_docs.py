@@ -9,7 +9,9 @@ from pathlib import Path
 
 import farmd
 
-ROOT = Path(farmd.__file__).parent
+REPO = Path(farmd.__file__).parent.parent
+TREES = ("farmd", "clients", "bench", "tests")
+"""Every tree of the house's own Python: a bench's or a test's attribute is read as closely as farmd's."""
 
 
 def _stacked(tree: ast.AST) -> list[int]:
@@ -34,6 +36,7 @@ def test_the_check_finds_a_docstring_stacked_under_another() -> None:
 
 
 def test_no_attribute_docstring_is_stacked_under_another() -> None:
-    found = [f"{path.relative_to(ROOT.parent)}:{line}" for path in sorted(ROOT.rglob("*.py"))
-             for line in _stacked(ast.parse(path.read_text()))]
+    paths = sorted(path for tree in TREES for path in (REPO / tree).rglob("*.py"))
+    assert len(paths) > 100
+    found = [f"{path.relative_to(REPO)}:{line}" for path in paths for line in _stacked(ast.parse(path.read_text()))]
     assert not found, f"docstrings stacked under one attribute (move each under its own): {found}"
