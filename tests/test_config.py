@@ -93,6 +93,7 @@ def test_the_learning_loop_config_loads(tmp_path: Path) -> None:
         (512, 0, 1024)
     assert config.torch_threads == 1
     assert load(write(tmp_path, loop_toml(torch_threads=2))).torch_threads == 2
+    assert (config.taskbank.max_level, load(write(tmp_path, loop_toml(max_level=1))).taskbank.max_level) == (0, 1)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "true", "1.5", '"2"', "100000"])

@@ -71,12 +71,17 @@ def lockstep_threads() -> int:
 
 def loop_toml(sampling: str = "band", workers: int = 512, buffer: int = 2 * BATCH, *, per_version: int = BATCH,
               lag: int = 0, agent: str = AGENT, endpoint: str = "", keep_policies: int | None = None,
-              torch_threads: int = 1) -> str:
+              torch_threads: int = 1, max_level: int = 0) -> str:
     """farmd's settings for the loop; everything else is farmd's embedded default. ``endpoint``: the
     ``[endpoints.vllm]`` table of the vLLM loop (``vllm_endpoint``). ``keep_policies``: the policy versions whose
     content is kept (None: farmd's default, the newest few). ``per_version``, ``lag``: demand rollouts per policy
-    version (0: no limit), and how many versions what the trainer learns from may be behind it."""
+    version (0: no limit), and how many versions what the trainer learns from may be behind it. ``max_level``: the
+    task bank's highest level (0: arith's own)."""
     keep = "" if keep_policies is None else f"policy_keep_newest = {keep_policies}\n"
+    cap = "" if not max_level else f"""# Held at level {max_level}: the curriculum stops here (make bench sets it to compare the farm with one process,
+# which has no curriculum).
+max_level = {max_level}
+"""
     threads = "" if torch_threads == 1 else f"""# Lockstep: the trainer waits while the farm samples and the farm waits while it learns, so each may use
 # every core in its turn (measured here: a batch of 512 sampled in 0.21 s on two threads, 0.33 s on one).
 torch_threads = {torch_threads}
@@ -126,7 +131,7 @@ keep_per_version = 0.99
 # before it has learned it: measured here at 0.35, the held-out pass rate there fell back once it moved.
 mastery_pass_rate = 0.5
 level_min_groups = 32
-{endpoint}"""
+{cap}{endpoint}"""
 
 
 def vllm_endpoint(url: str, in_flight: int = 64) -> str:
@@ -236,10 +241,11 @@ def _pct(x: float | None) -> str:
 
 def run_loop(data_dir: Path, minutes: float, *, sampling: str = "band", console: Console | None = None,
              trainer_args: tuple[str, ...] = (), workers: int = 512, http: str | None = None,
-             engine: str = "tiny", keep_policies: int | None = None) -> Summary:
+             engine: str = "tiny", keep_policies: int | None = None, max_level: int = 0) -> Summary:
     """Run the loop for ``minutes`` on ``data_dir`` and return its summary (the report is written too).
     ``http``: where farmd serves its web console (HOST:PORT; None: no console). ``engine``: ``tiny`` (farm's own
-    LM, sampled in farmd's worker) or ``vllm`` (a Hugging Face model a vLLM server samples)."""
+    LM, sampled in farmd's worker) or ``vllm`` (a Hugging Face model a vLLM server samples). ``max_level``: the task
+    bank's highest level (0: the environment's)."""
     from farm_client import FarmClient
 
     files = LoopFiles(data_dir)
@@ -261,11 +267,13 @@ def run_loop(data_dir: Path, minutes: float, *, sampling: str = "band", console:
         extra = ("--hf-model", str(model), "--agent", VLLM_AGENT, "--eval-agent", f"{VLLM_AGENT}?temperature=0",
                  "--lr", "1e-4", "--threads", "1", *extra)
         config.write_text(loop_toml(sampling, 64, VLLM_BATCH * 3 // 2, per_version=0, agent=VLLM_AGENT,
-                                    endpoint=vllm_endpoint(server.url), keep_policies=keep_policies))
+                                    endpoint=vllm_endpoint(server.url), keep_policies=keep_policies,
+                                    max_level=max_level))
     else:
         threads = lockstep_threads()
         extra = ("--threads", str(threads), *extra)  # argparse: the caller's own --threads comes later and wins
-        config.write_text(loop_toml(sampling, workers, keep_policies=keep_policies, torch_threads=threads))
+        config.write_text(loop_toml(sampling, workers, keep_policies=keep_policies, torch_threads=threads,
+                                    max_level=max_level))
     try:
         farmd = LocalFarmd(data_dir, "--config", str(config), *(("--http", http) if http else ()))
     except BaseException:

@@ -127,6 +127,10 @@ class BankConfig:
     """Most tasks remembered per environment; the least informative are forgotten beyond it."""
     start_level: int = 1
     """Difficulty an environment starts at (clamped to its maximum)."""
+    max_level: int = 0
+    """Highest level the bank serves an environment at (its curriculum stops there, and ``uniform`` draws up to it);
+    0: each environment's own maximum. Holding a loop at one level makes it compare with a loop that has no
+    curriculum (``make bench``: the farm against one process)."""
     mastery_pass_rate: float = 0.8
     """Level pass rate (of fresh tasks' attempts) at or above which the level moves up."""
     floor_pass_rate: float = 0.05
@@ -170,6 +174,10 @@ class BankConfig:
                 raise TaskBankError(f"BankConfig.{name} must be at least 1, got {count}")
         if self.resample_after < 0:
             raise TaskBankError(f"BankConfig.resample_after must be >= 0, got {self.resample_after}")
+        if self.max_level < 0:
+            raise TaskBankError(f"BankConfig.max_level must be >= 0 (0: no cap), got {self.max_level}")
+        if self.max_level and self.start_level > self.max_level:
+            raise TaskBankError(f"BankConfig.start_level ({self.start_level}) is above max_level ({self.max_level})")
         # Raises on a bad prior or forgetting rate.
         self.model()
 
@@ -194,7 +202,9 @@ class _EnvState:
 
     def __init__(self, max_difficulty: int, config: BankConfig) -> None:
         self.max_difficulty = max_difficulty
-        self.level = min(config.start_level, max_difficulty)
+        self.top = min(max_difficulty, config.max_level) if config.max_level else max_difficulty
+        """The highest level served: the environment's, or ``max_level`` below it."""
+        self.level = min(config.start_level, self.top)
         self.level_rate = 0.0
         self.level_groups = 0
         self.next_seed: dict[int, int] = {}
@@ -321,7 +331,7 @@ class TaskBank:
         return out
 
     def _uniform(self, st: _EnvState, env: str, n: int, rng: random.Random) -> list[TaskKey]:
-        out = [_fresh(st, env, rng.randint(1, st.max_difficulty), self.seeds) for _ in range(n)]
+        out = [_fresh(st, env, rng.randint(1, st.top), self.seeds) for _ in range(n)]
         st.sampled_total += n
         return out
 
@@ -494,7 +504,7 @@ class TaskBank:
         st.level_groups += 1
         if st.level_groups < cfg.level_min_groups:
             return
-        if st.level_rate >= cfg.mastery_pass_rate and st.level < st.max_difficulty:
+        if st.level_rate >= cfg.mastery_pass_rate and st.level < st.top:
             st.level += 1
         elif st.level_rate <= cfg.floor_pass_rate and st.level > 1:
             st.level -= 1
@@ -551,7 +561,7 @@ def _env_json(st: _EnvState) -> dict[str, Any]:
 
 
 def _load_env(st: _EnvState, saved: Mapping[str, Any]) -> None:
-    st.level = max(1, min(int(saved["level"]), st.max_difficulty))
+    st.level = max(1, min(int(saved["level"]), st.top))
     st.level_rate = float(saved["level_rate"])
     st.level_groups = int(saved["level_groups"])
     # Tasks above a lowered maximum could no longer be generated: forget them.

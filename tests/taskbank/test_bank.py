@@ -208,6 +208,25 @@ def test_level_moves_up_when_mastered_and_stops_at_the_top() -> None:
     assert fresh and {k.difficulty for k in fresh} == {3}
 
 
+def test_max_level_holds_the_curriculum_and_uniform_draws_below_it() -> None:
+    bank = TaskBank({"e": 5, "small": 1}, BankConfig(level_min_groups=4, mastery_pass_rate=0.8, max_level=2))
+    rng = random.Random(13)
+    play(bank, "e", 1.0, 200, rng)
+    assert bank.level("e") == 2, "mastered level after level: the curriculum stops at max_level"
+    assert {k.difficulty for k in bank.sample("e", 50, rng) if bank.posterior(k) is None} == {2}
+    play(bank, "small", 1.0, 20, rng)
+    assert bank.level("small") == 1, "an environment whose own top is lower keeps its own"
+    saved = bank.to_json()
+    saved["envs"]["e"]["level"] = 4  # saved under a higher cap (or none): restored at the cap
+    assert TaskBank.from_json(saved, {"e": 5, "small": 1}, BankConfig(max_level=2)).level("e") == 2
+    uniform = TaskBank({"e": 5}, BankConfig(sampling="uniform", max_level=3))
+    assert {k.difficulty for k in uniform.sample("e", 300, rng)} == {1, 2, 3}
+    with pytest.raises(TaskBankError, match="max_level"):
+        BankConfig(max_level=-1)
+    with pytest.raises(TaskBankError, match="above max_level"):
+        BankConfig(start_level=3, max_level=2)
+
+
 def test_level_moves_down_when_nothing_passes_and_stops_at_one() -> None:
     bank = TaskBank({"e": 5}, BankConfig(start_level=3, level_min_groups=10))
     rng = random.Random(12)
