@@ -41,7 +41,8 @@ def main() -> None:
                         help="trainer-sized trajectories per round of the store figures")
     parser.add_argument("--store-rounds", type=int, default=5, help="rounds of the store figures (medians)")
     parser.add_argument("--loop-minutes", type=float, default=3.0,
-                        help="budget of each learning loop (band, uniform, in process)")
+                        help="budget of each learning loop through farmd (band, uniform, held at level 1); "
+                             "the one process runs half the held one's")
     parser.add_argument("--fleet-repeats", type=int, default=3,
                         help="trials of each fleet figure, one node and two (medians)")
     parser.add_argument("--atropos-groups", type=int, default=200, help="groups pushed a round to each Atropos server")

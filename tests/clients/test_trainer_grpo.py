@@ -457,12 +457,16 @@ def test_the_time_budget_holds_while_the_farm_sends_nothing(tmp_path: Path) -> N
 def test_the_command_line_maps_onto_the_config() -> None:
     args = parser().parse_args(["--addr", "farm:1", "--name", "small", "--env", "arith", "--env", "rg:chain_sum",
                                 "--dir", "d", "--minutes", "2", "--batch-size", "64", "--max-staleness", "0",
-                                "--kl", "0.1", "--eval-every-s", "0"])
+                                "--kl", "0.1", "--eval-every-s", "0", "--eval-levels", "1,3"])
     config = config_from_args(args)
     assert (config.addr, config.name, config.agent_spec, config.envs, config.checkpoint_dir, config.time_budget_s,
-            config.batch_size, config.max_staleness, config.grpo.kl_coef, config.eval_every_s) == (
-        "farm:1", "small", "torch:small", ("arith", "rg:chain_sum"), "d", 120.0, 64, 0, 0.1, 0.0)
+            config.batch_size, config.max_staleness, config.grpo.kl_coef, config.eval_every_s, config.eval_levels) == (
+        "farm:1", "small", "torch:small", ("arith", "rg:chain_sum"), "d", 120.0, 64, 0, 0.1, 0.0, (1, 3))
     assert config.metrics_file == Path("d") / "metrics.jsonl"
+    assert config_from_args(parser().parse_args([])).eval_levels == (1, 2)
+    for bad in ("0", "1,x", ""):
+        with pytest.raises(SystemExit):
+            parser().parse_args(["--eval-levels", bad])
 
 
 def test_trajectories_outside_the_subscription_are_never_learned_from(tmp_path: Path) -> None:

@@ -62,6 +62,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-every-s", type=float, default=d.eval_every_s,
                    help="seconds between held-out evaluations; 0: only at start and end (default %(default)s)")
     p.add_argument("--eval-seeds", type=int, default=d.eval_seeds, help="held-out seeds per level (default %(default)s)")
+    p.add_argument("--eval-levels", type=_levels, default=d.eval_levels, metavar="L,L",
+                   help=f"held-out levels evaluated (default {','.join(map(str, d.eval_levels))})")
     p.add_argument("--checkpoint-every-s", type=float, default=d.checkpoint_every_s,
                    help="seconds between checkpoints, and so acks (default %(default)s)")
     p.add_argument("--warmup-target", type=float, default=d.warmup_target,
@@ -78,6 +80,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: levels are whole numbers, comma-separated (1,2)") from None
+    if any(level < 1 for level in levels):
+        raise argparse.ArgumentTypeError(f"{text!r}: a level is 1 or more")
+    return levels
+
+
 def config_from_args(args: argparse.Namespace) -> TrainerConfig:
     """The trainer's settings from the command line; ValueError for a bad one."""
     for flag in ("tls_ca", "tls_cert", "tls_key", "token_file"):
@@ -90,7 +102,8 @@ def config_from_args(args: argparse.Namespace) -> TrainerConfig:
                          consumer=args.consumer, checkpoint_dir=args.dir, time_budget_s=args.minutes * 60,
                          batch_size=args.batch_size, max_staleness=args.max_staleness,
                          grpo=GRPOConfig(kl_coef=args.kl, lr=args.lr), eval_every_s=args.eval_every_s,
-                         eval_seeds=args.eval_seeds, checkpoint_every_s=args.checkpoint_every_s,
+                         eval_seeds=args.eval_seeds, eval_levels=args.eval_levels,
+                         checkpoint_every_s=args.checkpoint_every_s,
                          warmup_target=args.warmup_target, seed=args.seed, agent=args.agent,
                          eval_agent=args.eval_agent, report_to=report_to(args.report_to))
 
