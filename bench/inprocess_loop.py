@@ -1,9 +1,10 @@
 """The learning loop with no farm: the same policy, warm-up, learner and recipe in one process.
 
-No daemon, no store, no stream, no boxes: tasks are picked by farm's own task bank (``TaskBank``, in memory,
-with the loop's settings when ``bank`` is given: fresh tasks, the level moving up once they pass, the levels below
-reviewed), made and judged by the ``arith`` environment's own code, completions sampled by ``farm_client.tinylm.sample``, and rows built as the trainer builds them
-(``farm_client.tensors.collate`` over records shaped like the farm's). What the loop through farmd
+No daemon, no store, no stream, no boxes: fresh tasks at one level (or, when ``bank`` is given, farm's own task
+bank's picks, in memory, with the loop's settings: the level moving up once fresh tasks pass, the levels below
+reviewed), made and judged by the ``arith`` environment's own code, completions sampled by
+``farm_client.tinylm.sample``, and rows built as the trainer builds them (``farm_client.tensors.collate`` over records
+shaped like the farm's). What the loop through farmd
 costs beyond this is the farm's overhead: ``make bench`` puts the two side by side (wall time to the
 same held-out gain).
 """
@@ -147,11 +148,11 @@ class _Picker:
     """A batch's tasks: fresh ones at a fixed level, or the task bank's picks (and what each group scored, told back
     to it, a version a batch)."""
 
-    def __init__(self, env: Any, level: int, config: BankConfig | None) -> None:
+    def __init__(self, env: Any, level: int, settings: BankConfig | None) -> None:
         self._env = env
         self._level = level
-        self._bank = None if config is None else TaskBank({TRAIN: env.max_difficulty},
-                                                          replace(config, start_level=level))
+        self._bank = None if settings is None else TaskBank({TRAIN: env.max_difficulty},
+                                                            replace(settings, start_level=level))
         self._keys: list[Any] = []
         self._version = 0
 
@@ -188,7 +189,8 @@ if __name__ == "__main__":
     parser.add_argument("--band", action="store_true", help="tasks picked by the task bank with make run's settings")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    for t, n, rate in run(args.seconds, seed=args.seed, groups=args.groups, lag=args.lag,
-                           grpo=GRPOConfig(lr=args.lr, temperature=args.temperature),
-                           bank=loop_bank() if args.band else None).points:
+    result = run(args.seconds, seed=args.seed, groups=args.groups, lag=args.lag,
+                 grpo=GRPOConfig(lr=args.lr, temperature=args.temperature), bank=loop_bank() if args.band else None)
+    for t, n, rate in result.points:
         print(f"{t:6.1f}s {n:8d} completions  held-out L1 {rate:.3f}")
+    print(f"training tasks at level {result.end_level} at the end")
