@@ -44,13 +44,6 @@ class Curve:
     end_level: int = 1
     """The level training tasks were at when the loop ended (the task bank's, where it picks them)."""
 
-    def time_to(self, gain: float) -> float | None:
-        """Seconds until the held-out pass rate first rose ``gain`` above its start; None if it never did."""
-        if not self.points:
-            return None
-        start = self.points[0][2]
-        return next((t for t, _, rate in self.points if rate - start >= gain - 1e-9), None)
-
 
 def _pairs(levels: tuple[int, ...], per_level: int) -> list[tuple[str, str]]:
     env = get(TRAIN)
