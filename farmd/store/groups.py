@@ -78,9 +78,18 @@ async def insert_finished(db: Transaction, groups: list[list[Trajectory]], bodie
                                                            now=now, verified_by=verified_by))
 
 
-_TOPS = ("SELECT (SELECT COALESCE(MAX(id), 0) FROM groups), (SELECT COALESCE(MAX(id), 0) FROM jobs), "
-         "(SELECT COALESCE(MAX(seq), 0) FROM trajectories)")
-"""Where the ids of new groups, jobs and trajectories start: writes are one at a time (``Database.write``)."""
+LAST_SEQ = "SELECT COALESCE(MAX(seq), 0) FROM trajectories"
+"""The last place taken in the stream: new trajectories take the places after it (writes are one at a time,
+``Database.write``)."""
+_TOPS = f"SELECT (SELECT COALESCE(MAX(id), 0) FROM groups), (SELECT COALESCE(MAX(id), 0) FROM jobs), ({LAST_SEQ})"
+"""Where the ids of new groups, jobs and trajectories start."""
+
+
+def place_in_stream(trajectories: Iterable[Trajectory], last: int, now: float) -> None:
+    """``trajectories`` given the stream's next places after ``last``, in order, and a finish time if they had none."""
+    for seq, t in enumerate(trajectories, start=last + 1):
+        t.seq = seq
+        t.finished_at = t.finished_at or now
 
 
 def _finished_statements(groups: list[list[Trajectory]], bodies: list[bytes], tops: Sequence[Any], *, source: str,
@@ -89,20 +98,18 @@ def _finished_statements(groups: list[list[Trajectory]], bodies: list[bytes], to
     group_id, job_id, seq = (int(v) for v in tops)
     group_rows: list[tuple[Any, ...]] = []
     job_rows: list[tuple[Any, ...]] = []
-    traj_rows: list[tuple[Any, ...]] = []
-    body = iter(bodies)
     for members in groups:
         group_id += 1
         head = members[0]
         group_rows.append((group_id, head.env, head.seed, head.difficulty, head.agent, len(members), source, now))
         for t in members:
             job_id += 1
-            seq += 1
-            t.id, t.group_id, t.seq, t.run_id = job_id, group_id, seq, 0
-            t.finished_at = t.finished_at or now
+            t.id, t.group_id, t.run_id = job_id, group_id, 0
             t.verified_by = verified_by
             job_rows.append((job_id, group_id, t.env, t.seed, t.difficulty, t.agent, source, now, now))
-            traj_rows.append(traj_row(t, next(body)))
+    stored = [t for members in groups for t in members]
+    place_in_stream(stored, seq, now)
+    traj_rows = [traj_row(t, body) for t, body in zip(stored, bodies, strict=True)]
     return [("INSERT INTO groups(id, env, seed, difficulty, agent, size, source, created_at, run_id) "
              "VALUES (?,?,?,?,?,?,?,?,0)", group_rows),
             ("INSERT INTO jobs(id, group_id, env, seed, difficulty, agent, state, source, created_at, "

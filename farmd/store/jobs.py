@@ -20,7 +20,15 @@ from typing import Any
 from farmd.records import VERIFIED_LOCAL, Job, JobState, Trajectory, evolve
 from farmd.store.codec import INSERT_TRAJECTORY, Recent, checked_bodies, traj_row
 from farmd.store.database import MAX_VARS, Database, Dialect, Statements
-from farmd.store.groups import drop_cancelled, fail_job, finish_groups, insert_finished, insert_groups
+from farmd.store.groups import (
+    LAST_SEQ,
+    drop_cancelled,
+    fail_job,
+    finish_groups,
+    insert_finished,
+    insert_groups,
+    place_in_stream,
+)
 from farmd.store.intake import withdraw
 from farmd.store.nodes import Completion, lease_identity
 
@@ -107,11 +115,7 @@ def _stored_statements(keep: list[Trajectory], bodies: dict[int, bytes], now: fl
                        top: Sequence[Any]) -> Statements:
     """``complete_leases``' trajectories given their places in the stream after ``top`` (the greatest ``seq``
     stored), and their rows, which are also added to ``rows`` (the caller keeps them for the streams)."""
-    seq = int(top[0])
-    for traj in keep:
-        seq += 1
-        traj.seq = seq
-        traj.finished_at = traj.finished_at or now
+    place_in_stream(keep, int(top[0]), now)
     rows.extend(traj_row(t, bodies[t.id]) for t in keep)
     return [(INSERT_TRAJECTORY, rows)]
 
@@ -401,8 +405,7 @@ class JobRecords:
             keep = [bound[tid] for tid in sorted(bound)]
             rows: list[tuple[Any, ...]] = []
             if keep:
-                await db.executemany_numbered("SELECT COALESCE(MAX(seq), 0) FROM trajectories",
-                                              functools.partial(_stored_statements, keep, bodies, now, rows))
+                await db.executemany_numbered(LAST_SEQ, functools.partial(_stored_statements, keep, bodies, now, rows))
                 late = [t.id for t in keep if t.env.startswith(CONTRIBUTED_ENV_PREFIX)]
                 if late:  # running when its environment was quarantined: withdrawn as it is stored
                     await withdraw(db, f"t.id IN ({','.join('?' * len(late))})", late, now)
