@@ -20,6 +20,7 @@ import platform
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
@@ -50,6 +51,14 @@ _SERVICE = farm_pb2.DESCRIPTOR.services_by_name["FarmService"]
 _METHODS = {f"/{_SERVICE.full_name}/{m.name}": m.name for m in _SERVICE.methods}
 
 
+@dataclass(frozen=True, slots=True)
+class _RolloutSeries:
+    passed: Counter
+    failed: Counter
+    verify: Histogram
+    total: Histogram
+
+
 class Metrics:
     def __init__(self, *, endpoints: Iterable[str] = ()) -> None:
         """``endpoints``: the configured model endpoints' names, the only values of ``endpoint`` labels."""
@@ -67,6 +76,8 @@ class Metrics:
                                          buckets=_LATENCY_BUCKETS, registry=r)
         self.rollout_seconds = Histogram("farm_rollout_seconds", "Time from a leased job to its verdict", ["env"],
                                          buckets=_LATENCY_BUCKETS, registry=r)
+        self._rollout_series: dict[str, _RolloutSeries] = {}
+        """Each environment's rollout series (``rollout_ended``): as many as ``labels`` keeps anyway."""
         self.stored = Counter("farm_trajectories_stored", "Trajectories committed to the store", registry=r)
         self.tokens = Counter("farm_model_tokens", "Tokens of stored trajectories, as their model servers "
                               "reported them: prompt (read) or completion (written)", ["kind"], registry=r)
@@ -110,6 +121,18 @@ class Metrics:
     def watch_boxes(self, counts: Callable[[], Mapping[str, int]]) -> None:
         """Report the sandbox's box outcomes (it counts them; it does not know about Prometheus)."""
         self.registry.register(_BoxOutcomes(counts))
+
+    def rollout_ended(self, env: str, passed: bool, verify_s: float, total_s: float) -> None:
+        """A scored rollout of ``env``: counted and timed. Each environment's series are looked up once: the three
+        ``labels`` lookups a rollout made cost 9 us, more than twice the figures themselves (3.7 us)."""
+        series = self._rollout_series.get(env)
+        if series is None:
+            series = self._rollout_series[env] = _RolloutSeries(
+                self.rollouts.labels(env, "passed"), self.rollouts.labels(env, "failed"),
+                self.verdict_seconds.labels(env), self.rollout_seconds.labels(env))
+        (series.passed if passed else series.failed).inc()
+        series.verify.observe(verify_s)
+        series.total.observe(total_s)
 
     def stored_trajectories(self, trajectories: Iterable[Trajectory]) -> None:
         """Trajectories just committed: counted, with their tokens."""

@@ -108,7 +108,6 @@ demand_buffer = {buffer}
 demand_per_version = {per_version}
 demand_lag = {lag}
 group_size = 8
-maintenance_every_s = 0.2
 {keep}
 [taskbank]
 sampling = "{sampling}"

@@ -125,6 +125,9 @@ class Arith(SubmissionEnvironment):
     verifier_version = "1"
     max_difficulty = len(LEVELS)
     exploit_kind = "bare-answer"
+    # A problem is a few draws of a seeded generator: ~13 us, measured, against a thread hop each that cost more (in
+    # the learning loop, 64 hops a step, and every group's other rollouts waiting on them through a shield).
+    generates_inline = True
 
     def __init__(self, split: Split) -> None:
         if split not in ("train", "heldout"):

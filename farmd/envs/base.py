@@ -173,6 +173,9 @@ class Environment(abc.ABC):
     max_difficulty: int = 5
     exploit_kind: str = ""
     """Which part of the built-in exploit library applies: function, answer, kernel or shell."""
+    generates_inline: bool = False
+    """``generate`` takes microseconds, always (no file, no model, no search): ``make_task`` calls it on the event
+    loop, where a hop to a thread and back costs more than it does. Unset, a task is made in a thread."""
 
     def check_difficulty(self, difficulty: int) -> None:
         if not 1 <= difficulty <= self.max_difficulty:
@@ -205,6 +208,8 @@ class Environment(abc.ABC):
         cache: TaskCache[Task] | None = self.__dict__.get("_made_tasks")
         if cache is None:  # made on first use: subclasses need not call an __init__ for it
             cache = self.__dict__["_made_tasks"] = TaskCache()
+        if self.generates_inline:
+            return cache.made((seed, difficulty), lambda: self.generate(seed, difficulty))
         return await cache.get((seed, difficulty), lambda: asyncio.to_thread(self.generate, seed, difficulty))
 
     async def make_reference(self, task: Task, ctx: VerifyContext) -> Attempt:

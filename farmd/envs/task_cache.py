@@ -4,7 +4,8 @@ A group's rollouts are one task attempted several times, leased together and sta
 to make the task again (a reasoning-gym puzzle takes up to a second; even a one-line sum paid a thread
 hop). Tasks are deterministic in ``(seed, difficulty)`` and frozen, so one made task serves them all: the
 first asker makes it, the others await the same making, and it is kept for the next group of the same
-task. A failure is never kept: the next asker tries again.
+task. A failure is never kept: the next asker tries again. An environment whose making takes microseconds
+(``Environment.generates_inline``) makes it on the asker's own thread (``made``): nothing to share but the result.
 """
 
 from __future__ import annotations
@@ -39,12 +40,22 @@ class TaskCache(Generic[T]):
         # Shielded: one asker cancelled (its rollout stopped) does not stop the making the others await.
         return await asyncio.shield(making)
 
+    def made(self, key: Hashable, make: Callable[[], T]) -> T:
+        """``get`` for a making that takes microseconds: done here, on the caller's thread, with nothing to await."""
+        if key in self._made:
+            self._made.move_to_end(key)
+            return self._made[key]
+        return self._keep(key, make())
+
     async def _make(self, key: Hashable, make: Callable[[], Awaitable[T]]) -> T:
         try:
             made = await make()
         finally:
             if self._making.get(key) is asyncio.current_task():
                 del self._making[key]
+        return self._keep(key, made)
+
+    def _keep(self, key: Hashable, made: T) -> T:
         self._made[key] = made
         while len(self._made) > self._kept:
             self._made.popitem(last=False)

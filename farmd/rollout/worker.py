@@ -36,9 +36,11 @@ from farmd.rollout.runner import run_rollout
 log = logging.getLogger("farmd.worker")
 
 _IDLE_MIN_S = 0.02
-_IDLE_MAX_S = 0.1
-"""An idle worker asks for work at least this often: the cost of one indexed query, and the
-most a job queued on an idle farm waits to start."""
+_IDLE_MAX_S = 1.0
+"""An idle worker asks for work at least this often. What its scheduler queues wakes it at once (``wake_up``: new
+jobs, requeued ones, a retry whose backoff has passed); the poll only finds what nothing announced, and a poll
+every 0.1 s, a write transaction each, was one of the timers that took cores from a trainer learning beside an
+idle farm."""
 _AGENTS_KEPT = 64
 """Agents are cheap to make and shared by a spec's rollouts; a caller queueing endless distinct specs
 (model names) must not grow a worker without bound."""
@@ -117,6 +119,8 @@ class Worker:
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self._flush_now = asyncio.Event()
+        self._results = asyncio.Event()
+        """Set when a result joins ``_done`` (and on stop): what the flush loop sleeps on."""
         self.counters = {"ran": 0, "infra_failures": 0, "in_flight": 0, "given_back": 0}
         """``in_flight``: rollouts running when ``stop`` began; ``given_back``: those of them that did not finish."""
         self.metrics = metrics
@@ -157,6 +161,7 @@ class Worker:
         self._stopping = True
         self.counters["in_flight"] = len(self._running)
         self._wake.set()
+        self._results.set()
         self._flush_now.set()
         leasing, flushing, heartbeat = self._tasks
         await asyncio.gather(leasing, return_exceptions=True)  # no lease is taken after this
@@ -235,15 +240,14 @@ class Worker:
             agent = self._agent(job.agent)
             trajectory = await run_rollout(job, env, agent, self.ctx, self.node)
             self._done.append(trajectory)
+            self._results.set()
             self.counters["ran"] += 1
             log.debug("job %d: reward %g", job.id, trajectory.reward,
                       extra={"job": job.id, "env": job.env, "event": "rollout", "reward": trajectory.reward,
                              "status": trajectory.status, "seconds": trajectory.timings.total})
             if self.metrics is not None:
-                m = self.metrics
-                m.rollouts.labels(job.env, "passed" if trajectory.passed else "failed").inc()
-                m.verdict_seconds.labels(job.env).observe(trajectory.timings.verify)
-                m.rollout_seconds.labels(job.env).observe(trajectory.timings.total)
+                self.metrics.rollout_ended(job.env, trajectory.passed, trajectory.timings.verify,
+                                           trajectory.timings.total)
             if len(self._done) >= _FLUSH_MAX:
                 self._flush_now.set()  # only the flush loop writes: a rollout's cancellation never cuts one
         except asyncio.CancelledError:
@@ -288,9 +292,16 @@ class Worker:
             self._wake.set()  # slots the reply left empty (nothing queued): a lease of their own
 
     async def _flush_loop(self) -> None:
+        # Asleep while nothing has finished: an idle worker wakes nobody (in the learning loop's lockstep the
+        # trainer learns while this worker idles, and a loop that woke every 20 ms to find nothing, one of several
+        # such timers, took cores from it mid-step). Once a result is in, the others finishing within _FLUSH_S
+        # go with it, or _FLUSH_MAX of them at once.
         while not self._stopping:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._flush_now.wait(), _FLUSH_S)
+            await self._results.wait()
+            if not self._flush_now.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._flush_now.wait(), _FLUSH_S)
+            self._results.clear()
             self._flush_now.clear()
             await self._flush()
 

@@ -329,7 +329,7 @@ class Scheduler:
 
     async def wait_for_work(self, timeout_s: float) -> None:
         """Until jobs may have been queued (or requeued), or ``timeout_s``: an idle node's lease waits here
-        rather than asking again and again. A job in its retry backoff wakes nobody: the timeout finds it."""
+        rather than asking again and again. A job in its retry backoff wakes them once the backoff has passed."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._work.wait(), timeout_s)
 
@@ -379,6 +379,8 @@ class Scheduler:
                         extra={"job": job_id, "event": "job_failed", "error": error[:500], "transient": transient})
         elif state is JobState.QUEUED:
             self.counters["retried"] += 1
+            # Idle workers sleep until told of work: told again once its backoff has passed.
+            asyncio.get_running_loop().call_later(max(0.0, not_before - time.time()), self._work_queued)
         return state
 
     def backoff_s(self, attempts: int) -> float:

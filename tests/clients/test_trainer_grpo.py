@@ -148,6 +148,8 @@ class ScriptedFarm:
         self.queued: list[dict[str, Any]] = []
         self.stream_kwargs: dict[str, Any] = {}
         self.calls: list[str] = []
+        self.pages: list[tuple[str, bool]] = []
+        """(agent, full) of each run whose trajectories were read."""
 
     def batches(self, consumer: str, batch_size: int = 64, **kwargs: Any) -> Iterator[Batch]:
         self.stream_kwargs = {"consumer": consumer, "batch_size": batch_size, **kwargs}
@@ -184,11 +186,13 @@ class ScriptedFarm:
 
     def trajectory_pages(self, env: str = "", *, run_id: int = 0, full: bool = False,
                          **_: Any) -> Iterator[list[Trajectory]]:
-        assert full
         q = self.queued[run_id - 1]
+        self.pages.append((q["agent"], full))
         page = []
         for seed in q["seeds"]:
             prompt, final, passed = self.answers(q["env"], q["agent"], seed, q["difficulty"])
+            if not full:  # a summary: no task, no answer
+                prompt = final = ""
             page.append(record(len(page) + 1000 * run_id, seed, 1.0 if passed else 0.0, env=q["env"],
                                agent=q["agent"], difficulty=q["difficulty"], prompt=prompt, final=final))
         yield page
@@ -407,6 +411,65 @@ def test_evaluation_is_greedy_on_held_out_seeds_and_reports_per_level() -> None:
     assert [q["difficulty"] for q in farm.queued] == [1, 2] and farm.queued[1]["seeds"] == list(range(12))
     assert result.pass_rate == {1: 6 / 12, 2: 4 / 12} and result.trajectories == 24
     assert result.policy_version == 101 and result.policy_versions == {101: 24}
+    assert farm.pages == [("torch:tiny?temperature=0", False)] * 2, "a pass rate needs no bodies: summaries are read"
+
+
+class EvalWhileTraining(ScriptedFarm):
+    """Streams a batch, then the rest only once a mid-training evaluation was queued (``hold_queueing``: its queueing
+    waits until ``release``) or read back, the bank's level with it (else)."""
+
+    def __init__(self, batches: Sequence[Batch], answers: Any, *, hold_queueing: bool) -> None:
+        super().__init__(batches, answers)
+        self.hold_queueing = hold_queueing
+        self.asked = threading.Event()
+        self.read = threading.Event()
+        self.release = threading.Event()
+        self.threads: set[str] = set()
+
+    def batches(self, consumer: str, batch_size: int = 64, **kwargs: Any) -> Iterator[Batch]:
+        first, *rest = super().batches(consumer, batch_size, **kwargs)
+        yield first
+        assert (self.asked if self.hold_queueing else self.read).wait(10)
+        yield from rest
+
+    def run(self, env: str, agent: str, rollouts: int = 0, group_size: int = 0, *, difficulty: int = 0,
+            seeds: Sequence[int] = ()) -> dict[str, Any]:
+        self.threads.add(threading.current_thread().name)
+        self.asked.set()
+        if self.hold_queueing:
+            self.release.wait(10)
+        return super().run(env, agent, rollouts, group_size, difficulty=difficulty, seeds=seeds)
+
+    def status(self) -> dict[str, Any]:
+        self.read.set()  # the evaluation's last call: its results are read by now
+        return super().status()
+
+
+@pytest.mark.parametrize("hold_queueing", [False, True], ids=["recorded", "stuck"])
+def test_an_evaluation_while_training_is_waited_for_beside_the_loop_never_in_it(tmp_path: Path,
+                                                                                  hold_queueing: bool) -> None:
+    m = model()
+    trainer, _, _ = resumed_trainer(tmp_path, [])
+    farm = EvalWhileTraining([informative_batch(m, 30, [5, 6], 0), informative_batch(m, 40, [7, 8], 0),
+                              informative_batch(m, 50, [9, 10], 0)],
+                             answers=lambda env, agent, seed, level: ("", "", seed % 2 == 0), hold_queueing=hold_queueing)
+    trainer.client = farm  # type: ignore[assignment]
+    trainer.config = replace(trainer.config, eval_every_s=0.01, eval_seeds=4, eval_levels=(1,))
+    started = time.monotonic()
+    try:
+        summary = trainer.run()
+    finally:
+        farm.release.set()
+    # Stuck in queueing, the evaluation held up nothing: the loop learned from every batch, and let it go at the end.
+    assert summary["batches"] == 3 and time.monotonic() - started < 8
+    assert farm.threads == {"farm-trainer-eval"}
+    evals = [json.loads(line) for line in trainer.config.metrics_file.read_text().splitlines()
+             if json.loads(line)["kind"] == "eval"]
+    if hold_queueing:
+        assert evals == []
+    else:
+        assert evals and evals[0]["final"] is False and evals[0]["pass_rate_by_level"] == {"1": 0.5}
+        assert evals[0]["bank_level"] == 2
 
 
 def test_the_evaluation_environment_is_never_trained_on() -> None:

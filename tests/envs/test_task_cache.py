@@ -12,26 +12,34 @@ from farmd.envs.task_cache import TaskCache
 from farmd.errors import TaskError
 
 
-async def test_a_group_asking_at_once_makes_its_task_once() -> None:
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "in-a-thread"])
+async def test_a_group_asking_at_once_makes_its_task_once(inline: bool) -> None:
     env = get("arith")
+    assert env.generates_inline, "arith's problems take microseconds: made on the event loop"
     made: list[int] = []
+    threads: set[str] = set()
     generate = env.generate
     lock = threading.Lock()
 
     def counted(seed: int, difficulty: int):  # type: ignore[no-untyped-def]
         with lock:
             made.append(seed)
+            threads.add(threading.current_thread().name)
         return generate(seed, difficulty)
 
     env.generate = counted  # type: ignore[method-assign]
+    env.generates_inline = inline
+    seed = 987_654 if inline else 987_655
     try:
         ctx = VerifyContext(sandbox=None, key=None)  # type: ignore[arg-type]
-        tasks = await asyncio.gather(*(env.make_task(987_654, 2, ctx) for _ in range(8)))
-        again = await env.make_task(987_654, 2, ctx)
+        tasks = await asyncio.gather(*(env.make_task(seed, 2, ctx) for _ in range(8)))
+        again = await env.make_task(seed, 2, ctx)
     finally:
         del env.generate
-    assert made == [987_654], "one making for eight askers, and none for the next group"
-    assert all(t is tasks[0] for t in [*tasks, again]) and tasks[0] == generate(987_654, 2)
+        del env.generates_inline
+    assert made == [seed], "one making for eight askers, and none for the next group"
+    assert (threads == {threading.current_thread().name}) is inline
+    assert all(t is tasks[0] for t in [*tasks, again]) and tasks[0] == generate(seed, 2)
     with pytest.raises(TaskError):
         await env.make_task(1, 99, ctx)
 

@@ -104,9 +104,14 @@ async def test_a_transient_failure_waits_out_a_growing_jittered_backoff(farm) ->
     assert len(set(waits[:50])) > 1, "jittered: jobs one outage failed together come back apart"
     await s.submit("rg:chain_sum", "reference", 1)
     [job] = await s.lease("w", 1)
+    woken: list[float] = []
+    s.on_work.append(lambda: woken.append(asyncio.get_running_loop().time()))
+    failed_at = asyncio.get_running_loop().time()
     assert await s.fail("w", job.id, "endpoint 503", transient=True) is JobState.QUEUED
     assert await s.lease("w", 1) == [], "not leased again before its backoff has passed"
     await asyncio.sleep(0.35)
+    # Idle workers sleep until told of work: they are told once the backoff has passed, not left to a poll.
+    assert len(woken) == 1 and 0.15 - 0.01 <= woken[0] - failed_at <= 0.3 + 0.05
     [again] = await s.lease("w", 1)
     assert again.id == job.id and again.attempts == 2
     assert s.counters["retried"] == 1

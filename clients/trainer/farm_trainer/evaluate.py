@@ -9,6 +9,7 @@ another agent spec (``torch:NAME``) and other environments, so these trajectorie
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -59,13 +60,15 @@ class PendingEval:
     def done(self) -> bool:
         return self.runs.done()
 
-    def wait(self, timeout_s: float) -> EvalResult:
-        self.runs.wait(timeout_s)
+    def wait(self, timeout_s: float, *, stop: threading.Event | None = None) -> EvalResult:
+        """The result, once every run has ended (``RunsTimeout`` after ``timeout_s``; ``RunsStopped`` once ``stop``
+        is set)."""
+        self.runs.wait(timeout_s, stop=stop)
         return self.result()
 
     def result(self) -> EvalResult:
         progress = self.runs.progress()
-        by_level = self.runs.trajectories()
+        by_level = self.runs.trajectories(full=False)
         rows = [t for level in by_level.values() for t in level]
         versions = Counter(t.policy_version for t in rows)
         return EvalResult(env=self.runs.env, agent=self.runs.agent, pass_rate=pass_rates(by_level),

@@ -24,8 +24,8 @@ checkpoint the policy is warmed up first (``farm_trainer.warmup``, on the refere
 tasks), checkpointed and published: that first version is what the farm's first rollouts sample.
 
 Held-out evaluations (``farm_trainer.evaluate``) run through the farm at the start, every
-``eval_every_s`` while training (without stopping it: queued, then polled between batches) and after the
-time budget. Everything is logged to the metrics file (fields: ``farm_trainer.metrics``).
+``eval_every_s`` while training (without stopping it: queued, waited for and read back in a thread of its own,
+``farm_trainer.background``, and recorded between batches) and after the time budget. Everything is logged to the metrics file (fields: ``farm_trainer.metrics``).
 
 The farm talks to the trainer only through the ``FarmClient`` it is given: ``run``/``get_run``/
 ``trajectory_pages`` (warm-up, evaluation), ``batches``/``ack`` (the stream), ``publish_policy`` and
@@ -36,6 +36,7 @@ The farm talks to the trainer only through the ``FarmClient`` it is given: ``run
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import queue
 import threading
@@ -52,10 +53,11 @@ from farm_client.tensors import collate
 from farm_client.tinylm import PAD, LMConfig, TinyLM, load, save
 
 from farm_trainer import checkpoint
-from farm_trainer.evaluate import EvalResult, PendingEval, eval_agent, start_evaluation
+from farm_trainer.background import Background
+from farm_trainer.evaluate import EvalResult, eval_agent, start_evaluation
 from farm_trainer.grpo import GRPOConfig, GRPOLearner, Logprobs, default_device
 from farm_trainer.metrics import MetricsLog
-from farm_trainer.runs import RunsTimeout
+from farm_trainer.runs import RunsStopped, RunsTimeout
 from farm_trainer.warmup import WarmupResult, reference_pairs, warm_up
 
 __all__ = ["Trainer", "TrainerConfig"]
@@ -120,6 +122,10 @@ class TrainerConfig:
     reconnect_s: float = 60.0
     """How long the stream and acks wait out a farmd restart."""
     progress_every_s: float = 5.0
+    freeze_heap: bool = True
+    """Once started, move what lives to the cyclic collector's permanent generation (``gc.freeze``: process-wide,
+    and cyclic garbage among those objects is never collected): its full collections then walk only what came
+    later."""
 
     def __post_init__(self) -> None:
         if not self.envs:
@@ -267,6 +273,12 @@ class Trainer:
         self.metrics = MetricsLog(self.config.metrics_file, self.config.report_to, dataclasses.asdict(self.config))
         try:
             self.start()
+            if self.config.freeze_heap:
+                # Everything that lives by now (torch's modules, the client, the policy) lives as long as the run:
+                # out of the cyclic collector's way. Without this, each full collection walked it all (~170 ms,
+                # collecting nothing) every ~2.8 s of the learning loop, and the farm waited out each one.
+                gc.collect()
+                gc.freeze()
             if self.config.eval_at_start:
                 self._evaluate_now(final=False)
             self._train(deadline)
@@ -371,21 +383,18 @@ class Trainer:
         stream = _Stream(self.client.batches(cfg.consumer, cfg.batch_size, whole_groups=True,
                                              max_staleness=cfg.max_staleness, agent=cfg.agent_spec,
                                              envs=cfg.envs, reconnect_s=cfg.reconnect_s))
-        pending: PendingEval | None = None
-        last_eval = last_checkpoint = last_progress = last_poll = time.monotonic()
+        pending: Background[tuple[EvalResult, int | None]] | None = None
+        last_eval = last_checkpoint = last_progress = time.monotonic()
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
                 if now >= deadline:
                     break
-                if pending is not None and now - last_poll >= 1.0:
-                    last_poll = now
-                    if pending.done():
-                        self._record_eval(pending.result(), final=False)
-                        pending = None
+                if pending is not None and pending.ready():
+                    self._take_eval(pending)
+                    pending = None
                 if pending is None and cfg.eval_every_s > 0 and now - last_eval >= cfg.eval_every_s:
-                    pending = start_evaluation(self.client, cfg.name, cfg.eval_env, cfg.eval_levels, cfg.eval_seeds,
-                                               agent=self.eval_agent())
+                    pending = Background(self._evaluate_in_background, name="farm-trainer-eval")
                     last_eval = now
                 try:
                     batch = stream.get(min(1.0, deadline - now))
@@ -403,8 +412,10 @@ class Trainer:
             stream.close()
         if self._unpublished:
             self.publish("step")
-        if pending is not None and pending.done():  # else the final evaluation supersedes it
-            self._record_eval(pending.result(), final=False)
+        if pending is not None and pending.ready():
+            self._take_eval(pending)
+        elif pending is not None:  # the final evaluation supersedes it
+            pending.cancel()
 
     def handle(self, batch: Batch) -> dict[str, Any] | None:
         """Take one stream batch: skip it when the checkpoint already covers it, else gather its rows; once
@@ -525,6 +536,23 @@ class Trainer:
         self._record("checkpoint", up_to=self.position, path=str(self.config.checkpoint_path),
                      seconds=round(time.monotonic() - started, 4))
 
+    def _evaluate_in_background(self, stop: threading.Event) -> tuple[EvalResult, int | None]:
+        """An evaluation while training, queued, waited for and read back in a thread of its own (``Background``):
+        in lockstep the farm samples nothing while this loop is away from the stream, and polling the runs and
+        reading 300 results back on it stalled a step in every few dozen."""
+        cfg = self.config
+        result = start_evaluation(self.client, cfg.name, cfg.eval_env, cfg.eval_levels, cfg.eval_seeds,
+                                  agent=self.eval_agent()).wait(cfg.eval_timeout_s, stop=stop)
+        return result, self._bank_level()
+
+    def _take_eval(self, done: Background[tuple[EvalResult, int | None]]) -> None:
+        try:
+            result, level = done.result()
+        except (RunsTimeout, RunsStopped) as exc:
+            log.warning("evaluation did not finish: %s", exc)
+            return
+        self._record_eval(result, final=False, bank_level=level)
+
     def _evaluate_now(self, *, final: bool) -> EvalResult | None:
         cfg = self.config
         try:
@@ -533,16 +561,17 @@ class Trainer:
         except RunsTimeout as exc:
             log.warning("evaluation did not finish: %s", exc)
             return None
-        self._record_eval(result, final=final)
+        self._record_eval(result, final=final, bank_level=self._bank_level())
         return result
 
-    def _record_eval(self, result: EvalResult, *, final: bool) -> None:
+    def _record_eval(self, result: EvalResult, *, final: bool, bank_level: int | None) -> None:
+        """``bank_level``: the task bank's level when the result came (None: the farm did not say)."""
         self.evals.append(result)
         self._record("eval", env=result.env, agent=result.agent, pass_rate=result.overall,
                      pass_rate_by_level=result.pass_rate, eval_policy_version=result.policy_version,
                      eval_policy_versions=result.policy_versions, eval_trajectories=result.trajectories,
                      errors=result.errors, failed=result.failed, seconds=round(result.seconds, 3), final=final,
-                     bank_level=self._bank_level())
+                     bank_level=bank_level)
         levels = ", ".join(f"L{k} {'-' if v is None else f'{v:.3f}'}" for k, v in result.pass_rate.items())
         log.info("eval%s on %s, version %d: %s", " (final)" if final else "", result.env, result.policy_version,
                  levels)

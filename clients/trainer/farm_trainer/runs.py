@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,13 +16,17 @@ from typing import Any
 from farm_client import FarmClient
 from farm_client.record import Trajectory
 
-__all__ = ["RunsTimeout", "SeededRuns"]
+__all__ = ["RunsStopped", "RunsTimeout", "SeededRuns"]
 
 _ENDED = ("succeeded", "failed", "cancelled")
 
 
 class RunsTimeout(TimeoutError):
     """Runs did not end in the time given (the farm has no capacity for them, or no node runs the agent)."""
+
+
+class RunsStopped(Exception):
+    """Waiting for runs was stopped by whoever waited (``wait``'s ``stop``); the runs go on on the farm."""
 
 
 @dataclass
@@ -58,8 +63,10 @@ class SeededRuns:
         """Every run has ended (its jobs scored, failed for good or cancelled)."""
         return all(_ended(run) for run in self.progress())
 
-    def wait(self, timeout_s: float, poll_s: float = 0.25) -> list[dict[str, Any]]:
-        """Block until every run has ended; returns them. ``RunsTimeout`` after ``timeout_s``."""
+    def wait(self, timeout_s: float, poll_s: float = 0.25, *, stop: threading.Event | None = None
+             ) -> list[dict[str, Any]]:
+        """Block until every run has ended; returns them. ``RunsTimeout`` after ``timeout_s``; ``RunsStopped`` once
+        ``stop`` is set."""
         deadline = time.monotonic() + timeout_s
         while True:
             runs = self.progress()
@@ -69,14 +76,18 @@ class SeededRuns:
                 left = sum(int(r["jobs"]) - _finished(r) for r in runs)
                 raise RunsTimeout(f"{self.agent} on {self.env}: {left} of {sum(int(r['jobs']) for r in runs)} "
                                   f"jobs still open after {timeout_s:.0f} s (runs {sorted(self.run_ids.values())})")
-            time.sleep(poll_s)
+            if stop is None:
+                time.sleep(poll_s)
+            elif stop.wait(poll_s):
+                raise RunsStopped(f"{self.agent} on {self.env}: stopped waiting (runs {sorted(self.run_ids.values())})")
 
-    def trajectories(self) -> dict[int, list[Trajectory]]:
-        """Level -> the stored trajectories of its run, whole records."""
+    def trajectories(self, *, full: bool = True) -> dict[int, list[Trajectory]]:
+        """Level -> the stored trajectories of its run: whole records, or (``full`` False) their summaries, without
+        the conversation, steps and answer (what a pass rate needs, and a fraction of what reading them costs)."""
         out: dict[int, list[Trajectory]] = {}
         for level, run_id in self.run_ids.items():
             rows = out.setdefault(level, [])
-            for page in self.client.trajectory_pages(run_id=run_id, full=True):
+            for page in self.client.trajectory_pages(run_id=run_id, full=full):
                 rows.extend(page)
         return out
 
