@@ -56,7 +56,10 @@ CONSUMER = "trainer"
 DEFAULT_MINUTES = 5.0
 _END_S = 25.0
 """Of the budget, what the trainer leaves for its final held-out evaluation and the report."""
-_SAMPLE_S = 0.5
+_SAMPLE_S = 1.0
+"""How often the job reads the farm's status (the console, the report's samples). Each read is a few ms of farmd's
+CPU, and farmd working while the trainer learns slows the trainer's torch threads several times that (docs/trainers.md):
+at 0.5 s, about one learning step in three or four had one land in it."""
 BATCH = 512
 """Trajectories per trainer step: 64 groups of 8. Measured in one process on arith, 512 a step learned
 faster per completion and more steadily than 256 (greedy held-out 0.18 -> 0.45 within 72k completions,
