@@ -58,7 +58,8 @@ def test_a_group_size_in_the_billions_costs_what_the_buffer_holds(running_farm) 
         http.get(url + "/batch").raise_for_status()
         env = {"max_token_length": 2 ** 62, "desired_name": "huge", "weight": 1.0, "group_size": 10 ** 9}
         assert http.post(url + "/register-env", json=env).json()["env_id"] == 0
-        with LoopProbe(farm.addr) as probe:
+        # Asked every millisecond: the sixteen pushes, each only buffered, can be over in a few tens of them.
+        with LoopProbe(farm.addr, every_s=0.001) as probe:
             for push in range(16):
                 reply = http.post(url + "/scored_data_list", json=_groups(8, 3, 0, first=push * 8))
                 assert reply.json()["buffered"] == 8, reply.text
