@@ -4,7 +4,8 @@
 problems are disjoint from ``arith``'s) at each level, one attempt per seed, waits, and reports the pass
 rate per level and the policy version(s) the trajectories were sampled with. The trainer's subscription is
 another agent spec (``torch:NAME``) and other environments, so these trajectories never reach its stream.
-``start_evaluation`` is the same without blocking: the trainer polls it between batches.
+``start_evaluation`` is the same without blocking; while training, the trainer waits for it in a thread of its own
+(``farm_trainer.background``) and reads back summaries, which is all a pass rate needs.
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ tasks), checkpointed and published: that first version is what the farm's first 
 
 Held-out evaluations (``farm_trainer.evaluate``) run through the farm at the start, every
 ``eval_every_s`` while training (without stopping it: queued, waited for and read back in a thread of its own,
-``farm_trainer.background``, and recorded between batches) and after the time budget. Everything is logged to the metrics file (fields: ``farm_trainer.metrics``).
+``farm_trainer.background``, and recorded between batches) and after the time budget. Everything is logged to
+the metrics file (fields: ``farm_trainer.metrics``).
 
 The farm talks to the trainer only through the ``FarmClient`` it is given: ``run``/``get_run``/
 ``trajectory_pages`` (warm-up, evaluation), ``batches``/``ack`` (the stream), ``publish_policy`` and
@@ -538,8 +539,8 @@ class Trainer:
 
     def _evaluate_in_background(self, stop: threading.Event) -> tuple[EvalResult, int | None]:
         """An evaluation while training, queued, waited for and read back in a thread of its own (``Background``):
-        in lockstep the farm samples nothing while this loop is away from the stream, and polling the runs and
-        reading 300 results back on it stalled a step in every few dozen."""
+        in lockstep the farm samples nothing while this loop is away from the stream, and polling the runs (every
+        second) and reading 300 results back on it held steps up."""
         cfg = self.config
         result = start_evaluation(self.client, cfg.name, cfg.eval_env, cfg.eval_levels, cfg.eval_seeds,
                                   agent=self.eval_agent()).wait(cfg.eval_timeout_s, stop=stop)
