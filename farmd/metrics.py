@@ -123,8 +123,8 @@ class Metrics:
         self.registry.register(_BoxOutcomes(counts))
 
     def rollout_ended(self, env: str, passed: bool, verify_s: float, total_s: float) -> None:
-        """A scored rollout of ``env``: counted and timed. Each environment's series are looked up once: the three
-        ``labels`` lookups a rollout made cost 9 us, more than twice the figures themselves (3.7 us)."""
+        """A scored rollout of ``env``: counted and timed. Each environment's series are looked up once: a rollout's
+        figures cost 9 us with three ``labels`` lookups, 3.7 us without (measured)."""
         series = self._rollout_series.get(env)
         if series is None:
             series = self._rollout_series[env] = _RolloutSeries(
