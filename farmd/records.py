@@ -30,7 +30,8 @@ from farmd.flags import INVALID_TEXT, TRUNCATED
 from farmd.text import clip, valid_text, valid_tree
 
 __all__ = ["BODY_FIELDS", "SUMMARY_FIELDS", "ChatMessage", "Job", "JobState", "Policy", "PosedTask", "SamplingParams",
-           "Score", "Step", "Timings", "ToolCall", "Trajectory", "Turn", "Usage", "from_plain", "to_plain"]
+           "Score", "Step", "Timings", "ToolCall", "Trajectory", "Turn", "Usage", "View", "from_plain",
+           "to_plain"]
 
 # What one stored trajectory may hold. Whatever an attempt, an endpoint or a box produces, a stored
 # trajectory stays within a few MiB, so any one fits a stream message with room to spare and a batch
@@ -136,6 +137,12 @@ class Trajectory(record.Trajectory):
     def summary(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in SUMMARY_FIELDS}
 
+    def for_loss(self) -> Trajectory:
+        """What a loss needs of it (the ``tokens`` view): this record without the bulk a learner never reads (the
+        task as posed, the conversation, the steps, the final text, the verifier's details, the scores); the
+        turns keep their token ids and sampling logprobs. A new record: the one it came from is unchanged."""
+        return evolve(self, task=PosedTask(), messages=[], steps=[], final="", verdict_details={}, scores=[])
+
     def to_json(self) -> dict[str, Any]:
         plain: dict[str, Any] = to_plain(self)
         return plain
@@ -147,6 +154,11 @@ SUMMARY_FIELDS = ("id", "seq", "group_id", "run_id", "env", "seed", "difficulty"
 """What a trajectory is listed by (``farmctl trajectories list``, a summary-only stream)."""
 BODY_FIELDS = ("task", "messages", "turns", "steps", "final", "verdict_details")
 """The bulk of a record: left out of summaries."""
+
+View = typing.Literal["full", "summary", "tokens"]
+"""How much of each record a read returns: ``full`` (all of it, every score included), ``summary``
+(``BODY_FIELDS`` left out: no body is read), ``tokens`` (``Trajectory.for_loss``: the summary with the turns'
+token ids and logprobs, what a trainer's stream needs; no scores are read)."""
 
 
 def to_plain(record: Any) -> Any:

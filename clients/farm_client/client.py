@@ -383,7 +383,7 @@ class FarmClient:
 
     def batches(self, consumer: str, batch_size: int = 64, *, whole_groups: bool = False, max_staleness: int = 0,
                 summary_only: bool = False, tensors: bool = False, reconnect_s: float = 0.0, agent: str = "",
-                envs: Sequence[str] = (), withdrawals_after: int = 0) -> Iterator[Batch]:
+                envs: Sequence[str] = (), withdrawals_after: int = 0, tokens_only: bool = False) -> Iterator[Batch]:
         """Scored trajectories, batch by batch, from just after ``consumer``'s last ack; blocks for more.
 
         At least once: what was not acked comes again when the stream is reopened. With
@@ -397,6 +397,11 @@ class FarmClient:
 
         Each batch's ``withdrawn`` lists trajectories quarantined since the last (from the first withdrawal
         after ``withdrawals_after``): none is streamed again, and one already taken may be dropped.
+
+        ``summary_only`` leaves out the task, the conversation, the turns and the steps; ``tokens_only`` leaves
+        out all a loss does not need (the task, the conversation, the steps, the final text, the verifier's
+        details and the scores) and keeps the turns' token ids and sampling logprobs: what ``tensors`` and
+        ``collate`` read, in about half the bytes and the time.
         """
         told = withdrawals_after
         withdrawn: list[Withdrawal] = []
@@ -404,7 +409,8 @@ class FarmClient:
         while True:
             request = farm_pb2.StreamTrajectoriesRequest(consumer=consumer, batch_size=batch_size,
                                                          whole_groups=whole_groups, max_staleness=max_staleness,
-                                                         summary_only=summary_only, agent=agent, envs=list(envs),
+                                                         summary_only=summary_only, tokens_only=tokens_only,
+                                                         agent=agent, envs=list(envs),
                                                          withdrawals_after=told)
             stream = self._stub.StreamTrajectories(request, metadata=self._metadata)
             try:

@@ -64,7 +64,7 @@ class AtroposFeed:
     async def _run(self) -> None:
         subscription = Subscription(agent=self._config.agent, envs=tuple(self._config.envs))
         batches = self._delivery.batches(self._config.consumer, whole_groups=True, batch_size=64, max_staleness=0,
-                                         body=True, subscription=subscription)
+                                         view="full", subscription=subscription)
         try:
             while True:
                 await self._queue.until_farm_room(self._config.ahead_groups)

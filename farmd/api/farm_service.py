@@ -29,7 +29,7 @@ from farmd.errors import BadRequest, FailedPrecondition, NotFound, Refused, Task
 from farmd.flags import QUARANTINED, WITHDRAWN
 from farmd.names import CONSUMER, POLICY_LINE, VERIFY_AGENT
 from farmd.node import NodeInfo
-from farmd.records import NODE_NAME
+from farmd.records import NODE_NAME, View
 from farmd.rollout import rescore
 from farmd.rollout.verify import (
     MAX_COMPLETION_CHARS,
@@ -186,7 +186,8 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
             # Read before the page: whatever changes after it has a higher verdict_version than the mark.
             mark = await self._store.verdicts.mark()
             rows = await self._store.trajectories(limit=size + 1, env=request.env or None, run_id=request.run_id,
-                                                  newest_first=request.newest_first, body=request.full,
+                                                  newest_first=request.newest_first,
+                                                  view="full" if request.full else "summary",
                                                   before_seq=before, after_seq=after, where=where,
                                                   withdrawn=withdrawn)
             left_out = 0 if withdrawn or position is not None else await self._store.withdrawn_count(
@@ -261,12 +262,15 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
         if consumer is None:
             raise BadRequest(f"a stream needs a consumer name (1-{MAX_CONSUMER_CHARS} characters)")
         subscription = _subscription(request, self._envs)
+        if request.summary_only and request.tokens_only:
+            raise BadRequest("a stream is summary_only or tokens_only, not both")
+        view: View = "summary" if request.summary_only else "tokens" if request.tokens_only else "full"
         # Reading under another credential's cursor would take its batches and stall its demand: its maker's only.
         await self._names.use(CONSUMER, consumer, context)
         told = request.withdrawals_after
         async for batch in self._scheduler.delivery.batches(
                 consumer, whole_groups=request.whole_groups, batch_size=min(request.batch_size or 64, MAX_BATCH),
-                max_staleness=request.max_staleness, body=not request.summary_only, subscription=subscription):
+                max_staleness=request.max_staleness, view=view, subscription=subscription):
             # What a quarantine took back rides on the next batch: a trainer hears of it in the stream it reads.
             withdrawn = await self._store.intake.withdrawals(told, MAX_WITHDRAWALS_TOLD, subscription.envs)
             if withdrawn:

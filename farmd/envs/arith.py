@@ -24,6 +24,7 @@ from the task's seed and difficulty. Nothing is lenient: ``+3``, ``03``, ``-0``,
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import re
@@ -67,6 +68,8 @@ _SPLIT_KEY = b"farm/arith/split/1"
 _DRAWS = 1000
 """Problems drawn per task before giving up on finding one of the split: at a 10% share the chance of
 needing more is about 1e-46, but the bound keeps ``generate`` total."""
+_PROBLEMS_KEPT = 4096
+"""Problems an environment keeps once drawn: several steps of the learning loop's groups (64 a step)."""
 
 MAX_ANSWER_CHARS = 12
 _MAX_TEXT_CHARS = 100
@@ -134,9 +137,16 @@ class Arith(SubmissionEnvironment):
             raise TaskError(f"arith: split must be 'train' or 'heldout', got {split!r}")
         self.split: Split = split
         self.name = "arith" if split == "train" else "arith:heldout"
+        # Every rollout's judging rebuilds its task's problem from the task's identity, and a group's rollouts share
+        # one task: kept, a group draws it once rather than once a rollout (~20 us each, a third of a rollout's
+        # judging and task making in the learning loop, measured). Still computed here, never read from the task.
+        self._problems = functools.lru_cache(maxsize=_PROBLEMS_KEPT)(self._draw)
 
     def problem(self, seed: int, difficulty: int) -> Problem:
         """The problem behind task ``(seed, difficulty)``: the seed's first draw that is of this split."""
+        return self._problems(seed, difficulty)
+
+    def _draw(self, seed: int, difficulty: int) -> Problem:
         rng = self.public_rng(seed, difficulty)
         level = LEVELS[difficulty - 1]
         for _ in range(_DRAWS):

@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from farmd.records import Trajectory
+from farmd.records import Trajectory, View
 from farmd.store import FinishedGroup, Store
 
 TRAJECTORIES = "trajectories"
@@ -169,7 +169,7 @@ class Delivery:
     # -- the trainer's side -----------------------------------------------------------------------
 
     async def batches(self, consumer: str, *, whole_groups: bool, batch_size: int, max_staleness: int,
-                      body: bool, subscription: Subscription = EVERYTHING) -> AsyncIterator[Delivered]:
+                      view: View, subscription: Subscription = EVERYTHING) -> AsyncIterator[Delivered]:
         """Batches for one stream, from just after ``consumer``'s last ack, forever (the caller closes it).
 
         ``whole_groups``: only groups whose every job has ended, never split across batches (at least
@@ -177,7 +177,8 @@ class Delivery:
         versions old are left out, a whole group with them (a group-relative advantage never sees half
         a group), and a batch of only those still comes, empty, so the cursor moves past them. Versions
         are counted in the subscribed agent's policy line (any line without one). ``subscription``: only
-        those trajectories; the others are passed over (an ack past them moves the cursor as usual).
+        those trajectories; the others are passed over (an ack past them moves the cursor as usual). ``view``: how
+        much of each record (``farmd.records.View``).
         """
         line = self._line_for(subscription.agent) if subscription.agent else None
         agent, envs = subscription.agent or None, subscription.envs
@@ -192,9 +193,9 @@ class Delivery:
             while True:
                 seen = self.generation  # before reading: a commit after it wakes the wait
                 if whole_groups:
-                    trajectories, up_to = await self._whole_groups(sent, size, body, agent, envs)
+                    trajectories, up_to = await self._whole_groups(sent, size, view, agent, envs)
                 else:
-                    trajectories = await self.store.trajectories(after_seq=sent, limit=size, body=body, agent=agent,
+                    trajectories = await self.store.trajectories(after_seq=sent, limit=size, view=view, agent=agent,
                                                                  envs=envs, streamed=True)
                     up_to = trajectories[-1].seq if trajectories else sent
                 if up_to == sent:
@@ -223,7 +224,7 @@ class Delivery:
         for key in closed[: max(0, len(closed) - keep)]:  # oldest first: dicts keep insertion order
             del self._consumers[key]
 
-    async def _whole_groups(self, after: int, size: int, body: bool, agent: str | None, envs: tuple[str, ...]
+    async def _whole_groups(self, after: int, size: int, view: View, agent: str | None, envs: tuple[str, ...]
                             ) -> tuple[list[Trajectory], int]:
         groups = await self.store.finished_groups(after, max(1, size // 2), agent=agent, envs=envs,
                                                    streamed=True)
@@ -236,7 +237,7 @@ class Delivery:
             total += g.size
         if not picked:
             return [], after
-        trajectories = await self.store.group_trajectories([g.id for g in picked], body)
+        trajectories = await self.store.group_trajectories([g.id for g in picked], view)
         return trajectories, picked[-1].done_seq
 
     @staticmethod

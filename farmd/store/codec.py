@@ -316,14 +316,17 @@ class Recent:
         """The ids kept, oldest first."""
         return list(self._kept)
 
-    def read(self, rows: list[Any]) -> list[Trajectory]:
-        """``read_trajectories``, served from what was kept where a row is as it was stored."""
+    def read(self, rows: list[Any], for_loss: bool = False) -> list[Trajectory]:
+        """``read_trajectories``, served from what was kept where a row is as it was stored; ``for_loss``: each
+        as ``Trajectory.for_loss`` (the ``tokens`` view)."""
         out = []
         for row in rows:
             kept = self._kept.get(row[0])
             if kept is not None and kept[0] == tuple(row):
-                out.append(copy.copy(kept[1]))  # a reader sets its own scores on it
+                # A new record either way: a reader sets its own scores on it, and the kept one stays whole.
+                out.append(kept[1].for_loss() if for_loss else copy.copy(kept[1]))
             else:
-                out.append(read_trajectory(row))
+                record = read_trajectory(row)
+                out.append(record.for_loss() if for_loss else record)
         return out
 

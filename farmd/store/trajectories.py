@@ -12,10 +12,11 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from farmd import domain
 from farmd.flags import UNREADABLE, WITHDRAWN
-from farmd.records import RED_TEAM_PREFIX, Score, Trajectory
+from farmd.records import RED_TEAM_PREFIX, Score, Trajectory, View
 from farmd.store.codec import TRAJ_COLUMNS, Recent, read_trajectories, read_trajectory
 from farmd.store.database import Database
 from farmd.store.filters import WITHDRAWN_SQL, TrajectoryFilter, subscription
@@ -135,13 +136,13 @@ class TrajectoryRecords:
         return (await self._with_scores([await asyncio.to_thread(read_trajectory, row)]))[0]
 
     async def trajectories(self, *, after_seq: int = 0, limit: int = 100, env: str | None = None,
-                           min_policy: int | None = None, newest_first: bool = False, body: bool = True,
+                           min_policy: int | None = None, newest_first: bool = False, view: View = "full",
                            before_seq: int | None = None, run_id: int = 0, agent: str | None = None,
                            envs: Sequence[str] = (), streamed: bool = False, where: TrajectoryFilter | None = None,
                            withdrawn: bool = True) -> list[Trajectory]:
         """Trajectories in stream order (or newest first), after ``after_seq`` and before ``before_seq``;
-        ``body=False`` leaves out the bulk of the record (``BODY_FIELDS``: decompressing it is most of a
-        read's cost). ``agent`` and ``envs``: only those (a subscription); ``streamed``: none withdrawn nor
+        ``view`` says how much of each record (``farmd.records.View``: a summary reads no body, and decompressing
+        bodies is most of a read's cost). ``agent`` and ``envs``: only those (a subscription); ``streamed``: none withdrawn nor
         any a trainer is never sent; ``withdrawn`` False: none withdrawn; ``where``: what an operator looking for
         some narrows them to. Each holds its current verdict (``farmd.store.verdicts``)."""
         subscribed, sub_args = subscription(agent, envs, streamed=streamed)
@@ -163,15 +164,18 @@ class TrajectoryRecords:
             where_sql.append("policy_version >= ?")
             args.append(min_policy)
         order = "DESC" if newest_first else "ASC"
-        columns = TRAJ_COLUMNS if body else TRAJ_COLUMNS.replace("body", "NULL")
         rows = await self._db.all(
-            f"SELECT {columns} FROM trajectories WHERE {' AND '.join(where_sql)} ORDER BY seq {order} LIMIT ?",
+            f"SELECT {_columns(view)} FROM trajectories WHERE {' AND '.join(where_sql)} ORDER BY seq {order} LIMIT ?",
             (*args, limit))
-        if not body:
+        return await self._read(rows, view)
+
+    async def _read(self, rows: list[Any], view: View) -> list[Trajectory]:
+        if view == "summary":
             return read_trajectories(rows)
         # Decompressing and parsing bodies is the cost of a read: off the event loop, and skipped for what was just
         # stored (a trainer that keeps up reads only that).
-        return await self._with_scores(await asyncio.to_thread(self._recent.read, rows))
+        records = await asyncio.to_thread(self._recent.read, rows, view == "tokens")
+        return records if view == "tokens" else await self._with_scores(records)
 
     async def _with_scores(self, trajectories: list[Trajectory]) -> list[Trajectory]:
         """Whole records carry every verdict they were given, the first included: one query for a page. A
@@ -187,16 +191,13 @@ class TrajectoryRecords:
                                          list(t.flags), t.finished_at, 0))
         return trajectories
 
-    async def group_trajectories(self, group_ids: list[int], body: bool = True) -> list[Trajectory]:
+    async def group_trajectories(self, group_ids: list[int], view: View = "full") -> list[Trajectory]:
         if not group_ids:
             return []
         marks = ",".join("?" * len(group_ids))
-        columns = TRAJ_COLUMNS if body else TRAJ_COLUMNS.replace("body", "NULL")
-        rows = await self._db.all(f"SELECT {columns} FROM trajectories WHERE group_id IN ({marks}) ORDER BY seq",
-                                  group_ids)
-        if not body:
-            return read_trajectories(rows)
-        return await self._with_scores(await asyncio.to_thread(self._recent.read, rows))
+        rows = await self._db.all(
+            f"SELECT {_columns(view)} FROM trajectories WHERE group_id IN ({marks}) ORDER BY seq", group_ids)
+        return await self._read(rows, view)
 
     async def withdrawn_count(self, *, env: str | None = None, run_id: int = 0,
                               where: TrajectoryFilter | None = None) -> int:
@@ -302,3 +303,8 @@ class TrajectoryRecords:
         for tid, version in rows:
             out.setdefault(int(tid), set()).add(str(version))
         return out
+
+
+def _columns(view: View) -> str:
+    """The columns a read of ``view`` selects: a summary's leaves the body in the database."""
+    return TRAJ_COLUMNS.replace("body", "NULL") if view == "summary" else TRAJ_COLUMNS

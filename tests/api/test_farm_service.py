@@ -11,6 +11,7 @@ import pytest
 import torch
 from farm.v1 import farm_pb2, farm_pb2_grpc
 from farm_client import FarmClient
+from farm_client.record import PosedTask
 
 pytestmark = pytest.mark.sandbox
 
@@ -59,7 +60,7 @@ def test_stream_resumes_after_the_last_ack_with_no_gap(farm) -> None:  # type: i
     assert (trainer["cursor"], trainer["lag"], trainer["whole_groups"]) == (40, 0, False)
 
 
-def test_whole_groups_with_tensors(farm) -> None:  # type: ignore[no-untyped-def]
+def test_whole_groups_with_tensors_whole_or_only_what_a_loss_reads(farm) -> None:  # type: ignore[no-untyped-def]
     _, client = farm
     run = client.run(ENV, "random", 24, group_size=6)
     run2 = client.run(ENV, "reference", 12, group_size=6)
@@ -81,6 +82,22 @@ def test_whole_groups_with_tensors(farm) -> None:  # type: ignore[no-untyped-def
     assert all(t.reward == 1.0 for t in got if t.agent == "reference")
     grpo = [c for c in client.status()["consumers"] if c["name"] == "grpo"]
     assert [(c["whole_groups"], c["cursor"], c["lag"]) for c in grpo] == [(True, 6, 0)]
+
+    # A trainer's stream (tokens_only): the same batches, without what no loss reads.
+    lean = next(client.batches("lean", batch_size=12, whole_groups=True, tensors=True, tokens_only=True))
+    whole = {t.id: t for t in got}
+    assert [t.id for t in lean.trajectories] == [t.id for t in got[:len(lean)]]
+    assert torch.equal(lean.advantages, next(client.batches("again", batch_size=12, whole_groups=True,
+                                                            tensors=True)).advantages)
+    for t in lean.trajectories:
+        assert whole[t.id].final and whole[t.id].task.prompt and whole[t.id].messages is not None
+        assert whole[t.id].scores, "a whole record carries its verdicts"
+        assert (t.final, t.task, t.steps, t.verdict_details, t.scores) == ("", PosedTask(), [], {}, [])
+        assert (t.reward, t.passed, t.status, t.turns, t.group_id) == \
+            (whole[t.id].reward, whole[t.id].passed, whole[t.id].status, whole[t.id].turns, whole[t.id].group_id)
+    with pytest.raises(grpc.RpcError) as err:
+        next(client.batches("both", summary_only=True, tokens_only=True))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not both" in (err.value.details() or "")
 
 
 def test_policies_are_versioned_by_content_and_scripted_agents_run_none(farm) -> None:  # type: ignore[no-untyped-def]

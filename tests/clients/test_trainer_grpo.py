@@ -329,7 +329,7 @@ def test_a_restart_skips_the_batches_its_checkpoint_holds_and_acks_only_after_ch
     assert farm.calls == ["publish", "get_policy", "ack 10", "ack 20", "publish", "ack 30"]
     assert [name for name, _ in farm.published] == ["tiny", "tiny"]
     assert farm.stream_kwargs == {"consumer": "grpo", "batch_size": 4, "whole_groups": True, "max_staleness": 2,
-                                  "agent": "torch:tiny", "envs": ("arith",), "reconnect_s": 60.0}
+                                  "agent": "torch:tiny", "envs": ("arith",), "reconnect_s": 60.0, "tokens_only": True}
     saved = checkpoint.read(trainer.config.checkpoint_path)
     assert saved is not None and saved.up_to == 30 and saved.policy_version == 102
     assert saved.recent_groups == [5, 6]  # written before its ack: were the ack lost, a resend could straddle

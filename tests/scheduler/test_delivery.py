@@ -32,7 +32,7 @@ async def test_a_consumer_sitting_on_a_batch_stops_counting_and_counts_again_whe
         await store.complete([("w", t(j.id, j.group_id, 0)) for j in jobs])
         delivery = Delivery(store, lambda _line, _v: 0, stall_s=0.2)
         assert await delivery.backlog() is None, "nobody streaming: nobody to produce for"
-        stream = delivery.batches("slow", whole_groups=False, batch_size=2, max_staleness=0, body=False)
+        stream = delivery.batches("slow", whole_groups=False, batch_size=2, max_staleness=0, view="summary")
         first = await anext(stream)
         assert [x.id for x in first.trajectories] == [jobs[0].id, jobs[1].id]
         assert await delivery.backlog() == 2, "what it was sent needs no producing, acked or not"
@@ -45,11 +45,11 @@ async def test_a_consumer_sitting_on_a_batch_stops_counting_and_counts_again_whe
         assert await delivery.backlog() is None and [c.state for c in await delivery.status()] == ["closed"]
 
         # Reconnecting is no way to sit on a batch for ever: the clock is the consumer's, not the stream's.
-        again = delivery.batches("slow", whole_groups=False, batch_size=2, max_staleness=0, body=False)
+        again = delivery.batches("slow", whole_groups=False, batch_size=2, max_staleness=0, view="summary")
         assert [x.id for x in (await anext(again)).trajectories] == [jobs[2].id, jobs[3].id]
         await again.aclose()
         await asyncio.sleep(0.3)
-        reopened = delivery.batches("slow", whole_groups=False, batch_size=2, max_staleness=0, body=False)
+        reopened = delivery.batches("slow", whole_groups=False, batch_size=2, max_staleness=0, view="summary")
         reading = asyncio.create_task(anext(reopened))
         await asyncio.sleep(0.05)  # it has the same batch again, and still no ack
         assert await delivery.backlog() is None, "a new stream did not restart its clock"
@@ -79,7 +79,7 @@ async def test_a_subscription_carries_only_its_agent_and_envs_and_counts_stalene
 
         delivery = Delivery(store, behind, line_for=lambda spec: "tiny" if spec.startswith("torch:tiny") else None)
         mine = Subscription(agent="torch:tiny", envs=("rg:chain_sum",))
-        stream = delivery.batches("trainer", whole_groups=True, batch_size=2, max_staleness=1, body=False,
+        stream = delivery.batches("trainer", whole_groups=True, batch_size=2, max_staleness=1, view="summary",
                                   subscription=mine)
         first = await anext(stream)
         assert {(x.agent, x.env, x.policy_version) for x in first.trajectories} == {("torch:tiny", "rg:chain_sum", 3)}
@@ -92,7 +92,7 @@ async def test_a_subscription_carries_only_its_agent_and_envs_and_counts_stalene
         await stream.aclose()
 
         # A consumer that keeps stale ones sees how far behind its last batch was (the console plots it).
-        keeps = delivery.batches("watcher", whole_groups=True, batch_size=2, max_staleness=0, body=False,
+        keeps = delivery.batches("watcher", whole_groups=True, batch_size=2, max_staleness=0, view="summary",
                                  subscription=mine)
         for behind_by in (0.0, 2.0):
             await anext(keeps)

@@ -90,7 +90,7 @@ async def test_at_the_floor_a_nodes_first_results_and_a_share_of_the_rest_are_ve
                 break
             await asyncio.sleep(0.05)
         assert (node.checked, node.disagreed) == (picked, 0), "honest verdicts agree"
-        confirmed = [t for t in await scheduler.store.trajectories(limit=2000, body=False)
+        confirmed = [t for t in await scheduler.store.trajectories(limit=2000, view="summary")
                      if t.verified_by == "coordinator"]
         assert len(confirmed) == picked and {t.id for t in confirmed} >= {j.id for j in jobs[:REVERIFY_FIRST_FLOOR]}
         evidence = await scheduler.store.nodes.checks("steady", limit=1000)

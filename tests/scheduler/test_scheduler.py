@@ -185,7 +185,7 @@ async def test_demand_follows_open_streams_and_stays_bounded(farm) -> None:  # t
     await s.start()
     await asyncio.sleep(0.3)
     assert (await store.job_counts()).get("queued", 0) == 0, "no trainer streaming: no demand"
-    stream = s.delivery.batches("trainer", whole_groups=False, batch_size=8, max_staleness=0, body=False)
+    stream = s.delivery.batches("trainer", whole_groups=False, batch_size=8, max_staleness=0, view="summary")
     reading = asyncio.create_task(anext(stream))
     await asyncio.sleep(0.4)
     queued = (await store.job_counts()).get("queued", 0)
@@ -204,7 +204,7 @@ async def test_demand_per_version_queues_lag_batches_ahead_and_one_more_per_vers
     s = await open_(group_size=4, demand_buffer=100, demand_per_version=8, demand_lag=lag, demand_agent="torch:tiny",
                     demand_envs=("rg:chain_sum",), maintenance_every_s=30)
     await s.start()
-    stream = s.delivery.batches("trainer", whole_groups=False, batch_size=8, max_staleness=0, body=False)
+    stream = s.delivery.batches("trainer", whole_groups=False, batch_size=8, max_staleness=0, view="summary")
     reading = asyncio.create_task(anext(stream))
     try:
         await asyncio.sleep(0.2)  # the stream is open before the first version
@@ -349,7 +349,7 @@ async def test_demand_waits_for_the_first_policy_of_its_torch_line(farm) -> None
     s = await open_(group_size=4, demand_buffer=8, demand_agent="torch:tiny", demand_envs=("rg:chain_sum",),
                     maintenance_every_s=0.05)
     await s.start()
-    stream = s.delivery.batches("trainer", whole_groups=False, batch_size=8, max_staleness=0, body=False)
+    stream = s.delivery.batches("trainer", whole_groups=False, batch_size=8, max_staleness=0, view="summary")
     reading = asyncio.create_task(anext(stream))
     try:
         await asyncio.sleep(0.4)

@@ -86,7 +86,7 @@ async def test_filters_keep_only_what_matches(store: Store) -> None:
                         attempt(agent="reference", version=0, reward=0.0, node="a"))
 
     async def ids(**where: object) -> list[int]:
-        rows = await store.trajectories(body=False, where=TrajectoryFilter(**where))  # type: ignore[arg-type]
+        rows = await store.trajectories(view="summary", where=TrajectoryFilter(**where))  # type: ignore[arg-type]
         return [t.id for t in rows]
 
     a, b, ref = (t.id for t in made)

@@ -161,6 +161,40 @@ async def test_what_was_just_stored_streams_back_as_its_row_reads(tmp_path: Path
             await fresh.close()
 
 
+async def test_the_tokens_view_is_the_record_without_what_a_loss_never_reads(tmp_path: Path) -> None:
+    """A trainer's stream (``tokens_only``): the turns' token ids and logprobs and the verdict, alike whether the
+    record was just stored (kept in memory, which a tokens read must leave whole) or is read from its row."""
+    db = tmp_path / "farm.db"
+    store = await Store.open(db)
+    fresh: Store | None = None
+    try:
+        await store.enqueue([("py-func", 1, 2, "chat:m", 2)])
+        jobs = await store.lease("w", 2, 30, 0)
+        await store.complete([("w", record(j.id, j.group_id, TURNS if i == 0 else TURNS[2:]))
+                              for i, j in enumerate(jobs)])
+        (group,) = {j.group_id for j in jobs}
+        whole = await store.group_trajectories([group])
+        fresh = await Store.open(db)  # holds nothing in memory: reads every row
+        for reader in (store, fresh):
+            tokens = await reader.group_trajectories([group], "tokens")
+            assert [t.id for t in tokens] == [t.id for t in whole]
+            for got, want in zip(tokens, whole, strict=True):
+                assert (got.task, got.messages, got.steps, got.final, got.verdict_details, got.scores) == \
+                    (PosedTask(), [], [], "", {}, [])
+                left = {"task", "messages", "steps", "final", "verdict_details", "scores"}
+                assert {k: v for k, v in to_plain(got).items() if k not in left} == \
+                    {k: v for k, v in to_plain(want).items() if k not in left}
+            listed = await reader.trajectories(limit=10, view="tokens")
+            assert [to_plain(t) for t in listed] == [to_plain(t) for t in tokens]
+        assert whole[0].turns[0].token_ids == [7, 8, 9] and whole[0].scores
+        again = await store.group_trajectories([group])
+        assert [to_plain(t) for t in again] == [to_plain(t) for t in whole], "a tokens read leaves the kept whole"
+    finally:
+        await store.close()
+        if fresh is not None:
+            await fresh.close()
+
+
 def test_recent_records_are_bounded_by_count_and_by_body_bytes() -> None:
     recent = Recent(keep=3, body_bytes=1000)
     rows = []

@@ -40,7 +40,7 @@ async def test_a_rescore_is_every_readers_verdict_and_the_first_stays_in_the_his
                                    (c.id, "2", 1.0, True, "ok", [], [])]) == 2
     listed = await store.trajectories(limit=10)
     assert verdicts(listed) == {a.id: (0.0, False, "2"), b.id: (1.0, True, "1"), c.id: (1.0, True, "2")}
-    summaries = await store.trajectories(limit=10, body=False, newest_first=True)
+    summaries = await store.trajectories(limit=10, view="summary", newest_first=True)
     assert verdicts(summaries) == verdicts(listed), "summaries read the same row"
     whole = await store.trajectory(a.id)
     assert whole is not None and whole.flags == ["suspected_hack"] and whole.reasons == ["a stricter check"]

@@ -383,7 +383,7 @@ class Trainer:
         cfg = self.config
         stream = _Stream(self.client.batches(cfg.consumer, cfg.batch_size, whole_groups=True,
                                              max_staleness=cfg.max_staleness, agent=cfg.agent_spec,
-                                             envs=cfg.envs, reconnect_s=cfg.reconnect_s))
+                                             envs=cfg.envs, reconnect_s=cfg.reconnect_s, tokens_only=True))
         pending: Background[tuple[EvalResult, int | None]] | None = None
         last_eval = last_checkpoint = last_progress = time.monotonic()
         try:
