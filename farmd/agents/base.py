@@ -82,6 +82,11 @@ class Agent(abc.ABC):
         and stays the same when a rollout is retried (a model agent derives its sampling seed from it).
         Raises ``AgentError`` only when no attempt could be made."""
 
+    def prepare(self, policy_version: int) -> None:
+        """Jobs of ``policy_version`` are about to start: begin, without waiting, what their attempts will all
+        wait on first (a policy's load). Nothing for most agents; never raises (each attempt meets its error)."""
+        return None
+
     async def aclose(self) -> None:
         """Release what the agent holds (an endpoint's connections); its owner calls it once no attempt is
         running. Nothing for most agents."""

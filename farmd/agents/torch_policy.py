@@ -79,6 +79,10 @@ class PolicySource(Protocol):
         """The whole content of the policy hashed ``sha256``."""
         ...
 
+    def known_sha256(self, version: int) -> str | None:
+        """``version``'s content hash when it is known without asking anyone (None: ``sha256_of`` finds out)."""
+        ...
+
 
 @dataclass(slots=True)
 class _Request:
@@ -196,11 +200,15 @@ class _Once(Generic[K, T]):
         self._tasks: dict[K, asyncio.Task[T]] = {}
 
     async def run(self, key: K, make: Callable[[], Coroutine[object, object, T]]) -> T:
+        return await asyncio.shield(self.start(key, make))
+
+    def start(self, key: K, make: Callable[[], Coroutine[object, object, T]]) -> asyncio.Task[T]:
+        """``key``'s task, started now unless it is running."""
         task = self._tasks.get(key)
         if task is None:
             task = self._tasks[key] = asyncio.get_running_loop().create_task(make())
             task.add_done_callback(functools.partial(self._done, key))
-        return await asyncio.shield(task)
+        return task
 
     def _done(self, key: K, task: asyncio.Task[T]) -> None:
         if self._tasks.get(key) is task:
@@ -255,14 +263,30 @@ class TorchRuntime:
             self._models.move_to_end(sha256)
         return loaded
 
+    def prefetch(self, version: int, name: str) -> None:
+        """Start loading version ``version`` of line ``name`` now, when its hash is known without asking and it is
+        neither loaded nor loading: a publish's first rollouts all wait on its load, and one begun before they
+        start runs beside their setup (hundreds of rollouts made ready one after another on the event loop)
+        rather than after it. A failure is left to the attempts, which load it again and meet it."""
+        if version <= 0 or self._closed:
+            return
+        sha256 = self._versions.get(version) or self.policies.known_sha256(version)
+        if sha256 is None or sha256 in self._models:
+            return
+        self._remember(version, sha256)
+        self._loads.start(sha256, lambda: self._load(sha256, version, name))
+
     async def sha256_of(self, version: int, name: str) -> str:
         sha256 = self._versions.get(version)
         if sha256 is None:
             sha256 = await self._lookups.run(version, lambda: self._lookup(version, name))
-            self._versions[version] = sha256
-            while len(self._versions) > _VERSIONS_KEPT:
-                self._versions.popitem(last=False)
+            self._remember(version, sha256)
         return sha256
+
+    def _remember(self, version: int, sha256: str) -> None:
+        self._versions[version] = sha256
+        while len(self._versions) > _VERSIONS_KEPT:
+            self._versions.popitem(last=False)
 
     async def _lookup(self, version: int, name: str) -> str:
         try:
@@ -361,6 +385,9 @@ class TorchAgent(Agent):
         self.max_tokens = max_tokens
         self._owns_runtime = owns_runtime
         self.name = f"torch:{policy}"
+
+    def prepare(self, policy_version: int) -> None:
+        self.runtime.prefetch(policy_version, self.policy)
 
     async def attempt(self, task: Task, episode: Episode | None, policy_version: int, *,
                       rollout_id: int = 0) -> AgentResult:

@@ -47,6 +47,9 @@ class PolicyCache:
             while len(self._versions) > _KNOWN_VERSIONS:
                 self._versions.popitem(last=False)
 
+    def known_sha256(self, version: int) -> str | None:
+        return self._versions.get(version)
+
     async def sha256_of(self, version: int) -> str:
         sha = self._versions.get(version)
         if sha is None:

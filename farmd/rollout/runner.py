@@ -97,7 +97,8 @@ async def run_rollout(job: Job, env: Environment, agent: Agent, ctx: VerifyConte
         timings=Timings(task=made - started, agent=acted - made, verify=ended - acted, total=ended - started),
     ).sealed()
     # Agents and verifiers check what they produce; a record still out of its domain is a bug of farm's own,
-    # never the attempt's: not stored, retried (the store would refuse it anyway).
+    # never the attempt's: not stored, retried. This is the check of the farm's own records: the store takes them
+    # as checked (``Scheduler.complete``); a node's it checks itself.
     found = domain.problems(made_record, external=False)
     if found:
         raise InfraFailure(f"the rollout made a record out of its domain: {'; '.join(found[:3])}"[:1000])

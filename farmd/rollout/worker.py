@@ -229,6 +229,11 @@ class Worker:
             idle = min(_IDLE_MAX_S, idle * 2)
 
     def _start(self, jobs: list[Job]) -> None:
+        # What the jobs' attempts will all wait on first (a just-published policy's load) begins before they do:
+        # otherwise it would start behind every one of their first steps, hundreds of them after a publish.
+        for spec, version in dict.fromkeys((job.agent, job.policy_version) for job in jobs if job.policy_version):
+            with contextlib.suppress(Exception):  # an agent that cannot be made fails its rollouts, each saying why
+                self._agent(spec).prepare(version)
         for job in jobs:
             self._running[job.id] = asyncio.get_running_loop().create_task(self._run(job))
 

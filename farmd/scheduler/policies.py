@@ -31,6 +31,7 @@ import itertools
 import logging
 import re
 import time
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Mapping
 from dataclasses import dataclass
 from typing import IO
@@ -52,6 +53,8 @@ MAX_POLICY_READ_BYTES = 1 << 30
 MAX_VOCAB_READ_BYTES = 64 << 20
 """The largest policy whose vocabulary the coordinator reads to check what a node says it sampled (a tiny LM's
 blob is a few MB; a larger one is not a policy a ``torch:`` worker loads here)."""
+_VERSIONS_KNOWN = 4096
+"""Versions whose records ``Policies`` keeps in memory (a publish every step adds one; each is a few hundred bytes)."""
 LINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """A policy line's name: what ``torch:NAME`` says."""
 
@@ -157,7 +160,7 @@ class Policies:
         """Told each policy published (after it is stored): the weight sync."""
         self._lines: dict[str | None, _Line] = {None: _Line()}
         """Each line's publications (None: every line's together): ``load``, then each publish."""
-        self._by_version: dict[int, Policy] = {}
+        self._by_version: OrderedDict[int, Policy] = OrderedDict()
         self._vocab: dict[int, int | None] = {}
         """Each version's vocabulary size, once read (``vocab_size``)."""
         self._loaded = False
@@ -229,8 +232,20 @@ class Policies:
             policy = await self._store.policy_by_version(version) if version > 0 else None
             if policy is None:
                 raise NotFound(f"no policy version {version}")
-            self._by_version[version] = policy
+            self._know(policy)
         return policy.sha256
+
+    def known_sha256(self, version: int) -> str | None:
+        """``version``'s hash when this process published or looked it up lately (None: ask ``sha256_of``)."""
+        policy = self._by_version.get(version)
+        return None if policy is None else policy.sha256
+
+    def _know(self, policy: Policy) -> None:
+        """Versions are immutable: what is known of one stays true. The newest few thousand are kept."""
+        self._by_version[policy.version] = policy
+        self._by_version.move_to_end(policy.version)
+        while len(self._by_version) > _VERSIONS_KNOWN:
+            self._by_version.popitem(last=False)
 
     async def vocab_size(self, version: int) -> int | None:
         """How many tokens policy ``version`` samples from, when it is a tiny LM policy whose content farmd holds
@@ -300,6 +315,7 @@ class Policies:
             async with self._keeping:
                 policy = await self._store.add_policy(actual, upload, uri or None, name)
                 self._published(name, policy.version)
+                self._know(policy)  # its jobs' workers start loading it without asking the store
         finally:
             if upload is not None:
                 await upload.discard()  # safe after add_policy kept it, too

@@ -337,7 +337,8 @@ class Scheduler:
         return await self.store.extend(owner, job_ids, self.config.lease_s)
 
     async def complete(self, owner: str, trajectories: list[Trajectory]) -> list[int]:
-        """The coordinator's own worker's results: its verdicts are the farm's own (``verified_by`` local)."""
+        """The coordinator's own worker's results: its verdicts are the farm's own (``verified_by`` local), and
+        its rollouts checked each record against its domain as they made it (``run_rollout``)."""
         done = await self.complete_for([(owner, evolve(t, verified_by=VERIFIED_LOCAL))
                                         for t in trajectories])
         return done.reported
@@ -345,12 +346,13 @@ class Scheduler:
     async def complete_for(self, items: list[tuple[str, Trajectory]], *, refuse_mismatch: bool = False
                            ) -> Completion:
         """Store (lease owner, trajectory) pairs: each only while its owner holds the job's lease, under the
-        lease's identity (``refuse_mismatch``: a record that disagrees with it is refused, its job requeued).
+        lease's identity (``refuse_mismatch``: a joined node's, and a record that disagrees with it is refused,
+        its job requeued; else the farm's own worker's, whose records the store does not check again).
         Reports that arrive together share one transaction (``GroupCommit``); each is told of its own."""
         return await self.commits.submit(items, refuse_mismatch)
 
     async def _store_completed(self, items: list[tuple[str, Trajectory]], refuse_mismatch: bool) -> Completion:
-        return await self.store.complete_leases(items, refuse_mismatch=refuse_mismatch)
+        return await self.store.complete_leases(items, refuse_mismatch=refuse_mismatch, checked=not refuse_mismatch)
 
     def _completed(self, items: list[tuple[str, Trajectory]], done: Completion) -> None:
         """After each transaction of completions: counted, and the streams woken once."""

@@ -94,12 +94,14 @@ def deflate(data: bytes) -> bytes:
     return isal_zlib.compress(data, _DEFLATE_LEVEL)
 
 
-def checked_bodies(records: dict[int, Trajectory]) -> tuple[dict[int, bytes], dict[int, list[str]]]:
-    """Each record's body, or what is out of its domain (``farmd.domain``), by id: in a thread."""
+def checked_bodies(records: dict[int, Trajectory], *, checked: bool = False
+                   ) -> tuple[dict[int, bytes], dict[int, list[str]]]:
+    """Each record's body, or what is out of its domain (``farmd.domain``), by id: in a thread. ``checked``: the
+    caller's own code found every record in its domain just now, and they are not checked again."""
     bodies: dict[int, bytes] = {}
     refused: dict[int, list[str]] = {}
     for tid, t in records.items():
-        found = domain.problems(t)
+        found = [] if checked else domain.problems(t)
         if found:
             refused[tid] = found
         else:  # details are the one tree the domain lets hold a NaN or an infinity

@@ -342,8 +342,8 @@ class JobRecords:
         done = await self.complete_leases(items)
         return done.reported
 
-    async def complete_leases(self, items: list[tuple[str, Trajectory]], *, refuse_mismatch: bool = False
-                              ) -> Completion:
+    async def complete_leases(self, items: list[tuple[str, Trajectory]], *, refuse_mismatch: bool = False,
+                              checked: bool = False) -> Completion:
         """Store trajectories of jobs leased by their owners, and mark the jobs done; one transaction.
 
         A job whose lease its owner no longer holds (it expired and went elsewhere) or that is already done is
@@ -351,13 +351,16 @@ class JobRecords:
         version), never what the record says: a record that says otherwise is stored as its lease's, or with
         ``refuse_mismatch`` (a joined node's) refused, its job back in the queue (the attempt not counted: the
         job did nothing wrong). A canary's result marks its job done and is not stored: the caller checks it.
+        Every record is checked against its domain (``farmd.domain``) unless ``checked``: farmd's own rollouts
+        checked them as they made them (``run_rollout``), and a check is a tenth of what storing one costs.
         A batch costs a handful of statements, not a few per trajectory: each is a round trip to the
         connection's thread.
         """
         if not items:
             return Completion()
         latest = {traj.id: (owner, traj) for owner, traj in items}  # one job reported twice: once
-        bodies, out_of_domain = await asyncio.to_thread(checked_bodies, {tid: t for tid, (_, t) in latest.items()})
+        bodies, out_of_domain = await asyncio.to_thread(
+            functools.partial(checked_bodies, {tid: t for tid, (_, t) in latest.items()}, checked=checked))
         for tid, found in out_of_domain.items():
             # Every entry checks its records first (a node's, a model's, an Atropos push); one that got here
             # anyway is not stored, so no reader meets it: its job stays leased until the lease runs out.

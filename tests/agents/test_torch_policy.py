@@ -77,6 +77,12 @@ class MemorySource:
         await asyncio.sleep(0.01)
         return self.blobs[sha256]
 
+    def known_sha256(self, version: int) -> str | None:
+        return self.hashes.get(version) if self.knows else None
+
+    knows = True
+    """Whether it answers ``known_sha256`` (a node's cache knows only the versions its leases named)."""
+
 
 @pytest.fixture(autouse=True)
 def _torch_threads() -> Iterator[None]:
@@ -189,6 +195,27 @@ async def test_concurrent_attempts_share_one_load_and_a_few_batches(blob: bytes,
     for temperature in (0.0, 1.0):
         batcher = loaded.batcher(temperature, 16)
         assert batcher.sampled == 150 and batcher.batches <= 3
+
+
+async def test_prepare_loads_a_policy_before_any_attempt_asks_and_only_once(blob: bytes, source: MemorySource,
+                                                                              runtime: TorchRuntime) -> None:
+    version = source.publish(blob)
+    agent = TorchAgent("tiny", runtime)
+    for _ in range(3):  # a worker's every lease of that version's jobs
+        agent.prepare(version)
+    for _ in range(500):
+        if runtime.loaded(source.hashes[version]) is not None:
+            break
+        await asyncio.sleep(0.01)
+    assert runtime.loaded(source.hashes[version]) is not None, "loaded with no attempt asking"
+    assert (await agent.attempt(_task(), None, version)).turns[0].token_ids
+    assert (source.reads, runtime.loads) == (1, 1)
+
+    agent.prepare(version + 1)  # no such version: nothing starts, nothing raises (an attempt says why)
+    source.knows = False
+    agent.prepare(source.publish(blob + b" "))  # a hash not known without asking: left to the attempts
+    await asyncio.sleep(0.05)
+    assert (source.reads, runtime.loads) == (1, 1)
 
 
 async def test_a_cancelled_caller_leaves_the_batch_to_the_others(blob: bytes, source: MemorySource,
