@@ -161,7 +161,7 @@ class Policies:
         self._lines: dict[str | None, _Line] = {None: _Line()}
         """Each line's publications (None: every line's together): ``load``, then each publish."""
         self._by_version: OrderedDict[int, Policy] = OrderedDict()
-        self._vocab: dict[int, int | None] = {}
+        self._vocab: OrderedDict[int, int | None] = OrderedDict()
         """Each version's vocabulary size, once read (``vocab_size``)."""
         self._loaded = False
         self._keeping = asyncio.Lock()
@@ -269,6 +269,8 @@ class Policies:
             except PolicyFormatError:
                 size = None
         self._vocab[version] = size
+        while len(self._vocab) > _VERSIONS_KNOWN:  # the newest versions' only, as ``_by_version`` keeps
+            self._vocab.popitem(last=False)
         return size
 
     async def content(self, sha256: str) -> bytes:
