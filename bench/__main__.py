@@ -12,6 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench import (
     atropos_bench,
+    failover_bench,
     farm_bench,
     fleet_bench,
     fleet_sim_bench,
@@ -28,7 +29,7 @@ from bench import (
 def main() -> None:
     parser = argparse.ArgumentParser(description="farm's benchmarks")
     parser.add_argument("--only", choices=("sandbox", "verifier", "kernel-speed", "farm", "store", "loop", "fleet",
-                                           "fleet-sim", "atropos", "sandbox-fusion", "vllm"), help="run one part")
+                                           "fleet-sim", "failover", "atropos", "sandbox-fusion", "vllm"), help="run one part")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument("--n", type=int, default=60, help="repetitions of each latency figure")
     parser.add_argument("--boxes", type=int, default=200, help="programs per throughput figure")
@@ -45,6 +46,8 @@ def main() -> None:
                              "the one process runs half the held one's")
     parser.add_argument("--fleet-repeats", type=int, default=3,
                         help="trials of each fleet figure, one node and two (medians)")
+    parser.add_argument("--failover-repeats", type=int, default=2,
+                        help="failover: trials of each way through a killed coordinator (medians; the worst too)")
     parser.add_argument("--atropos-groups", type=int, default=200, help="groups pushed a round to each Atropos server")
     parser.add_argument("--atropos-rounds", type=int, default=6, help="rounds of the Atropos figures (medians)")
     parser.add_argument("--sf-calls", type=int, default=200,
@@ -76,6 +79,8 @@ def main() -> None:
             out["fleet"] = fleet_bench.measure(args.fleet_repeats, progress)
         if args.only in (None, "fleet-sim"):
             out["fleet_sim"] = fleet_sim_bench.run(args, progress)
+        if args.only in (None, "failover"):
+            out["failover"] = failover_bench.measure(args.failover_repeats, progress)
         if args.only in (None, "atropos"):
             out["atropos"] = atropos_bench.measure(args.atropos_groups, args.atropos_rounds, progress)
         if args.only in (None, "sandbox-fusion"):
@@ -103,6 +108,8 @@ def main() -> None:
         fleet_bench.render(out["fleet"], console)  # type: ignore[arg-type]
     if "fleet_sim" in out:
         fleet_sim_bench.render(out["fleet_sim"], console)  # type: ignore[arg-type]
+    if "failover" in out:
+        failover_bench.render(out["failover"], console)  # type: ignore[arg-type]
     if "atropos" in out:
         atropos_bench.render(out["atropos"], console)  # type: ignore[arg-type]
     if "sandbox_fusion" in out:

@@ -3,6 +3,7 @@ closing lines of a report (goals met or not, and what limits each figure)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import sqlite3
@@ -12,6 +13,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+import asyncpg
 import grpc
 from farm_client import Batch, FarmClient
 from farm_client.record import Trajectory
@@ -115,3 +117,25 @@ def raw_insert(con: sqlite3.Connection, columns: Sequence[str], rows: Sequence[t
         if tick:
             tick(len(chunk))
     return per_call
+
+
+def committed_row(path: Path, url: str | None, sql: str) -> tuple[int, ...]:
+    """One row of integers ``sql`` reads from what a farm's store committed, read by this process: its PostgreSQL
+    database at ``url``, or its SQLite file at ``path`` (read-only). Its coordinators may be busy, or dead."""
+    if url is not None:
+        return asyncio.run(_server_row(url, sql))
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        return tuple(int(v) for v in con.execute(sql).fetchone())
+    finally:
+        con.close()
+
+
+async def _server_row(url: str, sql: str) -> tuple[int, ...]:
+    con = await asyncpg.connect(url)
+    try:
+        row = await con.fetchrow(sql)
+    finally:
+        await con.close()
+    assert row is not None
+    return tuple(int(v) for v in row)

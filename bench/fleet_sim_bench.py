@@ -27,10 +27,8 @@ These print figures; they assert nothing.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -41,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
 
-import asyncpg
 import grpc
 import psutil
 from farm_client import FarmClient
@@ -49,7 +46,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from bench.common import verdicts
+from bench.common import committed_row, verdicts
 from bench.fleet_procs import farmd_env, machine_busy_s, process_cpu_s
 from farmd.cli.local_farmd import LocalFarmd
 from tests.pg import PostgresServer
@@ -155,24 +152,8 @@ class Store:
         self._url = url
 
     def read(self) -> dict[str, int]:
-        if self._url is not None:
-            seq, checks, canaries, disagreed = asyncio.run(self._server())
-        else:
-            con = sqlite3.connect(f"file:{self._path}?mode=ro", uri=True, timeout=30)
-            try:
-                seq, checks, canaries, disagreed = con.execute(_COUNTS).fetchone()
-            finally:
-                con.close()
-        return {"stored": int(seq), "reverified": int(checks), "canaries": int(canaries), "disagreed": int(disagreed)}
-
-    async def _server(self) -> tuple[int, int, int, int]:
-        con = await asyncpg.connect(self._url)
-        try:
-            row = await con.fetchrow(_COUNTS)
-        finally:
-            await con.close()
-        assert row is not None
-        return int(row[0]), int(row[1]), int(row[2]), int(row[3])
+        seq, checks, canaries, disagreed = committed_row(self._path, self._url, _COUNTS)
+        return {"stored": seq, "reverified": checks, "canaries": canaries, "disagreed": disagreed}
 
 
 class _Server:

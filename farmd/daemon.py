@@ -41,7 +41,7 @@ from farmd.api.tls import add_port, peer_common_name
 from farmd.config import Config, sandbox_for
 from farmd.envs import VerifyContext
 from farmd.envs.catalog import Catalog
-from farmd.errors import ConfigError, ForcedStop, IsolationUnavailable, PackageError
+from farmd.errors import ActiveLost, ConfigError, ForcedStop, IsolationUnavailable, PackageError
 from farmd.fleet.joined import JoinedNode
 from farmd.intake.attacker import Attacker, AttackerConfig
 from farmd.intake.funnel import Funnel
@@ -99,6 +99,8 @@ class Daemon:
         self._server: grpc.aio.Server | None = None
         self._health: health_aio.HealthServicer | None = None
         self._stopping = asyncio.Event()
+        self.lost_active = False
+        """Stopped because another coordinator may now serve the farm (``_lost_active``), not because asked."""
         self.metrics = Metrics(endpoints=[e.name for e in config.endpoints]) if config.metrics_listen else None
         """None unless metrics are served: nobody pays for figures nobody scrapes."""
         self._metrics_server: MetricsServer | None = None
@@ -434,6 +436,7 @@ class Daemon:
     def _lost_active(self) -> None:
         log.error("lost the connection that makes this the active coordinator: stopping, another takes over",
                   extra={"event": "active_lost"})
+        self.lost_active = True
         self.request_stop()
 
     def request_stop(self) -> None:
@@ -565,3 +568,6 @@ async def serve(config: Config) -> None:
     if not life.done():
         raise ForcedStop("a second signal: farmd exits without finishing its shutdown")
     await life
+    if daemon.lost_active:
+        raise ActiveLost("this coordinator lost the lock that made it the farm's active one, and stopped so that "
+                         "another may serve; started again, it waits as a standby")

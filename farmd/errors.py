@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "ActiveLost",
     "AgentError",
     "AgentSpecError",
     "AtroposInvalid",
@@ -480,6 +481,14 @@ class RequestFailed(FarmError):
     results it did not take stay in the outbox for the next connection."""
 
     retried = True
+
+
+class ActiveLost(FarmError):
+    """This coordinator lost the lock that made it the farm's active one (its session ended, or stopped answering:
+    ``farmd.store.postgres``) and stopped serving, so that a standby may take over. ``farmd serve`` exits with a
+    failure, for a supervisor to start it again: it then waits as a standby. Never retried in the process."""
+
+    retried = False
 
 
 class ForcedStop(FarmError):

@@ -20,12 +20,13 @@ FARMD = str(Path(sys.executable).parent / "farmd")
 
 
 class LocalFarmd:
-    """``join``: a worker node for the coordinator at that address (``--join``), not a farm on port 0; its
-    ``addr`` stays empty. ``wait`` False: return at once, and ``wait_started`` later (nodes started together)."""
+    """``join``: a worker node for the coordinator at that address (``--join``), not a farm on ``listen``; its
+    ``addr`` stays empty. ``wait`` False: return at once, and ``wait_started`` later (nodes started together).
+    ``listen``: port 0 unless a farm must come back where its clients were pointed (a restart in place)."""
 
     def __init__(self, data_dir: Path, *flags: str, log_path: Path | None = None,
                  env: dict[str, str] | None = None, start_timeout_s: float = 120.0, join: str | None = None,
-                 wait: bool = True) -> None:
+                 wait: bool = True, listen: str = "127.0.0.1:0") -> None:
         self.data_dir = data_dir
         self.log_path = log_path or data_dir / "farmd.log"
         make_dir(data_dir)  # farmd's alone, the log too
@@ -34,7 +35,7 @@ class LocalFarmd:
         log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
         self._log: IO[bytes] = os.fdopen(log_fd, "ab")  # closed in stop
         self._joined = join is not None
-        where = ["--join", join] if join else ["--listen", "127.0.0.1:0"]
+        where = ["--join", join] if join else ["--listen", listen]
         self.proc = subprocess.Popen([FARMD, "serve", *where, "--data", str(data_dir), *flags],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.addr = ""

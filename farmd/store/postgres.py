@@ -39,6 +39,17 @@ WRITE_LOCK = 0x6661726d
 """The advisory lock every write transaction holds ("farm"): one writer at a time across coordinators."""
 ACTIVE_LOCK = 0x6661726e
 """The advisory lock the active coordinator holds for as long as it serves: the others wait for it."""
+ACTIVE_KEEPALIVE = {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2", "tcp_keepalives_count": "3"}
+"""The server's TCP keepalive on the active lock's session: a coordinator whose host vanished without closing its
+socket (power lost, cut off) lets the lock go after about 11 s of silence (5 + 2 x 3), not the operating system's
+default of over two hours, so the standby takes over in seconds. A live host's kernel answers the probes whatever
+its process does, so only a host the server cannot reach loses the lock this way."""
+ACTIVE_CHECK_EVERY_S = 2.0
+ACTIVE_CHECK_TIMEOUT_S = 4.0
+"""The active coordinator asks its lock's session for an answer every ``ACTIVE_CHECK_EVERY_S``, and stops serving
+when one takes longer than this: cut off from the server, it gives up within about 6 s, before the server (about
+11 s, ``ACTIVE_KEEPALIVE``) lets a standby take the lock. Two active coordinators at once would each lease jobs
+from their own memory of the queue."""
 CHANNEL = "farm_stored"
 """What a transaction that stored trajectories or finished groups notifies, for other coordinators' streams."""
 
@@ -276,6 +287,8 @@ class PostgresDatabase(Database):
         self._callbacks: list[Callable[[], None]] = []
         self._url = ""
         self._active: asyncpg.Connection | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._lost: Callable[[asyncpg.Connection], None] | None = None
 
     @classmethod
     async def open(cls, url: str, path: Path) -> PostgresDatabase:
@@ -303,7 +316,12 @@ class PostgresDatabase(Database):
     async def close(self) -> None:
         with contextlib.suppress(asyncpg.PostgresError, OSError):
             await self._listener.close()
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
         if self._active is not None:
+            if self._lost is not None:  # closed on purpose: nothing was lost
+                self._active.remove_termination_listener(self._lost)
             with contextlib.suppress(asyncpg.PostgresError, OSError):
                 await self._active.close()
         await self._pool.close()
@@ -368,7 +386,8 @@ class PostgresDatabase(Database):
     async def become_active(self, on_lost: Callable[[], None]) -> None:
         # A session lock on a connection of its own: the server lets go of it when that session ends, also when
         # its process was killed (the kernel closes the socket) or its host went away (TCP keepalive).
-        conn = await asyncpg.connect(self._url, server_settings={"application_name": "farmd active"})
+        conn = await asyncpg.connect(self._url, server_settings={"application_name": "farmd active",
+                                                                 **ACTIVE_KEEPALIVE})
         try:
             if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", ACTIVE_LOCK):
                 log.info("another coordinator serves this farm; waiting to take over",
@@ -377,9 +396,25 @@ class PostgresDatabase(Database):
         except BaseException:
             await asyncio.shield(conn.close())
             raise
-        conn.add_termination_listener(lambda _conn: on_lost())
+        self._lost = lambda _conn: on_lost()
+        conn.add_termination_listener(self._lost)
         self._active = conn
+        self._watch = asyncio.get_running_loop().create_task(self._watch_active(conn), name="active-watch")
         log.info("this coordinator serves the farm", extra={"event": "active"})
+
+    @staticmethod
+    async def _watch_active(conn: asyncpg.Connection) -> None:
+        """The lock's connection ended (and so its termination listener, ``on_lost``, called) once its session
+        stops answering (``ACTIVE_CHECK_TIMEOUT_S``) or fails."""
+        while True:
+            await asyncio.sleep(ACTIVE_CHECK_EVERY_S)
+            try:
+                await asyncio.wait_for(conn.fetchval("SELECT 1"), ACTIVE_CHECK_TIMEOUT_S)
+            except (TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+                log.error("the session holding this coordinator's lock did not answer within %gs (%s)",
+                          ACTIVE_CHECK_TIMEOUT_S, type(exc).__name__, extra={"event": "active_unanswered"})
+                conn.terminate()  # not close(): that waits on the server that stopped answering
+                return
 
     def on_stored(self, callback: Callable[[], None]) -> None:
         self._callbacks.append(callback)

@@ -6,6 +6,7 @@ is sent to it again."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import threading
@@ -116,3 +117,34 @@ def test_a_killed_coordinators_farm_goes_on_under_the_other(postgres: Any, worke
                 second.kill()
                 second.wait()
         log_b.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_coordinator_whose_lock_stops_answering_stops_serving(postgres: Any, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Cut off from the server, the active coordinator gives the farm up by itself (within ``ACTIVE_CHECK_*``, before
+    the server's keepalive lets a standby take the lock): two active at once would lease from two memories of one
+    queue. The server's process for the lock's session is stopped, as a cut network would leave it."""
+    from farmd.store.postgres import ACTIVE_CHECK_EVERY_S, ACTIVE_CHECK_TIMEOUT_S
+
+    url = postgres.new_database()
+    farm = RunningFarm(tmp_path / "a", "--store", url, "--workers", "0")
+    backend = _count(url, "SELECT pid FROM pg_stat_activity WHERE application_name = 'farmd active'")
+    assert _count(url, "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                       f"AND pid = {backend}") == 1, "the lock is that session's"
+    os.kill(backend, signal.SIGSTOP)
+    try:
+        stopped = time.monotonic()
+        deadline = stopped + 60
+        while "did not answer within" not in farm.log.read_text(errors="replace"):
+            assert time.monotonic() < deadline, farm.log.read_text()[-3000:]
+            time.sleep(0.1)
+        noticed = time.monotonic() - stopped
+        code = farm.proc.wait(60)
+    finally:
+        os.kill(backend, signal.SIGCONT)
+        farm.stop()
+    assert noticed >= ACTIVE_CHECK_TIMEOUT_S, "not before its check timed out"
+    assert code != 0, "a supervisor starts it again (as a standby now), as after any failure"
+    log = farm.log.read_text()
+    assert "lost the connection that makes this the active coordinator" in log
+    print(f"noticed after {noticed:.1f} s (checks every {ACTIVE_CHECK_EVERY_S:g} s, {ACTIVE_CHECK_TIMEOUT_S:g} s each)")
