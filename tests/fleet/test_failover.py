@@ -124,13 +124,14 @@ def test_a_coordinator_whose_lock_stops_answering_stops_serving(postgres: Any, t
     """Cut off from the server, the active coordinator gives the farm up by itself (within ``ACTIVE_CHECK_*``, before
     the server's keepalive lets a standby take the lock): two active at once would lease from two memories of one
     queue. The server's process for the lock's session is stopped, as a cut network would leave it."""
-    from farmd.store.postgres import ACTIVE_CHECK_EVERY_S, ACTIVE_CHECK_TIMEOUT_S
+    from farmd.store.postgres import ACTIVE_CHECK_EVERY_S, ACTIVE_CHECK_TIMEOUT_S, ACTIVE_LOCK
 
     url = postgres.new_database()
     farm = RunningFarm(tmp_path / "a", "--store", url, "--workers", "0")
-    backend = _count(url, "SELECT pid FROM pg_stat_activity WHERE application_name = 'farmd active'")
-    assert _count(url, "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                       f"AND pid = {backend}") == 1, "the lock is that session's"
+    backend = _count(url, "SELECT pid FROM pg_stat_activity WHERE application_name = 'farmd active' "
+                          "AND datname = current_database()")
+    assert _count(url, "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+                       f"AND objid = {ACTIVE_LOCK} AND pid = {backend}") == 1, "the active lock is that session's"
     os.kill(backend, signal.SIGSTOP)
     try:
         stopped = time.monotonic()

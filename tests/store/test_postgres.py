@@ -79,3 +79,40 @@ async def test_a_policy_published_through_one_is_served_whole_by_the_other(two) 
 def test_parameters_are_numbered_outside_quotes_and_a_negative_limit_is_none() -> None:
     assert translate("SELECT '?', x FROM t WHERE a = ? AND b = '??' AND c = ? LIMIT ?") == \
         "SELECT '?', x FROM t WHERE a = $1 AND b = '??' AND c = $2 LIMIT NULLIF(GREATEST($3::bigint, -1), -1)"
+
+
+async def test_a_store_whose_active_lock_is_gone_cannot_write(postgres: Any, store_backend: str,  # type: ignore[no-untyped-def]
+                                                              tmp_path: Path) -> None:
+    """The server refuses the writes of a coordinator that lost the active lock, whatever that coordinator believes:
+    its session is ended behind its back (as the server ends a vanished host's), and the next write fails before
+    it changes anything, and says why; a standby then takes the lock and writes."""
+    if store_backend != "postgresql":
+        pytest.skip("the active lock is PostgreSQL's")
+    import asyncpg
+
+    from farmd.errors import ActiveLost
+
+    url = postgres.new_database()
+    a = await Store.open(tmp_path / "a" / "farm.db", url)
+    b = await Store.open(tmp_path / "b" / "farm.db", url)
+    lost: list[str] = []
+    try:
+        await a.db.become_active(lambda: lost.append("a"))
+        await a.enqueue([("arith", 1, 1, "reference", 2)])
+        admin = await asyncpg.connect(url)
+        try:
+            assert await admin.fetchval(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'farmd active' "
+                "AND datname = current_database()")
+        finally:
+            await admin.close()
+        with pytest.raises(ActiveLost, match="no longer holds the farm's active lock"):
+            await a.enqueue([("arith", 2, 1, "reference", 2)])
+        await asyncio.sleep(0.1)
+        assert lost, "told to stop serving"
+        await asyncio.wait_for(b.db.become_active(lambda: None), 10)
+        await b.enqueue([("arith", 3, 1, "reference", 2)])
+        assert await b.job_counts() == {"queued": 4}, "the refused write left nothing behind"
+    finally:
+        await a.close()
+        await b.close()
