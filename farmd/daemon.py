@@ -145,7 +145,7 @@ class Daemon:
         self.store = await Store.open(self.config.data_dir / "farm.db", self.config.store)
         # On a shared database one coordinator serves at a time; the others wait here, and the first to get the
         # role when the active one is gone takes over its leases and streams (the scheduler extends the leases).
-        await self.store.db.become_active(self._lost_active)
+        await self.store.db.become_active(self._lost_active, self.config.listen)
         for name, where in self.config.verifiers:  # the operator's own verifiers environments, as vf:NAME
             try:
                 self.catalog.add(await loop.run_in_executor(None, local_environment, name, where))

@@ -586,6 +586,7 @@ def status_dict(reply: farm_pb2.GetStatusResponse) -> dict[str, Any]:
                            "state": farm_pb2.ConsumerState.Name(c.state).removeprefix("CONSUMER_STATE_").lower(),
                            "acked_at": c.acked_at.ToNanoseconds() / 1e9 if c.HasField("acked_at") else None}
                           for c in reply.consumers]
+    plain["standbys"] = [{"address": b.address, "since": b.since.ToNanoseconds() / 1e9} for b in reply.standbys]
     plain["recent_failures"] = [{"job_id": f.job_id, "run_id": f.run_id, "attempt": f.attempt, "final": f.final,
                                  "error": error_dict(f.error), "at": f.at.ToNanoseconds() / 1e9}
                                 for f in reply.recent_failures]

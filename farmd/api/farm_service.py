@@ -46,7 +46,7 @@ from farmd.scheduler.history import History
 from farmd.scheduler.nodes import Nodes, NodeStatus
 from farmd.scheduler.policies import LINE_NAME
 from farmd.scheduler.retention import Disk
-from farmd.store import JobFailure, RunSummary, Store, StoreError
+from farmd.store import JobFailure, RunSummary, Standby, Store, StoreError
 from farmd.store.names import NameRow
 from farmd.store.retention import PolicyState
 from farmd.taskbank import Standing
@@ -107,7 +107,8 @@ class FarmService(farm_pb2_grpc.FarmServiceServicer):
                 last_seq=pulse.last_seq, counters=pulse.counters,
                 nodes=[_node_pb(n) for n in await self._nodes.status()] if self._nodes is not None else [],
                 disk=_disk_pb(farm.disk),
-                recent_failures=[_failure_pb(f) for f in farm.recent_failures])
+                recent_failures=[_failure_pb(f) for f in farm.recent_failures], shared_store=farm.shared_store,
+                standbys=[_standby_pb(s) for s in farm.standbys])
             reply.uptime.FromNanoseconds(round(node.uptime_s() * 1e9))
             return reply
         return await guarded(context, call)
@@ -513,6 +514,12 @@ def _policy_pb(p: PolicyState) -> farm_pb2.PolicyInfo:
         message.pinned_at.FromNanoseconds(round(p.pinned_at * 1e9))
     if p.removed_at is not None:
         message.removed_at.FromNanoseconds(round(p.removed_at * 1e9))
+    return message
+
+
+def _standby_pb(standby: Standby) -> farm_pb2.Standby:
+    message = farm_pb2.Standby(address=standby.address)
+    message.since.FromNanoseconds(round(standby.since * 1e9))
     return message
 
 

@@ -14,7 +14,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from farmd.cli.shown import text
+from farmd.cli.shown import plain, text
 
 
 def _pct(x: object) -> str:
@@ -150,13 +150,31 @@ def failures_lines(info: dict[str, Any]) -> list[Text]:
     return lines
 
 
+def _waited(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.0f} h"
+
+
+def standby_line(info: dict[str, Any]) -> str | None:
+    """The coordinators standing by to take over (None: a store only this coordinator can serve, or an older
+    farmd that does not say)."""
+    if not info.get("shared_store"):
+        return None
+    standbys = info.get("standbys") or []
+    if not standbys:
+        return "standby coordinators: none (if this one stops, nothing serves until it is started again)"
+    now = time.time()
+    waiting = ", ".join(f"{plain(s['address']) or '?'} waiting {_waited(now - s['since'])}" for s in standbys)
+    return f"standby coordinators: {len(standbys)} ({waiting})"
+
+
 def status_view(info: dict[str, Any], addr: str) -> list[RenderableType]:
     parts: list[RenderableType] = list(headline(info, addr))
     if "queue" in info:
         parts += [queue_line(info)]
-        disk = disk_line(info)
-        if disk is not None:
-            parts.append(disk)
+        parts += [line for line in (disk_line(info), standby_line(info)) if line is not None]
         if info.get("nodes"):
             parts.append(nodes_table(info))
             parts += quarantine_lines(info)

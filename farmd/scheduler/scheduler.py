@@ -30,7 +30,7 @@ from farmd.scheduler.config import SchedulerConfig
 from farmd.scheduler.delivery import ConsumerStatus, Delivery
 from farmd.scheduler.policies import Policies
 from farmd.scheduler.retention import Disk, Retention
-from farmd.store import JobFailure, PassRate, Store
+from farmd.store import JobFailure, PassRate, Standby, Store
 from farmd.store.codec import pack_body
 from farmd.store.jobs import LeaseAsk
 from farmd.store.nodes import Completion
@@ -103,6 +103,10 @@ class FarmStatus:
     """The disk the store and the policies take, and how fast it grows."""
     recent_failures: list[JobFailure]
     """The newest job failures, newest first."""
+    standbys: list[Standby]
+    """The coordinators waiting to take over from this one (always none on SQLite: ``shared_store``)."""
+    shared_store: bool
+    """Whether the store is a server's, which other coordinators may serve the farm from."""
 
 
 class Scheduler:
@@ -535,9 +539,10 @@ class Scheduler:
 
     async def status(self) -> FarmStatus:
         """``pulse``, the pass rates by environment and level (each read counts what was stored since the last), the
-        disk, and the newest job failures."""
+        disk, the newest job failures and the coordinators standing by."""
         return FarmStatus(pulse=await self.pulse(), pass_rates=await self.store.pass_rates(),
-                          disk=await self.retention.disk(), recent_failures=await self.store.failures(RECENT_FAILURES))
+                          disk=await self.retention.disk(), recent_failures=await self.store.failures(RECENT_FAILURES),
+                          standbys=await self.store.db.standbys(), shared_store=self.store.db.shared)
 
     async def pulse(self) -> FarmPulse:
         """The farm now, from what is cheap to read: queue, throughput, task bank, consumers, versions."""

@@ -4,6 +4,7 @@ All of farm's SQL is here."""
 from farmd.errors import StoreError
 from farmd.store.activity import ActivityBucket, CurvePoint
 from farmd.store.consumers import Cursor
+from farmd.store.database import Standby
 from farmd.store.filters import TrajectoryFilter
 from farmd.store.jobs import JobFailure, RunSummary
 from farmd.store.store import Store
@@ -17,6 +18,7 @@ __all__ = [
            "JobFailure",
            "PassRate",
            "RunSummary",
+           "Standby",
            "Store",
            "StoreError",
            "TrajectoryFilter",

@@ -24,6 +24,7 @@ import re
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -130,6 +131,16 @@ class Transaction(Protocol):
         none (``ON CONFLICT DO NOTHING``)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Standby:
+    """A coordinator waiting to take over the farm (``Database.standbys``)."""
+
+    address: str
+    """Where it will serve (its ``--listen``), as it said when it began to wait."""
+    since: float
+    """When it began to wait (a time)."""
+
+
 class Database:
     """A store's database: ``SqliteDatabase`` (a file) or ``farmd.store.postgres.PostgresDatabase`` (a server),
     each opened by its ``open``. Close with ``await db.close()``."""
@@ -161,10 +172,15 @@ class Database:
         """The bytes the database takes on its disk."""
         raise NotImplementedError
 
-    async def become_active(self, on_lost: Callable[[], None]) -> None:
+    async def become_active(self, on_lost: Callable[[], None], address: str = "") -> None:
         """Return once this process is the one coordinator serving the farm: at once on SQLite (its file is one
         process's); on a server, once no other process holds the role. ``on_lost``: called if the role is lost
-        (the connection that holds it dropped), when the process must stop serving."""
+        (the connection that holds it dropped), when the process must stop serving. ``address``: where this
+        process will serve, shown to the active one's operators while this one waits (``standbys``)."""
+
+    async def standbys(self) -> list[Standby]:
+        """The coordinators waiting to take over (``become_active``), oldest first: none on SQLite."""
+        return []
 
     def on_stored(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` when another process sharing this database stored something streams read (only a

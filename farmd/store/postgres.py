@@ -30,7 +30,7 @@ from typing import Any
 import asyncpg
 
 from farmd.errors import ActiveLost, StoreError
-from farmd.store.database import Database, Dialect, Numbered, Transaction
+from farmd.store.database import Database, Dialect, Numbered, Standby, Transaction
 from farmd.store.schema import MIGRATIONS
 from farmd.text import REPLACEMENT
 
@@ -40,6 +40,9 @@ WRITE_LOCK = 0x6661726d
 """The advisory lock every write transaction holds ("farm"): one writer at a time across coordinators."""
 ACTIVE_LOCK = 0x6661726e
 """The advisory lock the active coordinator holds for as long as it serves: the others wait for it."""
+_STANDBY = "farmd standby "
+"""A waiting coordinator's session name, its address after it (the server keeps 63 bytes of it)."""
+_ACTIVE = "farmd active"
 FENCE_CLASS = 0x66617266
 """The first key of the lock that says this coordinator's lock session is still alive (the second: a token drawn
 when it became active, so no other session can hold the same one)."""
@@ -126,6 +129,11 @@ DIALECT = PostgresDialect()
 
 
 @functools.lru_cache(maxsize=4096)
+def _ascii(text: str) -> str:
+    """``text`` as a session name may hold it (printable ASCII; the server turns anything else into ``?``)."""
+    return "".join(c if " " <= c <= "~" and c != "'" else "?" for c in text)
+
+
 def _fenced(token: int) -> str:
     """The write transactions' fence once this coordinator is active, its lock's session also holding the advisory
     lock (``FENCE_CLASS``, ``token``): a division by zero unless that session still holds it (a shared try of the
@@ -407,16 +415,18 @@ class PostgresDatabase(Database):
         row = await self.one("SELECT pg_database_size(current_database())")
         return int(row[0]) if row else 0
 
-    async def become_active(self, on_lost: Callable[[], None]) -> None:
+    async def become_active(self, on_lost: Callable[[], None], address: str = "") -> None:
         # A session lock on a connection of its own: the server lets go of it when that session ends, also when
-        # its process was killed (the kernel closes the socket) or its host went away (TCP keepalive).
-        conn = await asyncpg.connect(self._url, server_settings={"application_name": "farmd active",
-                                                                 **ACTIVE_KEEPALIVE})
+        # its process was killed (the kernel closes the socket) or its host went away (TCP keepalive). While it
+        # waits, its session's name says where it will serve, for the active one's status (``standbys``).
+        waiting = _STANDBY + _ascii(address)[:63 - len(_STANDBY)]
+        conn = await asyncpg.connect(self._url, server_settings={"application_name": waiting, **ACTIVE_KEEPALIVE})
         try:
             if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", ACTIVE_LOCK):
                 log.info("another coordinator serves this farm; waiting to take over",
                          extra={"event": "standby"})
                 await conn.execute("SELECT pg_advisory_lock($1)", ACTIVE_LOCK)
+            await conn.execute(f"SET application_name = '{_ACTIVE}'")
             token = secrets.randbits(31)
             await conn.execute("SELECT pg_advisory_lock($1, $2)", FENCE_CLASS, token)
         except BaseException:
@@ -442,6 +452,12 @@ class PostgresDatabase(Database):
                           ACTIVE_CHECK_TIMEOUT_S, type(exc).__name__, extra={"event": "active_unanswered"})
                 conn.terminate()  # not close(): that waits on the server that stopped answering
                 return
+
+    async def standbys(self) -> list[Standby]:
+        rows = await self.all(
+            "SELECT application_name, EXTRACT(EPOCH FROM backend_start) FROM pg_stat_activity "
+            f"WHERE datname = current_database() AND application_name LIKE '{_STANDBY}%' ORDER BY backend_start")
+        return [Standby(address=str(name)[len(_STANDBY):], since=float(at)) for name, at in rows]
 
     def on_stored(self, callback: Callable[[], None]) -> None:
         self._callbacks.append(callback)

@@ -123,6 +123,7 @@ def test_a_loop_of_publishes_keeps_the_newest_and_the_pinned_and_status_shows_th
         assert 1.0 <= disk["growth_window_s"] <= 600
     text = farm.farmctl("status").stdout.decode()
     assert "disk: store " in text and "policies " in text and "/hour" in text, text
+    assert "standby coordinators" not in text, "a SQLite farm's store is its own: nobody can stand by"
 
 
 def test_a_version_a_node_leased_survives_until_its_jobs_end(running_farm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -56,6 +56,10 @@ def test_a_killed_coordinators_farm_goes_on_under_the_other(postgres: Any, worke
     try:
         time.sleep(2)
         assert second.poll() is None and _runfile_pid(tmp_path / "b") == 0, "the second waits: one serves at a time"
+        status = json.loads(farmctl("--addr", both, "status", "--json").stdout)
+        assert status["shared_store"] and [s["address"] for s in status["standbys"]] == [f"127.0.0.1:{port_b}"], \
+            "the active one's operators see the standby"
+        assert f"standby coordinators: 1 (127.0.0.1:{port_b} waiting " in farmctl("--addr", both, "status").stdout.decode()
         node = worker_node(both, "n1", workers=2)
         run = json.loads(farmctl("--addr", both, "run", "--env", "rg:chain_sum", "--agent", "reference",
                                  "--rollouts", str(ROLLOUTS), "--json").stdout)

@@ -678,7 +678,18 @@ function renderFarmTiles(el, s) {
       s.isolation_ok ? "tile-good" : "tile-bad", s.isolation_ok ? null : "refuses untrusted code"),
     tile("stat-uptime", "uptime", s.uptime ?? "", fmtSeconds(uptime)),
     ...diskTiles(s.disk || {}),
+    ...standbyTiles(s),
   );
+}
+
+// The coordinators standing by to take over, on a store other coordinators can share (PostgreSQL); none there is
+// worth a warning: if this one stops, nothing serves until it is started again.
+function standbyTiles(s) {
+  if (!s.shared_store) return [];
+  const standbys = s.standbys || [];
+  return [tile("stat-standbys", "standby coordinators", standbys.length, fmtCount(standbys.length),
+    standbys.length ? null : "tile-warn",
+    standbys.length ? standbys.map((b) => b.address || "?").join(", ") : "none: nothing takes over")];
 }
 
 // The disk the store and the policies take, and how fast it grows (bytes/hour over the window farmd says).
