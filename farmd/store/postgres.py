@@ -128,7 +128,6 @@ class PostgresDialect(Dialect):
 DIALECT = PostgresDialect()
 
 
-@functools.lru_cache(maxsize=4096)
 def _ascii(text: str) -> str:
     """``text`` as a session name may hold it (printable ASCII; the server turns anything else into ``?``)."""
     return "".join(c if " " <= c <= "~" and c != "'" else "?" for c in text)
@@ -145,6 +144,7 @@ def _fenced(token: int) -> str:
     return f"; SELECT 1 / (NOT pg_try_advisory_xact_lock_shared({FENCE_CLASS}, {int(token)}))::int"
 
 
+@functools.lru_cache(maxsize=4096)
 def translate(sql: str) -> str:
     """A statement written for both (``?`` parameters, SQLite's ``LIMIT -1`` for no limit) as PostgreSQL takes
     it: ``$1, $2, ...``, and a negative limit read as none."""
@@ -377,17 +377,17 @@ class PostgresDatabase(Database):
             try:
                 # BEGIN and the lock in one round trip. Plain statements, not asyncpg's transaction object: one
                 # that was cancelled half way would make the next a savepoint inside a transaction never ended.
-                await conn.execute(f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK}){self._fence}")
+                try:
+                    await conn.execute(f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK}){self._fence}")
+                except asyncpg.DivisionByZeroError:  # the fence's, before anything was written
+                    if self._active is not None:
+                        self._active.terminate()  # its termination listener: the daemon stops serving
+                    raise ActiveLost("this coordinator no longer holds the farm's active lock: the server refused "
+                                     "its write (another coordinator may serve the farm now)") from None
                 transaction = PostgresTransaction(conn)
                 yield transaction
                 if transaction.stored:  # delivered when (and only if) the transaction commits
                     await conn.execute(f"NOTIFY {CHANNEL}")
-            except asyncpg.DivisionByZeroError:  # the fence's: nothing was written
-                await asyncio.shield(self._rollback())
-                if self._active is not None:
-                    self._active.terminate()  # its termination listener: the daemon stops serving
-                raise ActiveLost("this coordinator no longer holds the farm's active lock: the server refused its "
-                                 "write (another coordinator may serve the farm now)") from None
             except BaseException:
                 # Also when the caller was cancelled: asyncpg cancels the statement in flight and the next waits
                 # for that, so the rollback is queued behind it, shielded from a second cancellation.
