@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from bench.common import verdicts
+from bench.common import free_port, verdicts
 from farmd.cli.local_farmd import FARMD
 
 SEQUENCES, TOKENS, BATCH = 8, 256, 64
@@ -44,15 +43,9 @@ def payload(seed: int) -> dict[str, Any]:
             "inference_logprobs": [[1.0] * 64 + [-rng.random() for _ in range(TOKENS - 64)] for _ in range(SEQUENCES)]}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def _server(kind: str, data: Path) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     cmd = ([sys.executable, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port", str(port)]
            if kind == "atropos" else
            [FARMD, "serve", "--listen", "127.0.0.1:0", "--workers", "0", "--data", str(data), "--atropos",

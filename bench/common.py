@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -139,3 +140,10 @@ async def _server_row(url: str, sql: str) -> tuple[int, ...]:
         await con.close()
     assert row is not None
     return tuple(int(v) for v in row)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on now (for a server that takes its port from its command line)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -26,8 +26,6 @@ These print figures; they assert nothing (``tests/fleet/test_failover.py`` asser
 from __future__ import annotations
 
 import contextlib
-import json
-import socket
 import statistics
 import tempfile
 import time
@@ -41,7 +39,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from bench import fleet_sim_bench
-from bench.common import committed_row, verdicts
+from bench.common import committed_row, free_port, verdicts
 from bench.fleet_bench import TOML as SIM_CONFIG
 from bench.fleet_procs import SimModel, farmd_env, nodes
 from farmd.cli.local_farmd import LocalFarmd
@@ -119,20 +117,6 @@ class Trainer(fleet_sim_bench.Trainer):
         return not self._thread.is_alive()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _serving_pid(data: Path) -> int:
-    """The pid in a coordinator's run file (written once it serves); 0 before."""
-    try:
-        return int(json.loads((data / "farmd.json").read_text())["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
-
-
 def _until(what: str, done: Any, deadline: float, logs: list[Path]) -> None:
     while not done():
         if time.monotonic() > deadline:
@@ -151,7 +135,7 @@ def trial(root: Path, mode: str, k: int, model_url: str, server: PostgresServer 
     env = farmd_env()
     a_data, b_data = root / f"{label}-a", root / f"{label}-b"
     a_log, b_log = root / f"{label}-a.log", root / f"{label}-b.log"
-    a_addr, b_addr = f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"
+    a_addr, b_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     addrs = f"{a_addr},{b_addr}" if mode == "standby" else a_addr
     db = _Database(a_data / "farm.db", url)
     coordinators: list[LocalFarmd] = []
@@ -184,7 +168,7 @@ def trial(root: Path, mode: str, k: int, model_url: str, server: PostgresServer 
                 standby = coordinators[1]
                 while serving is None or resumed is None:
                     now = time.monotonic()
-                    if serving is None and _serving_pid(b_data) == standby.proc.pid:
+                    if serving is None and standby.serving():
                         serving = now - killed
                     if resumed is None and db.stored() > before:
                         resumed = now - killed
@@ -192,7 +176,6 @@ def trial(root: Path, mode: str, k: int, model_url: str, server: PostgresServer 
                         raise TrialFailed(f"the standby did not take over: serving {serving}, resumed {resumed}\n"
                                           f"{b_log.read_text(errors='replace')[-3000:]}")
                     time.sleep(POLL_S)
-                standby.wait_started(RUN_TIMEOUT_S)
             out.update(serving_s=serving, resumed_s=resumed)
             # Ended: every job done, or failed for good (a rollout lost is one never stored).
             _until("the run ended", lambda: db.counts()[2] == 0, deadline, logs)

@@ -19,7 +19,6 @@ import concurrent.futures
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import tempfile
@@ -33,7 +32,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from bench.common import verdicts
+from bench.common import free_port, verdicts
 from farmd.api.sandbox_fusion import MAX_RUNNING
 from farmd.cli.local_farmd import FARMD
 from farmd.sandbox.config import SandboxConfig
@@ -46,15 +45,9 @@ PROGRAMS = {"python": ("print(1)", [str(SandboxConfig().box_python), "-c", "prin
             "bash": ("echo 1", ["bash", "-c", "echo 1"])}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def _farmd(data: Path) -> Iterator[tuple[str, int]]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([FARMD, "serve", "--listen", "127.0.0.1:0", "--workers", "0", "--data", str(data),
                              "--sandbox-fusion", f"127.0.0.1:{port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

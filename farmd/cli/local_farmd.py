@@ -52,17 +52,24 @@ class LocalFarmd:
             if self.proc.poll() is not None:
                 self.stop()
                 raise FarmdFailed(f"farmd exited {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                info = json.loads(self._runfile.read_text())
-                if info.get("pid") == self.proc.pid:
-                    self.addr = "" if self._joined else str(info["addr"])
-                    self.console = str(info.get("console") or "")
-                    return
-            except (OSError, ValueError, KeyError):
-                pass
+            if self.serving():
+                return
             time.sleep(0.02)
         self.stop()
         raise FarmdFailed(f"farmd did not start within {timeout_s:g}s:\n{self.log_tail()}")
+
+    def serving(self) -> bool:
+        """Whether its run file is written (listening, or welcomed by its coordinator), at once; its ``addr`` and
+        ``console`` are set when it is. A standby coordinator writes it only once it takes over."""
+        try:
+            info = json.loads(self._runfile.read_text())
+            if info.get("pid") != self.proc.pid:
+                return False
+            self.addr = "" if self._joined else str(info["addr"])
+            self.console = str(info.get("console") or "")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return False
+        return True
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
