@@ -56,7 +56,11 @@ def test_a_killed_coordinators_farm_goes_on_under_the_other(postgres: Any, worke
     try:
         time.sleep(2)
         assert second.poll() is None and _runfile_pid(tmp_path / "b") == 0, "the second waits: one serves at a time"
-        status = json.loads(farmctl("--addr", both, "status", "--json").stdout)
+        # Listed once it waits on the lock: a loaded machine may take longer than the sleep above to start it.
+        deadline = time.monotonic() + 60
+        while not (status := json.loads(farmctl("--addr", both, "status", "--json").stdout))["standbys"]:
+            assert second.poll() is None and time.monotonic() < deadline, "the standby never began to wait"
+            time.sleep(0.2)
         assert status["shared_store"] and [s["address"] for s in status["standbys"]] == [f"127.0.0.1:{port_b}"], \
             "the active one's operators see the standby"
         assert f"standby coordinators: 1 (127.0.0.1:{port_b} waiting " in farmctl("--addr", both, "status").stdout.decode()
