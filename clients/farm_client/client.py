@@ -41,8 +41,10 @@ _OPTIONS = [
     # A farmd that restarts is back in seconds; grpc's default backoff (up to two minutes)
     # would keep a trainer waiting long after, and a subchannel shared with other clients
     # in the process would fail this one's first call with their stale error.
+    # Not grpc.min_reconnect_backoff_ms: grpc takes it as the deadline of each connection
+    # attempt too, and on a loaded host 200 ms fails a first call to a healthy farmd
+    # ("tcp handshaker shutdown"); its default, 20 s, stays.
     ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.use_local_subchannel_pool", 1),
 ]
