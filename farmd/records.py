@@ -65,6 +65,10 @@ go first (the last turn's prompt holds them), then whole turns' tokens."""
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """A node's name in a fleet: lease owners are ``<name>:<pid>:<nonce>``, so never a colon."""
 
+MAX_HELD_JOBS = 16384
+"""Jobs a node names as held when it joins again (``NodeHello.held``): its slots' and its undelivered results'.
+A node holding more names none, and its leases not delivered wait out their time as before."""
+
 VERIFIED_LOCAL = "local"
 """``verified_by`` of a verdict the coordinator's own worker gave."""
 VERIFIED_COORDINATOR = "coordinator"

@@ -27,7 +27,7 @@ from farmd.api.errors import guarded_stream
 from farmd.api.names import NameGuard
 from farmd.errors import BadRequest, BudgetExhausted, FailedPrecondition, FarmError, Refused
 from farmd.names import NODE
-from farmd.records import NODE_NAME, JobState, Trajectory
+from farmd.records import MAX_HELD_JOBS, NODE_NAME, JobState, Trajectory
 from farmd.scheduler.nodes import MAX_CHECKS, MAX_FACT_CHARS, MAX_FACTS, Hello, IsolationCheck, Node, Nodes
 from farmd.store.nodes import Completion
 from farmd.text import bounded
@@ -49,12 +49,15 @@ def _text(value: str, limit: int) -> str:
 def _hello(message: node_pb2.NodeHello, address: str) -> Hello:
     if len(message.facts) > MAX_FACTS or len(message.isolation) > MAX_CHECKS:
         raise BadRequest(f"a hello carries at most {MAX_FACTS} facts and {MAX_CHECKS} isolation checks")
+    if len(message.held.job_ids) > MAX_HELD_JOBS:
+        raise BadRequest(f"a hello names at most {MAX_HELD_JOBS} jobs held")
     return Hello(
         name=_text(message.name, 100), owner=_text(message.owner, 300), capacity=message.capacity,
         version=_text(message.version, 64), address=_text(address, 200),
         isolation=tuple(IsolationCheck(name=_text(c.name, 100), ok=c.ok, detail=_text(c.detail, 1000), fix=_text(c.fix, 1000))
                         for c in message.isolation),
-        facts={_text(k, 64): _text(v, MAX_FACT_CHARS) for k, v in message.facts.items()})
+        facts={_text(k, 64): _text(v, MAX_FACT_CHARS) for k, v in message.facts.items()},
+        held=frozenset(message.held.job_ids) if message.HasField("held") else None)
 
 
 def _trajectory(data: bytes, job_id: int, node: str) -> Trajectory:
@@ -183,6 +186,8 @@ class NodeService(node_pb2_grpc.NodeServiceServicer):
             await self._names.use(NODE, hello.name, context)
         node = self._nodes.join(hello)
         try:
+            # Before the welcome: no lease of this connection can be among those given back.
+            await self._nodes.take_back_undelivered(node)
             yield node_pb2.WorkResponse(reply_to=first.id, welcome=node_pb2.Welcome(
                 name=node.name, version=self._version, lease=duration(self._lease_s),
                 heartbeat_every=duration(self._nodes.heartbeat_s), verifier_key=self._key))

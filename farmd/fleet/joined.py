@@ -36,7 +36,7 @@ from farmd.fleet.policy_cache import PolicyCache
 from farmd.fleet.remote import RemoteLeases
 from farmd.metrics import Metrics
 from farmd.private import make_data_dir_private, write_file
-from farmd.records import NODE_NAME
+from farmd.records import MAX_HELD_JOBS, NODE_NAME
 from farmd.rollout import Worker
 from farmd.sandbox import Check, Sandbox, check_host
 from farmd.sandbox.host import missing
@@ -154,10 +154,19 @@ class JoinedNode:
                    json.dumps({"pid": os.getpid(), "node": self.name, "coordinator": config.join}).encode())
 
     def _hello(self) -> node_pb2.NodeHello:
-        return node_pb2.NodeHello(
+        hello = node_pb2.NodeHello(
             name=self.name, owner=self.owner, capacity=self.workers, version=__version__, facts=host_facts(),
             isolation=[farm_pb2.IsolationCheck(name=c.name, ok=c.ok, detail=c.detail, fix=c.fix)
                        for c in self._checks])
+        if self.worker is not None and self.remote is not None:  # joining again: say what it holds
+            held = self.worker.held() | self.remote.holding()
+            if len(held) <= MAX_HELD_JOBS:
+                hello.held.job_ids.extend(sorted(held))
+                hello.held.SetInParent()  # present even when it holds nothing: then every lease of its goes back
+            else:
+                log.info("joining again holding %d jobs, more than a hello names: leases this node never received "
+                         "wait out their time", len(held))
+        return hello
 
     async def _on_connect(self, welcome: node_pb2.Welcome, first: bool) -> None:
         assert self.remote is not None

@@ -62,6 +62,8 @@ class RemoteLeases:
         self._outbox = outbox
         self._policies = policies
         self._recovered = False
+        self._arriving: set[int] = set()
+        """Jobs leased in a results reply that ``complete_and_lease`` has not yet handed to the worker."""
         self.counters = {"sent": 0, "stored": 0, "resent": 0, "refused": 0, "leased_with_results": 0}
 
     async def _connected(self) -> bool:
@@ -116,8 +118,15 @@ class RemoteLeases:
         await self._outbox.put(items)
         ask = node_pb2.LeaseRequest(n=n, exclude_endpoints=list(exclude)) if n > 0 else None
         leased: list[Job] = []
-        stored = await self._send(items, ask, leased, owner)
+        try:
+            stored = await self._send(items, ask, leased, owner)
+        finally:  # the worker starts them as this returns, with no await between
+            self._arriving.difference_update(j.id for j in leased)
         return stored, leased
+
+    def holding(self) -> set[int]:
+        """Jobs this node holds outside its worker: results not yet delivered, and leases on their way to it."""
+        return self._arriving | set(self._outbox.ids())
 
     async def _send(self, items: list[Buffered], ask: node_pb2.LeaseRequest | None = None,
                     leased: list[Job] | None = None, owner: str = "") -> list[int]:
@@ -135,11 +144,13 @@ class RemoteLeases:
             except (LinkDown, RequestFailed) as exc:
                 log.info("%d results stay buffered: %s", len(self._outbox), exc)
                 break
+            if leased is not None and reply.results.leased.jobs:
+                jobs = self._jobs(owner, reply.results.leased)
+                leased.extend(jobs)
+                self._arriving.update(j.id for j in jobs)
+                self.counters["leased_with_results"] += len(jobs)
             await self._outbox.remove(list(reply.results.handled))
             stored.extend(reply.results.stored)
-            if leased is not None and reply.results.leased.jobs:
-                leased.extend(self._jobs(owner, reply.results.leased))
-                self.counters["leased_with_results"] += len(reply.results.leased.jobs)
             for refusal in reply.results.refused:  # dropped, as handled: sending it again cannot change it
                 self.counters["refused"] += 1
                 log.error("the coordinator refused job %d's result: %s", refusal.job_id, refusal.reason[:1000],

@@ -113,6 +113,8 @@ class Worker:
             replica_set.on_change = self.wake_up
         self._done: list[Trajectory] = []
         self._flushing = False
+        self._sending: list[Trajectory] = []
+        """The batch a flush is reporting, until its call returns (its results are nowhere else meanwhile)."""
         """A batch of results is on its way: with ``LeasesWithResults`` it asks for the slots it frees."""
         self._flushed = asyncio.Event()
         self._stopping = False
@@ -128,6 +130,10 @@ class Worker:
     @property
     def in_flight(self) -> int:
         return len(self._running)
+
+    def held(self) -> set[int]:
+        """The jobs this worker holds now: running, finished and waiting for a flush, or being reported."""
+        return {*self._running, *(t.id for t in self._done), *(t.id for t in self._sending)}
 
     def wake_up(self) -> None:
         """Jobs may be leasable now (the coordinator queued some, or a replica came back): an idle lease loop asks at
@@ -208,19 +214,20 @@ class Worker:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            jobs = []
+            started = 0
             try:
+                # Each lease's jobs start as it comes, not after the next lease call: what this worker holds is
+                # always what it says it holds (``held``), which a node joining again tells its coordinator.
                 if free > 0:
-                    jobs += await self.leases.lease(self.owner, free, exclude=names)
+                    started += self._start(await self.leases.lease(self.owner, free, exclude=names))
                 for name, room in rooms.items():
                     if room > 0:
                         leased = await self.leases.lease(self.owner, room, endpoint=name)
                         self._model_jobs[name].update(j.id for j in leased)
-                        jobs += leased
+                        started += self._start(leased)
             except Exception:
                 log.exception("leasing failed")
-            self._start(jobs)
-            if jobs:
+            if started:
                 idle = _IDLE_MIN_S
                 continue
             self._wake.clear()
@@ -228,7 +235,7 @@ class Worker:
                 await asyncio.wait_for(self._wake.wait(), idle)
             idle = min(_IDLE_MAX_S, idle * 2)
 
-    def _start(self, jobs: list[Job]) -> None:
+    def _start(self, jobs: list[Job]) -> int:
         # What the jobs' attempts will all wait on first (a just-published policy's load) begins before they do:
         # otherwise it would start behind every one of their first steps, hundreds of them after a publish.
         for spec, version in dict.fromkeys((job.agent, job.policy_version) for job in jobs if job.policy_version):
@@ -236,6 +243,7 @@ class Worker:
                 self._agent(spec).prepare(version)
         for job in jobs:
             self._running[job.id] = asyncio.get_running_loop().create_task(self._run(job))
+        return len(jobs)
 
     async def _run(self, job: Job) -> None:
         try:
@@ -280,6 +288,7 @@ class Worker:
         batch, self._done = self._done, []
         leases = self.leases
         self._flushing = True
+        self._sending = batch
         try:
             if isinstance(leases, LeasesWithResults) and not self._stopping:
                 free, _ = self._free()
@@ -294,6 +303,7 @@ class Worker:
                           len(batch))
         finally:
             self._flushing = False
+            self._sending = []
             self._wake.set()  # slots the reply left empty (nothing queued): a lease of their own
 
     async def _flush_loop(self) -> None:

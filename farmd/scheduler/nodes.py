@@ -86,6 +86,8 @@ class Hello:
     isolation: tuple[IsolationCheck, ...]
     """Its host's checks, as ``farmctl doctor`` reports them."""
     facts: dict[str, str] = field(default_factory=dict)
+    held: frozenset[int] | None = None
+    """On a rejoin, the jobs it holds (running, or results not yet delivered); None on a first hello."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -525,6 +527,12 @@ class Nodes:
     async def recover(self, node: Node) -> int:
         self._seen(node)
         return await self._scheduler.recover(node.name, node.hello.owner)
+
+    async def take_back_undelivered(self, node: Node) -> int:
+        """On a rejoin that names what the node holds (``Hello.held``): its other leases back to the queue."""
+        if node.hello.held is None:
+            return 0
+        return await self._scheduler.take_back_undelivered(node.name, node.hello.owner, node.hello.held)
 
     # -- upkeep and status ----------------------------------------------------------------------------
 

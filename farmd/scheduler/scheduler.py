@@ -20,7 +20,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from farmd.flags import WITHDRAWN
 from farmd.metrics import Metrics
@@ -427,6 +427,17 @@ class Scheduler:
             await self._requeue_expired()
             log.info("%s restarted: %d rollouts it had leased before went back to the queue", node, expired)
         return expired
+
+    async def take_back_undelivered(self, node: str, owner: str, held: Collection[int]) -> int:
+        """``owner`` joins again holding ``held``: its other leases were granted in replies that never reached it
+        (lost with its connection, or with the coordinator that granted them). They go back to the queue now
+        rather than when their leases run out, the attempt not counted: no rollout of them ever ran."""
+        taken = await self.store.requeue_unheld(owner, held)
+        if taken:
+            self._work_queued()
+            log.info("node %s joined again: %d rollouts leased to it in replies it never received went back to "
+                     "the queue", node, taken, extra={"event": "undelivered_leases", "node": node, "jobs": taken})
+        return taken
 
     async def expire_node(self, node: str) -> int:
         """Every lease of ``node`` (all its incarnations) back to the queue now: it is lost. Returns how many

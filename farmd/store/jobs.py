@@ -14,7 +14,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from farmd.records import VERIFIED_LOCAL, Job, JobState, Trajectory, evolve
@@ -335,6 +335,24 @@ class JobRecords:
                 "UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, attempts=CASE WHEN attempts > 0 THEN attempts-1 ELSE 0 END, "
                 "updated_at=? WHERE state='leased' AND lease_owner=? RETURNING id", (now, owner))
             ids = [int(r[0]) for r in rows]
+            return len(ids) - await drop_cancelled(db, ids, now)
+
+    async def requeue_unheld(self, owner: str, held: Collection[int]) -> int:
+        """Give back every lease of ``owner`` but ``held``'s (a node joining again says what it holds; the rest were
+        granted in replies it never received); the attempt is not counted. Returns how many went back."""
+        now = time.time()
+        async with self._db.write() as db:
+            leased = await db.execute_fetchall("SELECT id FROM jobs WHERE state='leased' AND lease_owner=?", (owner,))
+            lost = [int(r[0]) for r in leased if int(r[0]) not in held]
+            ids: list[int] = []
+            for start in range(0, len(lost), MAX_VARS):
+                chunk = lost[start:start + MAX_VARS]
+                rows = await db.execute_fetchall(
+                    "UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, "
+                    "attempts=CASE WHEN attempts > 0 THEN attempts-1 ELSE 0 END, updated_at=? "
+                    f"WHERE state='leased' AND lease_owner=? AND id IN ({','.join('?' * len(chunk))}) RETURNING id",
+                    (now, owner, *chunk))
+                ids.extend(int(r[0]) for r in rows)
             return len(ids) - await drop_cancelled(db, ids, now)
 
     async def complete(self, items: list[tuple[str, Trajectory]]) -> list[int]:

@@ -64,6 +64,7 @@ class Store:
         self.expire_leases_of = jobs.expire_leases_of
         self.extend_all_leases = jobs.extend_all_leases
         self.requeue_owner = jobs.requeue_owner
+        self.requeue_unheld = jobs.requeue_unheld
         self.complete = jobs.complete
         self.complete_leases = jobs.complete_leases
         self.leased_attempts = jobs.leased_attempts

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sqlite3
 import time
 from collections import Counter
 from pathlib import Path
@@ -151,6 +152,7 @@ def test_results_finished_while_the_coordinator_was_down_arrive_after_it_restart
     farm.stop(sig=signal.SIGKILL)
     held = wait_for(lambda: len(list(outbox.iterdir())), 30, "the rollouts in flight to finish into the outbox")
     time.sleep(5)  # past a lease: the restarted coordinator must still take what was finished meanwhile
+    lost = _lease_never_received(farm.data_dir / "farm.db", "patient", run["group_ids"])
     farm = running_farm("--workers", "0", "--config", toml, data_dir=farm.data_dir, listen=listen)
     with FarmClient(farm.addr) as client:
         try:  # within the test's own timeout, so that what both sides say is in the failure
@@ -163,9 +165,29 @@ def test_results_finished_while_the_coordinator_was_down_arrive_after_it_restart
         assert len(stored) == 24 and set(stored.values()) == {1}
     resent = re.search(r"resent (\d+) buffered results", node.text())
     assert resent and int(resent.group(1)) >= held, "what it held while the coordinator was down arrived"
+    taken = re.search(r"node patient joined again: (\d+) rollouts leased to it in replies it never received",
+                      farm.log.read_text())
+    assert taken and int(taken.group(1)) >= 1, f"job {lost}'s lease went back when the node said what it holds"
     # Emptied of what it held; a canary the coordinator sends the node afterwards passes through it on its way.
     wait_for(lambda: not list(outbox.iterdir()), 30, "the outbox to empty")
     assert node.proc.poll() is None, "a coordinator restart is not the node's end"
+
+
+def _lease_never_received(db: Path, node: str, groups: list[int]) -> int:
+    """Written into a dead coordinator's SQLite file: one more of the run's queued jobs leased to ``node``'s running
+    incarnation, for ten minutes, as when the coordinator commits a lease and dies before its reply leaves. Without
+    the node saying what it holds when it joins again, the run would wait those ten minutes for it."""
+    con = sqlite3.connect(db, timeout=30, isolation_level=None)
+    try:
+        (owner,) = con.execute("SELECT lease_owner FROM jobs WHERE state='leased' AND lease_owner LIKE ? LIMIT 1",
+                               (f"{node}:%",)).fetchone()
+        (job,) = con.execute(f"SELECT MAX(id) FROM jobs WHERE state='queued' AND group_id IN ({','.join('?' * len(groups))})",
+                             groups).fetchone()
+        con.execute("UPDATE jobs SET state='leased', lease_owner=?, lease_expires=?, attempts=attempts+1 WHERE id=?",
+                    (owner, time.time() + 600, job))
+        return int(job)
+    finally:
+        con.close()
 
 
 def test_a_node_runs_the_exact_policy_version_it_was_leased_with_fetched_by_hash(tmp_path: Path, running_farm,  # type: ignore[no-untyped-def]

@@ -95,6 +95,20 @@ async def test_failures_are_retried_then_recorded_apart(store: Store) -> None:
     assert len(done) == 1 and done[0].rewards == []
 
 
+async def test_leases_a_node_never_received_go_back_and_the_rest_stay(store: Store) -> None:
+    await store.enqueue([("py-func", 1, 1, "reference", 4)])
+    jobs = await store.lease("n:1:a", 3, 30, 0)
+    (other,) = await store.lease("m:1:b", 1, 30, 0)
+    # n joins again holding the first (and names another's job, which changes nothing of that one's).
+    assert await store.requeue_unheld("n:1:a", {jobs[0].id, other.id}) == 2
+    again = await store.lease("w", 10, 30, 0)
+    assert sorted(j.id for j in again) == [j.id for j in jobs[1:]]
+    assert all(j.attempts == 1 for j in again), "a lease never received is no attempt"
+    assert await store.requeue_unheld("n:1:a", {jobs[0].id}) == 0
+    assert await store.complete([("n:1:a", traj(jobs[0].id, jobs[0].group_id))]) == [jobs[0].id]
+    assert await store.complete([("m:1:b", traj(other.id, other.group_id))]) == [other.id]
+
+
 async def test_groups_end_in_the_order_they_finish(store: Store) -> None:
     g1, g2 = await store.enqueue([("py-func", 1, 1, "reference", 2), ("py-func", 2, 1, "reference", 1)])
     jobs = await store.lease("w", 3, 30, 0)
