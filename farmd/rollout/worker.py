@@ -113,9 +113,9 @@ class Worker:
             replica_set.on_change = self.wake_up
         self._done: list[Trajectory] = []
         self._flushing = False
+        """A batch of results is on its way: with ``LeasesWithResults`` it asks for the slots it frees."""
         self._sending: list[Trajectory] = []
         """The batch a flush is reporting, until its call returns (its results are nowhere else meanwhile)."""
-        """A batch of results is on its way: with ``LeasesWithResults`` it asks for the slots it frees."""
         self._flushed = asyncio.Event()
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
