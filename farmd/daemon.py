@@ -53,7 +53,7 @@ from farmd.metrics import GrpcMetrics, Metrics, MetricsServer
 from farmd.names import CONSUMER
 from farmd.node import NodeInfo
 from farmd.offload import OFFLOAD
-from farmd.private import make_data_dir_private, write_file
+from farmd.private import hold_data_dir, make_data_dir_private, write_file
 from farmd.rollout import Worker
 from farmd.rollout.reverify import Rechecker
 from farmd.rollout.verify import Judges
@@ -99,6 +99,8 @@ class Daemon:
         self._server: grpc.aio.Server | None = None
         self._health: health_aio.HealthServicer | None = None
         self._stopping = asyncio.Event()
+        self._data_lock: int | None = None
+        """The data directory's lock (``hold_data_dir``), held from the start of ``start`` to the end of ``stop``."""
         self.lost_active = False
         """Stopped because another coordinator may now serve the farm (``_lost_active``), not because asked."""
         self.metrics = Metrics(endpoints=[e.name for e in config.endpoints]) if config.metrics_listen else None
@@ -125,6 +127,8 @@ class Daemon:
         return os.cpu_count() or 1
 
     async def start(self) -> None:
+        # First: nothing of the directory is touched, nor its run file written or removed, by a second farmd on it.
+        self._data_lock = await asyncio.get_running_loop().run_in_executor(None, hold_data_dir, self.config.data_dir)
         if self.config.join:
             if self.config.http_listen or self.config.atropos_listen or self.config.sandbox_fusion_listen:
                 raise ConfigError("a joined node serves no console, no Atropos API and no SandboxFusion API: --http, "
@@ -501,7 +505,10 @@ class Daemon:
             await self.sandbox.close()
         if self.store is not None:
             await self.store.close()
-        await asyncio.get_running_loop().run_in_executor(None, self._remove_runfile)
+        if self._data_lock is not None:  # else the run file is another farmd's
+            await asyncio.get_running_loop().run_in_executor(None, self._remove_runfile)
+            os.close(self._data_lock)
+            self._data_lock = None
         self._log_counts()
 
     def _log_counts(self) -> None:

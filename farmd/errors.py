@@ -35,6 +35,7 @@ __all__ = [
     "ContributedError",
     "ContributedVerifierFailed",
     "CursorError",
+    "DataDirInUse",
     "EndpointError",
     "FailedPrecondition",
     "FarmError",
@@ -109,6 +110,10 @@ class ConfigError(FarmError):
     """A setting is missing, malformed or contradicts another. Never retried: an operator must fix it."""
 
     retried = False
+
+
+class DataDirInUse(ConfigError):
+    """Another farmd serves from this data directory: one farmd per data directory. Never retried."""
 
 
 # -- API requests: what a caller asked for (never retried by farmd; the caller may ask again) -------

@@ -6,15 +6,18 @@ is created (``os.open`` with the mode), never through the process umask: the
 sandbox creates files that the boxes' unprivileged uids must read. ``tighten``
 repairs a directory made by an older farmd or by hand.
 
-Standard library only: every layer of farm may import this.
+Standard library and ``farmd.errors`` only: every layer of farm may import this.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import stat
 from pathlib import Path
+
+from farmd.errors import DataDirInUse
 
 log = logging.getLogger("farmd.private")
 
@@ -66,6 +69,32 @@ def tighten(root: Path) -> list[tuple[Path, int]]:
         for name in dirs + files:
             fix(Path(folder) / name)
     return changed
+
+
+LOCK_FILE = "farmd.lock"
+"""In the data directory: locked by the farmd serving from it, and holding its pid."""
+
+
+def hold_data_dir(data_dir: Path) -> int:
+    """The data directory made if missing and locked for as long as this process lives (the kernel lets go when the
+    process ends, killed or not): the lock's file descriptor. Two farmd on one directory would each serve their own
+    memory of one store, leasing and streaming apart, and share one outbox and one run file; so the second is refused
+    with ``DataDirInUse``, naming the first's pid. Blocking: call it in a thread."""
+    make_dir(data_dir)
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 16, 0).decode("ascii", errors="replace").strip()
+        os.close(fd)
+        raise DataDirInUse(f"another farmd (pid {holder if holder.isdigit() else 'unknown'}) serves from {data_dir}: "
+                           "one farmd per data directory; stop that one, or give this one a --data of its own") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
 
 
 def make_data_dir_private(data_dir: Path) -> None:

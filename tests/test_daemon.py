@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 
 import grpc
 import pytest
 from farm.v1 import farm_pb2, farm_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from tests.conftest import FARMD
 
 pytestmark = pytest.mark.sandbox
 
@@ -63,10 +66,6 @@ def test_graceful_stop(running_farm, sig: int) -> None:  # type: ignore[no-untyp
 
 
 def test_bad_flags_and_busy_port(running_farm, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    import subprocess
-
-    from tests.conftest import FARMD
-
     bad = subprocess.run([FARMD, "serve", "--workers", "-1"], capture_output=True, timeout=30)
     assert bad.returncode == 2
     farm = running_farm("--workers", "0")
@@ -217,3 +216,18 @@ async def test_a_second_signal_exits_at_once(running_farm, tmp_path) -> None:  #
         took = time.monotonic() - started
     assert code == 130 and took < 3, (code, took)
     assert "second signal: exiting now" in farm.log.read_text()
+
+
+def test_a_second_farmd_on_a_data_directory_in_use_is_refused_and_touches_nothing(running_farm) -> None:  # type: ignore[no-untyped-def]
+    farm = running_farm("--workers", "0")
+    runfile = (farm.data_dir / "farmd.json").read_bytes()
+    for role in (["--listen", "127.0.0.1:0"], ["--join", farm.addr, "--node-name", "second"]):
+        second = subprocess.run([FARMD, "serve", *role, "--data", str(farm.data_dir)], capture_output=True, timeout=60)
+        assert second.returncode == 2, second
+        assert f"another farmd (pid {farm.proc.pid}) serves from {farm.data_dir}" in second.stderr.decode(), second
+        assert (farm.data_dir / "farmd.json").read_bytes() == runfile, "the first's run file is left as it was"
+    assert json.loads(farm.farmctl("status", "--json").stdout)["nodes"] == [], "no node joined from its directory"
+    # The kernel lets go of the lock with the process, however it ends: the directory serves again at once.
+    farm.stop(sig=signal.SIGKILL)
+    again = running_farm("--workers", "0", data_dir=farm.data_dir)
+    assert again.farmctl("status").returncode == 0
