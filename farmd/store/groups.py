@@ -49,6 +49,12 @@ def _queued_statements(groups: list[tuple[str, int, int, str, int]], source: str
              "for_node) VALUES (?,?,?,?,?,'queued',?,?,?,?)", job_rows)]
 
 
+GIVE_BACK = ("state='queued', lease_owner=NULL, lease_expires=NULL, "
+             "attempts=CASE WHEN attempts > 0 THEN attempts-1 ELSE 0 END")
+"""SET of a lease given back to the queue with its attempt not counted (its rollout never ran, or ended by no fault
+of its own); ``drop_cancelled`` then ends those of a cancelled run."""
+
+
 async def drop_cancelled(db: Transaction, job_ids: list[int], now: float) -> int:
     """Jobs just put back in the queue whose run was cancelled meanwhile end there, cancelled: a
     cancelled run never starts a rollout again. Returns how many."""

@@ -21,6 +21,7 @@ from farmd.records import VERIFIED_LOCAL, Job, JobState, Trajectory, evolve
 from farmd.store.codec import INSERT_TRAJECTORY, Recent, checked_bodies, traj_row
 from farmd.store.database import MAX_VARS, Database, Dialect, Statements
 from farmd.store.groups import (
+    GIVE_BACK,
     LAST_SEQ,
     drop_cancelled,
     fail_job,
@@ -332,8 +333,8 @@ class JobRecords:
         now = time.time()
         async with self._db.write() as db:
             rows = await db.execute_fetchall(
-                "UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, attempts=CASE WHEN attempts > 0 THEN attempts-1 ELSE 0 END, "
-                "updated_at=? WHERE state='leased' AND lease_owner=? RETURNING id", (now, owner))
+                f"UPDATE jobs SET {GIVE_BACK}, updated_at=? WHERE state='leased' AND lease_owner=? RETURNING id",
+                (now, owner))
             ids = [int(r[0]) for r in rows]
             return len(ids) - await drop_cancelled(db, ids, now)
 
@@ -348,8 +349,7 @@ class JobRecords:
             for start in range(0, len(lost), MAX_VARS):
                 chunk = lost[start:start + MAX_VARS]
                 rows = await db.execute_fetchall(
-                    "UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, "
-                    "attempts=CASE WHEN attempts > 0 THEN attempts-1 ELSE 0 END, updated_at=? "
+                    f"UPDATE jobs SET {GIVE_BACK}, updated_at=? "
                     f"WHERE state='leased' AND lease_owner=? AND id IN ({','.join('?' * len(chunk))}) RETURNING id",
                     (now, owner, *chunk))
                 ids.extend(int(r[0]) for r in rows)
@@ -419,8 +419,8 @@ class JobRecords:
             if refused:
                 back = sorted(refused)
                 await db.execute(
-                    "UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, attempts=CASE WHEN attempts > 0 THEN attempts-1 ELSE 0 END, "
-                    f"last_error='its result was refused', updated_at=? WHERE id IN ({','.join('?' * len(back))})",
+                    f"UPDATE jobs SET {GIVE_BACK}, last_error='its result was refused', updated_at=? "
+                    f"WHERE id IN ({','.join('?' * len(back))})",
                     (now, *back))
                 await drop_cancelled(db, back, now)
             keep = [bound[tid] for tid in sorted(bound)]

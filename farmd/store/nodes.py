@@ -17,7 +17,7 @@ from typing import Any
 from farmd.flags import QUARANTINED, WITHDRAWN
 from farmd.records import Trajectory, verified_by_node
 from farmd.store.database import Database
-from farmd.store.groups import drop_cancelled, insert_groups
+from farmd.store.groups import GIVE_BACK, drop_cancelled, insert_groups
 from farmd.store.verdicts import give
 from farmd.text import bounded
 
@@ -192,8 +192,7 @@ class NodeRecords:
                                  f"WHERE id IN ({marks}))", chunk)
             prefix = f"{node}:"
             held = [int(r[0]) for r in await db.execute_fetchall(
-                "UPDATE jobs SET state='queued', lease_owner=NULL, lease_expires=NULL, attempts=CASE WHEN attempts > 0 THEN attempts-1 ELSE 0 END, "
-                "last_error='its node was quarantined', updated_at=? WHERE state='leased' "
+                f"UPDATE jobs SET {GIVE_BACK}, last_error='its node was quarantined', updated_at=? WHERE state='leased' "
                 "AND substr(lease_owner, 1, ?) = ? RETURNING id", (now, len(prefix), prefix))]
             cancelled = {int(r[0]) for r in await db.execute_fetchall(
                 "UPDATE jobs SET state='cancelled', updated_at=? WHERE state='queued' AND for_node = ? RETURNING id",
