@@ -177,6 +177,7 @@ class Daemon:
                                  metrics=self.metrics, endpoints=self.config.endpoints, policies=self.scheduler.policies,
                                  envs=self.catalog.get, red_team=make_red_team_agent, replicas=self.replicas,
                                  torch_threads=self.config.torch_threads)
+        await self.scheduler.take_over(self.worker.owner if self.worker is not None else "")
         if self.sandbox is None and not gaps:
             # A coordinator runs no rollouts, but it checks submissions: the funnel's boxes are its own few.
             self.sandbox = Sandbox(sandbox_for(self.config, _INTAKE_BOXES))

@@ -231,3 +231,26 @@ def test_a_second_farmd_on_a_data_directory_in_use_is_refused_and_touches_nothin
     farm.stop(sig=signal.SIGKILL)
     again = running_farm("--workers", "0", data_dir=farm.data_dir)
     assert again.farmctl("status").returncode == 0
+
+
+async def test_a_coordinator_taking_over_gives_back_what_the_last_ones_own_worker_held(running_farm,  # type: ignore[no-untyped-def]
+                                                                                     tmp_path) -> None:
+    """The last coordinator ran rollouts itself and was killed with one in flight. The one that takes over runs
+    none, as a standby on another host would find it (its worker's host name is not the dead one's, so no worker's
+    ``recover`` finds that lease): the lease goes back when it starts, not when it runs out."""
+    import asyncio
+
+    from tests.agents.fake_endpoint import Reply, fake_endpoint
+
+    async with fake_endpoint(lambda request: Reply.hang()) as ep:
+        cfg = tmp_path / "farm.toml"
+        cfg.write_text(f'[endpoints.slow]\nurl = "{ep.url}"\nrequest_timeout_s = 120\n')
+        farm = await asyncio.to_thread(running_farm, "--workers", "1", "--config", str(cfg))
+        await asyncio.to_thread(farm.farmctl, "run", "--env", "rg:chain_sum", "--agent", "openai:fake@slow",
+                                "--rollouts", "1")
+        await asyncio.wait_for(ep.arrived.wait(), 60)
+        await asyncio.to_thread(farm.stop, signal.SIGKILL)
+        again = await asyncio.to_thread(running_farm, "--workers", "0", "--config", str(cfg), data_dir=farm.data_dir)
+        status = json.loads((await asyncio.to_thread(again.farmctl, "status", "--json")).stdout)
+    assert (status["queue"]["leased"], status["queue"]["queued"]) == (0, 1), status["queue"]
+    assert "took over: 1 rollouts the last coordinator's own worker had leased went back" in again.log.read_text()

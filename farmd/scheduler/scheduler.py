@@ -40,6 +40,8 @@ from farmd.tasks import cancel_and_wait
 log = logging.getLogger("farmd.scheduler")
 
 _BANK_STATE = "taskbank"
+_SERVING_WORKER = "serving_worker"
+"""Saved state: the lease owner of the serving coordinator's own worker ("" when it runs none)."""
 _LAG_SHOWN_S = 3600.0
 _BANK_SAVE_EVERY_S = 5.0
 """The bank's state is a few hundred kB of JSON: saved this often while groups finish (and on stop), not at
@@ -438,6 +440,23 @@ class Scheduler:
             log.info("node %s joined again: %d rollouts leased to it in replies it never received went back to "
                      "the queue", node, taken, extra={"event": "undelivered_leases", "node": node, "jobs": taken})
         return taken
+
+    async def take_over(self, own_worker: str) -> int:
+        """This process serves the farm now, and the one that served before it is gone: it held the database's lock or
+        the data directory's, which are this one's now. The leases that one's own worker held died with it and go back
+        to the queue now rather than when they run out (the attempt counts, as ``recover``'s do): the worker of a
+        coordinator on another host is not found by its host's name. ``own_worker`` (this one's worker's lease owner,
+        "" for none) is saved for the next to take over."""
+        before = await self.store.get_state(_SERVING_WORKER)
+        expired = 0
+        if isinstance(before, str) and before and before != own_worker:
+            expired = await self.store.expire_leases_of(before, keep="")  # the whole owner: that process's alone
+            if expired:
+                await self._requeue_expired()
+                log.info("took over: %d rollouts the last coordinator's own worker had leased went back to the queue",
+                         expired, extra={"event": "took_over", "jobs": expired})
+        await self.store.put_state(_SERVING_WORKER, own_worker)
+        return expired
 
     async def expire_node(self, node: str) -> int:
         """Every lease of ``node`` (all its incarnations) back to the queue now: it is lost. Returns how many
