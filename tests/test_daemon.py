@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -13,7 +17,7 @@ from farm.v1 import farm_pb2, farm_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.conftest import FARMD
+from tests.conftest import FARMD, RunningFarm
 
 pytestmark = pytest.mark.sandbox
 
@@ -82,7 +86,6 @@ def test_unreachable_farm_is_a_clear_error() -> None:
 
 
 def test_sigterm_mid_run_hands_unfinished_rollouts_back(running_farm) -> None:  # type: ignore[no-untyped-def]
-    import asyncio
     import time
 
     from farm_client import FarmClient
@@ -120,7 +123,6 @@ def test_sigterm_mid_run_hands_unfinished_rollouts_back(running_farm) -> None:  
 def test_the_data_directory_is_private_to_farmd(running_farm, tmp_path) -> None:  # type: ignore[no-untyped-def]
     import stat
     import time
-    from pathlib import Path
 
     from farm_client import FarmClient
 
@@ -169,8 +171,6 @@ def test_stop_logs_what_was_done(running_farm) -> None:  # type: ignore[no-untyp
 
 async def test_a_permanent_endpoint_refusal_fails_the_job_at_once(running_farm, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A 400 is not retried by the scheduler (whatever ``max_attempts``), and is never a score."""
-    import asyncio
-
     from tests.agents.fake_endpoint import Reply, fake_endpoint
 
     async with fake_endpoint(lambda request: Reply.error(400, "this model does not take tools")) as ep:
@@ -193,12 +193,10 @@ async def test_a_permanent_endpoint_refusal_fails_the_job_at_once(running_farm, 
     assert "0 complete, 2 failed, 0 retried" in log
 
 
-async def test_a_second_signal_exits_at_once(running_farm, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """The first signal starts a graceful stop that would wait for a rollout its model never answers; the
-    second cuts it short."""
-    import asyncio
-    import time
-
+@contextlib.asynccontextmanager
+async def _a_rollout_that_hangs(running_farm, tmp_path: Path) -> AsyncIterator[tuple[RunningFarm, Path]]:  # type: ignore[no-untyped-def]
+    """A farm of one worker whose one rollout waits on a model that never answers, its request arrived; and the
+    farm's config file, naming that model."""
     from tests.agents.fake_endpoint import Reply, fake_endpoint
 
     async with fake_endpoint(lambda request: Reply.hang()) as ep:
@@ -208,6 +206,15 @@ async def test_a_second_signal_exits_at_once(running_farm, tmp_path) -> None:  #
         await asyncio.to_thread(farm.farmctl, "run", "--env", "rg:chain_sum", "--agent", "openai:fake@slow",
                                 "--rollouts", "1")
         await asyncio.wait_for(ep.arrived.wait(), 60)
+        yield farm, cfg
+
+
+async def test_a_second_signal_exits_at_once(running_farm, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The first signal starts a graceful stop that would wait for a rollout its model never answers; the
+    second cuts it short."""
+    import time
+
+    async with _a_rollout_that_hangs(running_farm, tmp_path) as (farm, _):
         farm.proc.send_signal(signal.SIGTERM)
         await asyncio.sleep(1.0)
         assert farm.proc.poll() is None, "the graceful stop waits for the rollout in flight"
@@ -238,17 +245,7 @@ async def test_a_coordinator_taking_over_gives_back_what_the_last_ones_own_worke
     """The last coordinator ran rollouts itself and was killed with one in flight. The one that takes over runs
     none, as a standby on another host would find it (its worker's host name is not the dead one's, so no worker's
     ``recover`` finds that lease): the lease goes back when it starts, not when it runs out."""
-    import asyncio
-
-    from tests.agents.fake_endpoint import Reply, fake_endpoint
-
-    async with fake_endpoint(lambda request: Reply.hang()) as ep:
-        cfg = tmp_path / "farm.toml"
-        cfg.write_text(f'[endpoints.slow]\nurl = "{ep.url}"\nrequest_timeout_s = 120\n')
-        farm = await asyncio.to_thread(running_farm, "--workers", "1", "--config", str(cfg))
-        await asyncio.to_thread(farm.farmctl, "run", "--env", "rg:chain_sum", "--agent", "openai:fake@slow",
-                                "--rollouts", "1")
-        await asyncio.wait_for(ep.arrived.wait(), 60)
+    async with _a_rollout_that_hangs(running_farm, tmp_path) as (farm, cfg):
         await asyncio.to_thread(farm.stop, signal.SIGKILL)
         again = await asyncio.to_thread(running_farm, "--workers", "0", "--config", str(cfg), data_dir=farm.data_dir)
         status = json.loads((await asyncio.to_thread(again.farmctl, "status", "--json")).stdout)
