@@ -115,6 +115,8 @@ class ConfigError(FarmError):
 class DataDirInUse(ConfigError):
     """Another farmd serves from this data directory: one farmd per data directory. Never retried."""
 
+    retried = False
+
 
 # -- API requests: what a caller asked for (never retried by farmd; the caller may ask again) -------
 
