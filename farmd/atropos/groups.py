@@ -27,7 +27,7 @@ from farmd import domain, jsonio
 from farmd.atropos.records import as_trajectories, untrained_prompt
 from farmd.errors import AtroposInvalid
 from farmd.records import Trajectory
-from farmd.store.atropos import pack, pack_records
+from farmd.store.atropos import pack_group, pack_records
 
 MAX_SEQUENCES = 4096
 """Sequences in one group."""
@@ -271,7 +271,7 @@ def scored_groups(body: bytes, *, many: bool) -> list[Checked | AtroposInvalid]:
             out.append(exc)
             continue
         records = as_trajectories(group)
-        out.append(Checked(group, pack(jsonio.dump(group, exact=exact)), records,
+        out.append(Checked(group, pack_group(group, exact=exact), records,
                            pack_records(records)))
     return out
 

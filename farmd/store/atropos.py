@@ -5,7 +5,8 @@ Atropos's own server keeps all of this in memory; here each change is one transa
 finds the queue, the buffers, the batches already cut and the step counter as they were. A group's
 ``state`` says where it is: ``buffered`` (waiting for others of its environment to make up the group
 size), ``queued``, ``formed`` (cut into a batch not yet handed out), ``served`` or ``dropped`` (by a
-reset: kept, never served). Payloads are the groups as pushed, compressed JSON.
+reset: kept, never served). Payloads are the groups as pushed: compressed JSON, or (``pack_group``) compressed
+MessagePack of the same value, which ``unpack`` gives back as the JSON orjson writes of it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+import orjson
+from isal import isal_zlib
+
+from farmd import jsonio
 from farmd.records import Trajectory
 from farmd.store.codec import deflate, pack_body
 from farmd.store.database import Database
@@ -61,6 +67,28 @@ class GroupChange:
 def pack(payload: bytes) -> bytes:
     """A group's JSON as stored: a zlib stream (``unpack``), written by ISA-L (``codec.deflate``)."""
     return deflate(payload)
+
+
+_MSGPACK = b"\x00"
+"""The first byte of a payload that is MessagePack: a zlib stream's first byte is never 0 (its method, 8, is
+in the low bits), so payloads stored before it read as they always did."""
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder()
+
+
+def pack_group(group: Any, *, exact: bool) -> bytes:
+    """A checked group as stored. ``exact``: the group came from orjson's or msgspec's parse, so orjson writes it
+    back unchanged (``jsonio.dump``); it is then kept as MessagePack, which holds the same values (64-bit integers,
+    doubles to the bit, text, lists, objects in their order), and JSON is written only when a batch is served.
+    Writing the JSON and deflating it was a quarter of a push's work, MessagePack and its deflate a third of that,
+    and smaller: a pushed group is stored at every push, read once when a batch is cut. Anything else (a value
+    MessagePack refuses: an integer past 64 bits, a lone surrogate) is stored as its JSON, as before."""
+    if exact:
+        try:
+            return _MSGPACK + deflate(_ENCODER.encode(group))
+        except (TypeError, OverflowError, UnicodeEncodeError, msgspec.EncodeError):
+            pass
+    return pack(jsonio.dump(group, exact=exact))
 
 
 def pack_records(records: list[Trajectory]) -> list[bytes]:
@@ -129,4 +157,7 @@ class AtroposRecords:
 
 
 def unpack(stored: bytes) -> bytes:
+    """A stored group's JSON."""
+    if stored[:1] == _MSGPACK:
+        return orjson.dumps(_DECODER.decode(isal_zlib.decompress(memoryview(stored)[1:])))
     return zlib.decompress(stored)

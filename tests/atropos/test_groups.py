@@ -13,6 +13,7 @@ import pytest
 from farmd import domain, jsonio
 from farmd.atropos import groups
 from farmd.errors import AtroposInvalid
+from farmd.store.atropos import pack, unpack
 
 
 def _by_fields(body: bytes) -> dict[str, Any] | str:
@@ -126,3 +127,27 @@ def test_the_group_make_bench_pushes_takes_the_typed_road() -> None:
 
     assert groups._typed(body(3), many=False) is not None
     assert groups._typed(b"[" + body(3) + b"," + body(4) + b"]", many=True) is not None
+
+
+def test_a_group_is_stored_so_that_a_batch_serves_it_as_its_json() -> None:
+    """A checked group is stored as MessagePack where its JSON parse was exact, and as JSON otherwise: either way
+    the batch that serves it gets the JSON ``jsonio.dump`` writes of the group, byte for byte."""
+    rng = random.Random(11)
+    kinds = set()
+    bodies = [json.dumps(_group(rng)).encode() for _ in range(200)]
+    bodies += [json.dumps({"tokens": [[7]], "masks": [[2**63 - 1]], "scores": [1.0], "unknown": 2**70,
+                           "messages": [[{"role": "user", "content": "\u00e9\u2028\U0001f600"}]]}).encode(),
+               b'{"tokens": [[7]], "masks": [[7]], "scores": [1.0], "messages": [[{"role": "user", "content": "\\ud800"}]]}']
+    for body in bodies:
+        for checked in groups.scored_groups(body, many=False):
+            assert isinstance(checked, groups.Checked)
+            kinds.add(checked.stored[:1] == b"\x00")
+            served = unpack(checked.stored)
+            assert served == jsonio.dump(checked.group, exact=jsonio.parse(body)[1])
+            assert json.loads(served) == json.loads(jsonio.dump(checked.group, exact=False))
+    assert kinds == {True, False}, "both forms were met"
+
+
+def test_groups_stored_as_json_before_read_as_they_were() -> None:
+    stored = pack(b'{"tokens":[[7]],"masks":[[7]],"scores":[1.0]}')
+    assert unpack(stored) == b'{"tokens":[[7]],"masks":[[7]],"scores":[1.0]}'
