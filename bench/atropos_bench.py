@@ -150,8 +150,8 @@ GOALS = {"push_ratio": 1.0}  # farmd / atroposlib, groups/s pushed by one client
 LIMITS = [
     "push: one client waits for each answer, so the figure is one push's latency. Of farmd's, measured apart on "
     "this code: HTTP and the client about 0.8 ms (atroposlib's about 0.7), the group's parse, checks, farm records "
-    "and packing in a thread about 1.0 ms (msgspec's typed decode 0.25, the rest of the checks 0.1, the records and "
-    "their bodies 0.35, the group's JSON and its deflate 0.2), the hop to "
+    "and packing in a thread about 0.8 ms (msgspec's typed decode 0.25, the rest of the checks 0.1, the records and "
+    "their bodies 0.35, the group as MessagePack and its deflate 0.09: its JSON and deflate were 0.28), the hop to "
     "that thread 0.1-0.2 ms, and the transaction (the group, its 8 trajectories, jobs and done order, the queue's "
     "state) about 0.5 ms, one hop to SQLite's thread (two until 4 December: 0.67 ms, in alternating rounds in "
     "one process); atroposlib's whole push is about 2.3 ms on a quiet machine. Left: the per-number "
