@@ -206,6 +206,10 @@ def tree_problem(value: Any, where: str, max_depth: int = MAX_JSON_DEPTH, *, fin
     kinds. Walked with a stack of its own, so a tree
     of any depth is refused rather than taking Python's recursion limit with it; a list of numbers alone (an
     Atropos group's per-token rows, kept in its details) is checked by C loops."""
+    return None if _tree_fine(value, max_depth, finite) else _walk_tree(value, where, max_depth, finite)
+
+
+def _walk_tree(value: Any, where: str, max_depth: int, finite: bool) -> str | None:
     stack: list[tuple[Any, int, Any]] = [(value, 0, None)]
     while stack:
         node, depth, path = stack.pop()
@@ -232,6 +236,52 @@ def tree_problem(value: Any, where: str, max_depth: int = MAX_JSON_DEPTH, *, fin
             continue
         return f"{_path(where, path)} is a {type(node).__name__}, which JSON has no word for"
     return None
+
+
+def _tree_fine(value: Any, max_depth: int, finite: bool) -> bool:
+    """Whether ``tree_problem`` finds nothing, decided without keeping where each node is: a tree's leaves are
+    looked at where their container is, and only containers go on the stack. A record's trees are small and many
+    (a task's examples, its metadata), and the walk that names a place cost about a microsecond a node; what fails
+    here is walked again by it, for the place."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        kind = type(node)
+        if kind is not dict and kind is not list and kind is not tuple:
+            if not _leaf_fine(node, finite):
+                return False
+            continue
+        if depth > max_depth:
+            return False
+        if kind is dict:
+            items: Any = node.values()
+            if node and set(map(type, node)) != _STR:
+                return False
+        elif _numbers_fine(node, finite):
+            continue
+        else:
+            items = node
+        for item in items:
+            kind = type(item)
+            if kind is str or item is None or kind is bool:
+                continue
+            if kind is dict or kind is list or kind is tuple:
+                stack.append((item, depth + 1))
+            elif not _leaf_fine(item, finite):
+                return False
+    return True
+
+
+_STR = frozenset({str})
+
+
+def _leaf_fine(node: Any, finite: bool) -> bool:
+    kind = type(node)
+    if kind is int:
+        return bool(-INT64_MAX - 1 <= node <= INT64_MAX)
+    if kind is float:
+        return not finite or math.isfinite(node)
+    return kind is str or node is None or kind is bool
 
 
 def _numbers_fine(items: list[Any] | tuple[Any, ...], finite: bool = True) -> bool:

@@ -4,6 +4,7 @@ bounds it keeps measured against the readers they protect (protobuf's decoder, t
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import replace
 from typing import Any
 
@@ -181,6 +182,40 @@ def test_a_tree_of_any_depth_is_refused_without_recursion() -> None:
     for _ in range(100_000):
         deep = [deep]
     assert "nested more than 16 deep" in (domain.tree_problem(deep, "x") or "")
+
+
+class _Text(str):
+    pass
+
+
+def _tree(rng: random.Random, depth: int) -> Any:
+    leaves = [0, -1, 2**63 - 1, -2**63, 2**63, -2**63 - 1, 2**64, 1.5, -0.0, math.inf, -math.inf, math.nan, True,
+              None, "x", _Text("y"), b"z", {1, 2}, 7j]
+    roll = rng.random()
+    if depth <= 0 or roll < 0.35:
+        return rng.choice(leaves) if rng.random() < 0.3 else rng.choice(leaves[:9])
+    if roll < 0.5:
+        return [rng.choice([1, 2, 3.5, math.nan, 2**63]) for _ in range(rng.randint(0, 4))]
+    items = [_tree(rng, depth - 1) for _ in range(rng.randint(0, 3))]
+    if roll < 0.75:
+        return items if rng.random() < 0.8 else tuple(items)
+    keys = [rng.choice(["a", "b", "c", _Text("d")]) if rng.random() < 0.95 else rng.choice([1, None]) for _ in items]
+    return dict(zip(keys, items, strict=True))
+
+
+def test_the_quick_look_at_a_tree_takes_only_what_the_walk_takes() -> None:
+    """``tree_problem`` looks at a tree quickly first and walks it, naming the place, only when that look refuses:
+    the look must never take a tree the walk refuses (the domain's last word), at any depth or with any leaf."""
+    rng = random.Random(5)
+    taken = 0
+    for _ in range(4000):
+        tree, depth, finite = _tree(rng, rng.randint(0, 20)), rng.choice([2, 4, 16]), rng.random() < 0.7
+        quick = domain._tree_fine(tree, depth, finite)
+        stack_walk = domain._walk_tree(tree, "t", depth, finite)
+        assert not quick or stack_walk is None, (tree, depth, finite, stack_walk)
+        assert domain.tree_problem(tree, "t", depth, finite=finite) == stack_walk
+        taken += quick
+    assert 400 < taken < 3600, taken
 
 
 def test_every_problem_the_checker_names_breaks_a_reader_or_a_loss() -> None:
