@@ -366,8 +366,9 @@ def render(rep: dict[str, Any], console: Console) -> None:
 
 LIMITS = [
     "ingest: packing a body (its numbers checked for their domain, lists of token ids and logprobs by msgspec in C, "
-    "its JSON by orjson, deflated by ISA-L, the token ids and logprobs copied as arrays) takes about 2.3 times "
-    "what raw's insert of a row does, alone (0.43 of raw's rate; 0.31 before the lists' checks moved to C); the "
+    "its JSON by orjson, deflated by ISA-L, the token ids and logprobs copied as arrays) takes about 2.2 times "
+    "what raw's insert of a row does, alone (0.46 of raw's rate; 0.31 before the lists' checks moved to C, 0.43 before "
+    "trees were looked at quickly first); the "
     "rest is SQL the raw figure does not do (a lease transaction per batch, the jobs' rows and "
     "indexes, the groups' done order) and a round trip to aiosqlite's thread per statement (~0.1 ms each on a "
     "loaded 2-core VM). Raw inserts bodies packed beforehand: at 0.5 all of that would have to fit in the time of "
