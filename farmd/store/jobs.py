@@ -19,7 +19,7 @@ from typing import Any
 
 from farmd.records import VERIFIED_LOCAL, Job, JobState, Trajectory, evolve
 from farmd.store.codec import INSERT_TRAJECTORY, Recent, checked_bodies, traj_row
-from farmd.store.database import MAX_VARS, Database, Dialect, Statements
+from farmd.store.database import MAX_VARS, Database, Dialect, Statements, Transaction
 from farmd.store.groups import (
     GIVE_BACK,
     LAST_SEQ,
@@ -125,6 +125,105 @@ def _job(row: Any) -> Job:
     return Job(id=row[0], group_id=row[1], env=row[2], seed=row[3], difficulty=row[4], agent=row[5],
                state=JobState(row[6]), attempts=row[7], lease_owner=row[8], lease_expires=row[9],
                policy_version=row[10], source=row[11])
+
+
+def _node(owner: str) -> str:
+    return owner.partition(":")[0]  # a canary's jobs go to the node it tests, and to no other
+
+
+async def _lease_alone(db: Transaction, ask: LeaseAsk, which: tuple[str, list[str]], now: float, lease_s: float,
+                       version_for: Callable[[str], int]) -> list[Job]:
+    jobs = [_job(r) for r in await db.execute_fetchall(
+        f"UPDATE jobs SET state='leased', lease_owner=?, lease_expires=?, policy_version=0, "
+        f"attempts=attempts+1, updated_at=? WHERE id IN "
+        f"(SELECT id FROM jobs WHERE state='queued' AND not_before <= ? AND (for_node IS NULL OR for_node = ?) "
+        f"{which[0]}ORDER BY id LIMIT ?) RETURNING {_JOB_COLUMNS}",
+        (ask.owner, now + lease_s, now, now, _node(ask.owner), *which[1], ask.n))]
+    versions = {agent: version_for(agent) for agent in {j.agent for j in jobs}}
+    tagged: dict[int, list[int]] = {}
+    for j in jobs:
+        if versions[j.agent]:
+            tagged.setdefault(versions[j.agent], []).append(j.id)
+    for version, ids in tagged.items():  # rides with the commit: no hop of its own
+        for start in range(0, len(ids), MAX_VARS):
+            chunk = ids[start:start + MAX_VARS]
+            await db.executemany(f"UPDATE jobs SET policy_version=? WHERE id IN ({','.join('?' * len(chunk))})",
+                                 [(version, *chunk)])
+    return sorted((evolve(j, policy_version=versions[j.agent]) for j in jobs), key=lambda j: j.id)
+
+
+_LEASED_TOGETHER = 1024
+"""Jobs one UPDATE of ``_lease_together`` leases at most (five parameters each, well under either database's
+limit); more go in further statements."""
+
+
+async def _lease_together(db: Transaction, asks: list[LeaseAsk], which: tuple[str, list[str]], now: float,
+                          lease_s: float, version_for: Callable[[str], int]) -> list[list[Job]] | None:
+    """What each of ``asks`` (one endpoint filter) takes, as ``_lease_alone`` one after the other would give it; None
+    when the jobs read cannot say (nothing is written then)."""
+    nodes = sorted({_node(ask.owner) for ask in asks})
+    wanted = sum(ask.n for ask in asks)
+    rows = await db.execute_fetchall(
+        f"SELECT id, for_node, agent FROM jobs WHERE state='queued' AND not_before <= ? AND (for_node IS NULL OR "
+        f"for_node IN ({_marks(_bucket(len(nodes)))})) {which[0]}ORDER BY id LIMIT ?",
+        (now, *_padded(nodes), *which[1], wanted))
+    picks = _share_out([(int(i), node) for i, node, _ in rows], [(_node(a.owner), a.n) for a in asks],
+                       complete=len(rows) < wanted)
+    if picks is None:
+        return None
+    agents = {int(i): str(agent) for i, _, agent in rows}
+    owners = {job_id: ask.owner for ask, ids in zip(asks, picks, strict=True) for job_id in ids}
+    leased: dict[int, Job] = {}
+    ids = list(owners)
+    for start in range(0, len(ids), _LEASED_TOGETHER):
+        chunk = ids[start:start + _LEASED_TOGETHER]
+        size = _bucket(len(chunk))  # a handful of statement shapes, each prepared once
+        pad = [-1] * (size - len(chunk))  # no job has id -1
+        owner_cases = [v for i in chunk + pad for v in (i, owners.get(i))]
+        version_cases = [v for i in chunk + pad for v in (i, version_for(agents[i]) if i in agents else 0)]
+        for row in await db.execute_fetchall(
+                f"UPDATE jobs SET state='leased', lease_owner=CASE id {' '.join(['WHEN ? THEN ?'] * size)} END, "
+                f"lease_expires=?, policy_version=CASE id {' '.join(['WHEN ? THEN CAST(? AS BIGINT)'] * size)} "
+                f"ELSE 0 END, attempts=attempts+1, updated_at=? WHERE id IN ({_marks(size)}) RETURNING {_JOB_COLUMNS}",
+                (*owner_cases, now + lease_s, *version_cases, now, *chunk, *pad)):
+            job = _job(row)
+            leased[job.id] = job
+    return [[leased[i] for i in ids] for ids in picks]
+
+
+def _share_out(queued: list[tuple[int, str | None]], asks: list[tuple[str, int]], *, complete: bool
+               ) -> list[list[int]] | None:
+    """``queued`` (id, the node it is only for), oldest first, shared out to ``asks`` (node, how many) in their
+    order, each taking the oldest it may that no ask before it took: what each would take alone, one after the
+    other, if ``queued`` holds every job any of them may take (``complete``) or every ask got all it asked for
+    (the jobs past those read are all newer); None otherwise."""
+    taken: set[int] = set()
+    picks: list[list[int]] = []
+    for node, n in asks:
+        mine: list[int] = []
+        for job_id, only_for in queued:
+            if len(mine) == n:
+                break
+            if job_id not in taken and (only_for is None or only_for == node):
+                mine.append(job_id)
+        if len(mine) < n and not complete:
+            return None
+        taken.update(mine)
+        picks.append(sorted(mine))
+    return picks
+
+
+def _bucket(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _marks(n: int) -> str:
+    return ",".join("?" * n)
+
+
+def _padded(values: list[str]) -> list[str]:
+    """``values``, repeated at the end up to a power of two long (``_bucket``): as many statement shapes as that."""
+    return values + [values[-1]] * (_bucket(len(values)) - len(values))
 
 
 class JobRecords:
@@ -244,32 +343,32 @@ class JobRecords:
     async def lease_many(self, asks: Sequence[LeaseAsk], lease_s: float, policy_version: int | Callable[[str], int]
                          ) -> list[list[Job]]:
         """``lease`` for each of ``asks`` in turn, in one transaction (many nodes asking at once pay one). An ask
-        whose endpoint is not an endpoint's name fails the whole: ValueError, before anything is written."""
+        whose endpoint is not an endpoint's name fails the whole: ValueError, before anything is written.
+
+        Asks that follow one another with the same endpoint filter are served together, in two statements: the
+        queued jobs any of them may take, read once (as many as they ask for in all), shared out in the asks'
+        order as each ask alone would take them (``_share_out``), then leased in one UPDATE. One statement an ask
+        was most of what a fleet's leases cost: on PostgreSQL a round trip each (about 90 us of the coordinator's
+        CPU, and the server's parse and plan), on SQLite a hop to its connection's thread. Where the jobs read
+        cannot say what an ask would have taken (one ask short while more jobs may lie past those read), those
+        asks are served one statement each, as before."""
         version_for = policy_version if callable(policy_version) else (lambda _agent, v=policy_version: v)
         filters = [_endpoint_filter(self._db.sql, ask.endpoint, ask.exclude) for ask in asks]
         now = time.time()
-        out: list[list[Job]] = []
+        out: list[list[Job]] = [[] for _ in asks]
         async with self._db.write() as db:
-            for ask, (which, args) in zip(asks, filters, strict=True):
-                node = ask.owner.partition(":")[0]  # a canary's jobs go to the node it tests, and to no other
-                jobs = [_job(r) for r in await db.execute_fetchall(
-                    f"UPDATE jobs SET state='leased', lease_owner=?, lease_expires=?, policy_version=0, "
-                    f"attempts=attempts+1, updated_at=? WHERE id IN "
-                    f"(SELECT id FROM jobs WHERE state='queued' AND not_before <= ? AND (for_node IS NULL OR for_node = ?) "
-                    f"{which}ORDER BY id LIMIT ?) RETURNING {_JOB_COLUMNS}",
-                    (ask.owner, now + lease_s, now, now, node, *args, ask.n))]
-                versions = {agent: version_for(agent) for agent in {j.agent for j in jobs}}
-                tagged: dict[int, list[int]] = {}
-                for j in jobs:
-                    if versions[j.agent]:
-                        tagged.setdefault(versions[j.agent], []).append(j.id)
-                for version, ids in tagged.items():  # rides with the commit: no hop of its own
-                    for start in range(0, len(ids), MAX_VARS):
-                        chunk = ids[start:start + MAX_VARS]
-                        await db.executemany(f"UPDATE jobs SET policy_version=? WHERE id IN ({','.join('?' * len(chunk))})",
-                                             [(version, *chunk)])
-                out.append(sorted((evolve(j, policy_version=versions[j.agent]) for j in jobs),
-                                  key=lambda j: j.id))
+            start = 0
+            while start < len(asks):
+                end = start + 1
+                while end < len(asks) and filters[end] == filters[start]:
+                    end += 1
+                run = list(range(start, end))
+                shared = await _lease_together(db, [asks[i] for i in run], filters[start], now, lease_s, version_for) \
+                    if len(run) > 1 else None
+                for k, i in enumerate(run):
+                    out[i] = shared[k] if shared is not None else \
+                        await _lease_alone(db, asks[i], filters[i], now, lease_s, version_for)
+                start = end
         return out
 
     async def extend(self, owner: str, job_ids: list[int], lease_s: float) -> int:

@@ -386,14 +386,14 @@ class PostgresDatabase(Database):
                                      "its write (another coordinator may serve the farm now)") from None
                 transaction = PostgresTransaction(conn)
                 yield transaction
-                if transaction.stored:  # delivered when (and only if) the transaction commits
-                    await conn.execute(f"NOTIFY {CHANNEL}")
             except BaseException:
                 # Also when the caller was cancelled: asyncpg cancels the statement in flight and the next waits
                 # for that, so the rollback is queued behind it, shielded from a second cancellation.
                 await asyncio.shield(self._rollback())
                 raise
-            await conn.execute("COMMIT")
+            # The notification is delivered when (and only if) the transaction commits; sent with the COMMIT, in
+            # one round trip. Should it fail, the COMMIT after it does not run, and the next writer rolls back.
+            await conn.execute(f"NOTIFY {CHANNEL}; COMMIT" if transaction.stored else "COMMIT")
 
     async def _rollback(self) -> None:
         # Nothing to end when BEGIN itself never ran (a warning, not an error, on the server).

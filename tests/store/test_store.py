@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import random
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from farmd.errors import CursorError
 from farmd.records import JobState, Step, Trajectory
 from farmd.store import PassRate, Store, StoreError
+from farmd.store.jobs import LeaseAsk
 from farmd.store.schema import MIGRATIONS
 
 
@@ -301,6 +304,60 @@ async def test_a_lease_for_an_endpoint_takes_its_agents_jobs_and_no_look_alikes(
     assert sorted(j.agent for j in mine) == sorted(agents[:2])
     others = await store.lease("w", 10, 30, 0, exclude=["a.b-1", "a.b-12"])
     assert sorted(j.agent for j in others) == sorted([agents[2], agents[4], agents[5]])
+
+
+async def test_many_asks_leased_together_take_what_each_would_take_alone(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``lease_many`` serves asks of one endpoint filter together (two statements for all of them): each ask must
+    get exactly what it would have got leasing alone, one after the other, canaries only for their node, jobs
+    waiting out a backoff left alone, and each job's policy version its agent's; where the jobs it read cannot
+    say, it leases those asks one at a time. Two stores get the same queue and the same asks, one all at once."""
+    from farmd.store import jobs as jobs_module
+
+    outcomes: list[bool] = []
+    together = jobs_module._lease_together
+
+    async def watched(*args: Any, **kwargs: Any) -> Any:
+        shared = await together(*args, **kwargs)
+        outcomes.append(shared is not None)
+        return shared
+
+    monkeypatch.setattr(jobs_module, "_lease_together", watched)
+    rng = random.Random(3)
+    agents = ["reference", "openai:m@e1", "openai:m@e2?max_tokens=9"]
+    versions = {"reference": 0, "openai:m@e1": 7, "openai:m@e2?max_tokens=9": 9}
+    at_once, alone = await Store.open(tmp_path / "at-once.db"), await Store.open(tmp_path / "alone.db")
+    try:
+        for _ in range(25):
+            groups = [("py-func", rng.randrange(10**6), 1, rng.choice(agents), rng.randint(1, 4))
+                      for _ in range(rng.randint(0, 6))]
+            for store in (at_once, alone):
+                await store.enqueue(groups)
+            rows = await alone.db.all("SELECT id FROM jobs WHERE state='queued' ORDER BY id")
+            queued = [int(r[0]) for r in rows]
+            canaries = {i: rng.choice(["n1", "n2", "n3"]) for i in rng.sample(queued, len(queued) // 3)}
+            later = rng.sample(queued, len(queued) // 6)
+            for store in (at_once, alone):
+                async with store.db.write() as db:
+                    for job_id, node in canaries.items():
+                        await db.execute("UPDATE jobs SET for_node=? WHERE id=?", (node, job_id))
+                    for job_id in later:
+                        await db.execute("UPDATE jobs SET not_before=? WHERE id=?", (time.time() + 3600, job_id))
+            filters = [{}, {"exclude": ("e1",)}, {"endpoint": "e2"}]
+            kind = rng.choice(filters)
+            asks = [LeaseAsk(f"{rng.choice(['n1', 'n2', 'n4'])}:{rng.randrange(3)}:worker", rng.randint(0, 6),
+                             **(kind if rng.random() < 0.8 else rng.choice(filters)))  # type: ignore[arg-type]
+                    for _ in range(rng.randint(1, 8))]
+            got = await at_once.lease_many(asks, 30, versions.__getitem__)
+            want = [await alone.lease_many([ask], 30, versions.__getitem__) for ask in asks]
+            assert [[(j.id, j.lease_owner, j.policy_version, j.attempts) for j in jobs] for jobs in got] == \
+                   [[(j.id, j.lease_owner, j.policy_version, j.attempts) for j in jobs] for (jobs,) in want]
+            state = "SELECT id, state, lease_owner, policy_version, attempts, for_node FROM jobs ORDER BY id"
+            assert await at_once.db.all(state) == await alone.db.all(state)
+    finally:
+        await at_once.close()
+        await alone.close()
+    assert True in outcomes and False in outcomes, "asks were leased together, and one at a time where it could not say"
 
 
 async def test_job_counts_read_between_every_change_are_a_full_count(store: Store) -> None:
