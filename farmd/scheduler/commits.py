@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -35,6 +36,17 @@ Items = list[tuple[str, Trajectory]]
 
 MAX_BATCH = 4096
 """Records one transaction stores at most: a transaction holds the writer for as long as it takes."""
+LINGER_S = 0.02
+"""While reports come faster than transactions are written (the last batch held more than one, and ended just
+now), the next batch waits up to this long for more before it is written: what a transaction costs is paid for
+more reports. PostgreSQL's ``commit_delay`` is the same idea. A report on a quiet farm, or one worker's alone,
+goes at once. On the fleet simulation (100 nodes of 32 slots, 5 s rollouts) it took the coordinator's CPU a
+rollout on SQLite from 1.47-1.50 ms to 1.00-1.17 (alternating runs), results 10 ms later at the median; on
+PostgreSQL, whose transactions cost the coordinator less, it moved nothing beyond the noise (0.93-0.98)."""
+LINGER_SHARE = 0.005
+"""And at most this share of a rollout's time (the recent median): a node's next jobs come in the reply to its
+results, so its freed slots wait with them; at 5 s a rollout the wait is the whole ``LINGER_S`` (0.4% of a
+slot's time), at 200 ms it is 1 ms."""
 
 
 @dataclass(slots=True)
@@ -63,10 +75,16 @@ class GroupCommit:
     once per stored batch (counters, metrics, one wake-up of the streams)."""
 
     def __init__(self, complete: Callable[[Items, bool], Awaitable[Completion]],
-                 committed: Callable[[Items, Completion], None], *, max_batch: int = MAX_BATCH) -> None:
+                 committed: Callable[[Items, Completion], None], *, max_batch: int = MAX_BATCH,
+                 linger_s: float = LINGER_S) -> None:
         self._complete = complete
         self._committed = committed
         self._max_batch = max_batch
+        self.linger_s = linger_s
+        self._rollout_s = 0.0
+        """How long rollouts take, lately: a moving median of the batches' own, from each one's start to its result."""
+        self._busy_until = 0.0
+        """Until when a batch waits ``linger_s`` first: set when a batch of more than one report is written."""
         self._waiting: deque[_Report] = deque()
         self._task: asyncio.Task[None] | None = None
         self.batches = 0
@@ -90,9 +108,14 @@ class GroupCommit:
         await _let_finish(self._task)
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._waiting:
-            batch = self._next()
+            batch: list[_Report] = []
             try:
+                wait = min(self.linger_s, LINGER_SHARE * self._rollout_s)
+                if wait > 0 and loop.time() < self._busy_until:
+                    await asyncio.sleep(wait)
+                batch = self._next()
                 await self._write(batch)
             except BaseException as exc:  # cancelled (a stopping coordinator): every caller waiting is told so
                 for report in (*batch, *self._waiting):
@@ -100,6 +123,8 @@ class GroupCommit:
                         report.done.set_exception(exc)
                 self._waiting.clear()
                 raise
+            if len(batch) > 1:  # reports are arriving together: the next batch waits for more
+                self._busy_until = loop.time() + 5 * self.linger_s
 
     def _next(self) -> list[_Report]:
         """The oldest waiting report, and every later one that may share its transaction."""
@@ -130,6 +155,12 @@ class GroupCommit:
                 await self._write([report])
             return
         self.batches += 1
+        # A rollout's time, as its result arrives: from when it started (its record says, and a node's word bends this
+        # heuristic alone, bounded by LINGER_S) to now.
+        now = time.time()
+        ages = sorted(min(max(now - t.started_at, 0.0), 3600.0) for _, t in items)
+        median = ages[len(ages) // 2]
+        self._rollout_s = median if not self._rollout_s else self._rollout_s + 0.2 * (median - self._rollout_s)
         for report in batch:
             report.done.set_result(_share(done, report.ids))
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,48 @@ async def test_lease_requests_that_arrive_together_share_a_transaction(scheduler
                                      scheduler.lease("n0:1:aa", 8), return_exceptions=True)
     assert isinstance(bad, ValueError), "an ask naming no endpoint fails, alone"
     assert len(good) == 4, "the rest of the queue, for the ask beside it"  # type: ignore[arg-type]
+
+
+async def test_while_reports_come_together_the_next_batch_waits_for_more(scheduler) -> None:  # type: ignore[no-untyped-def]
+    """A batch of more than one report says reports are arriving faster than transactions are written: the next
+    waits ``linger_s`` first (at most ``LINGER_SHARE`` of a rollout's time: these took 200 s), and what arrives
+    meanwhile shares its transaction."""
+    await scheduler.submit("rg:chain_sum", "reference", 16)
+    jobs = await scheduler.lease("n1:1:aa", 16)
+    report = [[("n1:1:aa", result(job, started_at=time.time() - 200.0))] for job in jobs]
+    scheduler.commits.linger_s = 0.5
+    before = scheduler.commits.batches
+    await asyncio.gather(*(scheduler.complete_for(r, refuse_mismatch=True) for r in report[:8]))  # a busy farm
+    assert scheduler.commits.batches - before < 8, "reports that came together were written together"
+    before = scheduler.commits.batches
+    first = asyncio.ensure_future(scheduler.complete_for(report[8], refuse_mismatch=True))
+    await asyncio.sleep(0.1)  # well inside the wait, and far longer than a transaction takes
+    second = scheduler.complete_for(report[9], refuse_mismatch=True)
+    assert [c.stored for c in await asyncio.gather(first, second)] == [[jobs[8].id], [jobs[9].id]]
+    assert scheduler.commits.batches - before == 1, "the report that came during the wait went with the first"
+
+
+async def test_a_lone_report_on_a_quiet_farm_is_written_at_once(scheduler) -> None:  # type: ignore[no-untyped-def]
+    await scheduler.submit("rg:chain_sum", "reference", 4)
+    jobs = await scheduler.lease("n1:1:aa", 4)
+    scheduler.commits.linger_s = 30.0  # a wait would be seen
+    done = await asyncio.wait_for(scheduler.complete_for(
+        [("n1:1:aa", result(jobs[0], started_at=time.time() - 1e4))], refuse_mismatch=True), 10)
+    assert done.stored == [jobs[0].id]
+    done = await asyncio.wait_for(scheduler.complete_for(
+        [("n1:1:aa", result(jobs[1], started_at=time.time() - 1e4))], refuse_mismatch=True), 10)
+    assert done.stored == [jobs[1].id], "one report after another, never more at once: no wait"
+
+
+async def test_a_busy_farm_of_short_rollouts_waits_no_more_than_their_share(scheduler) -> None:  # type: ignore[no-untyped-def]
+    """A node's next jobs come in the reply to its results: where rollouts are short, a long wait would leave its
+    slots idle, so the wait is at most ``LINGER_SHARE`` of a rollout's time."""
+    await scheduler.submit("rg:chain_sum", "reference", 12)
+    jobs = await scheduler.lease("n1:1:aa", 12)
+    report = [[("n1:1:aa", result(job, started_at=time.time() - 0.01))] for job in jobs]
+    scheduler.commits.linger_s = 30.0  # a wait would be seen
+    before = scheduler.commits.batches
+    await asyncio.gather(*(scheduler.complete_for(r, refuse_mismatch=True) for r in report[:8]))
+    assert scheduler.commits.batches - before < 8, "a busy farm"
+    done = await asyncio.wait_for(scheduler.complete_for(report[8], refuse_mismatch=True), 10)
+    assert done.stored == [jobs[8].id]
