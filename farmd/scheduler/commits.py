@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -158,9 +159,11 @@ class GroupCommit:
         # A rollout's time, as its result arrives: from when it started (its record says, and a node's word bends this
         # heuristic alone, bounded by LINGER_S) to now.
         now = time.time()
-        ages = sorted(min(max(now - t.started_at, 0.0), 3600.0) for _, t in items)
-        median = ages[len(ages) // 2]
-        self._rollout_s = median if not self._rollout_s else self._rollout_s + 0.2 * (median - self._rollout_s)
+        ages = sorted(min(max(now - t.started_at, 0.0), 3600.0) for _, t in items
+                      if isinstance(t.started_at, float | int) and math.isfinite(t.started_at))
+        if ages:
+            median = ages[len(ages) // 2]
+            self._rollout_s = median if not self._rollout_s else self._rollout_s + 0.2 * (median - self._rollout_s)
         for report in batch:
             report.done.set_result(_share(done, report.ids))
         try:
