@@ -157,10 +157,10 @@ class GroupCommit:
             return
         self.batches += 1
         # A rollout's time, as its result arrives: from when it started (its record says, and a node's word bends this
-        # heuristic alone, bounded by LINGER_S) to now.
+        # heuristic alone, bounded by LINGER_S) to now. A record that does not say (0) says nothing of it.
         now = time.time()
         ages = sorted(min(max(now - t.started_at, 0.0), 3600.0) for _, t in items
-                      if isinstance(t.started_at, float | int) and math.isfinite(t.started_at))
+                      if isinstance(t.started_at, float | int) and math.isfinite(t.started_at) and t.started_at > 0)
         if ages:
             median = ages[len(ages) // 2]
             self._rollout_s = median if not self._rollout_s else self._rollout_s + 0.2 * (median - self._rollout_s)

@@ -172,6 +172,10 @@ class Database:
         """The bytes the database takes on its disk."""
         raise NotImplementedError
 
+    async def analyze(self, table: str) -> None:
+        """``table``'s planner statistics brought up to date, where a planner goes by them (a server's). SQLite's
+        plans for farm's statements go by the indexes alone: nothing to do."""
+
     async def become_active(self, on_lost: Callable[[], None], address: str = "") -> None:
         """Return once this process is the one coordinator serving the farm: at once on SQLite (its file is one
         process's); on a server, once no other process holds the role. ``on_lost``: called if the role is lost

@@ -152,6 +152,8 @@ async def _lease_alone(db: Transaction, ask: LeaseAsk, which: tuple[str, list[st
     return sorted((evolve(j, policy_version=versions[j.agent]) for j in jobs), key=lambda j: j.id)
 
 
+ANALYZE_AFTER = 500
+"""Jobs queued (by this process) before the planner's statistics of the queue are first brought up to date."""
 _LEASED_TOGETHER = 1024
 """Jobs one UPDATE of ``_lease_together`` leases at most (five parameters each, well under either database's
 limit); more go in further statements."""
@@ -237,22 +239,47 @@ class JobRecords:
         self._settled: dict[str, int] = {}
         """Those jobs by state, canaries left out."""
         self._counting = asyncio.Lock()
+        self._queued_since = 0
+        """Jobs this process queued since the planner's statistics of ``jobs`` were last brought up to date."""
+        self._analyzed = 0
+        """Jobs this process had queued by then."""
 
     # -- the job queue --------------------------------------------------------------------------
 
     async def enqueue(self, groups: Iterable[tuple[str, int, int, str, int]], source: str = "request") -> list[int]:
         """Add groups of (env, seed, difficulty, agent, size) jobs. Returns the group ids. Durable on return."""
+        queued = list(groups)
         async with self._db.write() as db:
-            return await insert_groups(db, groups, source, 0, time.time())
+            ids = await insert_groups(db, queued, source, 0, time.time())
+        await self._queued(queued)
+        return ids
 
     async def enqueue_run(self, env: str, agent: str, rollouts: int, group_size: int,
                           groups: Iterable[tuple[str, int, int, str, int]]) -> tuple[int, list[int]]:
         """A run and its groups, in one transaction. Returns (run id, group ids)."""
         now = time.time()
+        queued = list(groups)
         async with self._db.write() as db:
             run_id = await db.insert("INSERT INTO runs(env, agent, rollouts, group_size, created_at) VALUES (?,?,?,?,?)",
                                      (env, agent, rollouts, group_size, now))
-            return run_id, await insert_groups(db, groups, "request", run_id, now)
+            ids = await insert_groups(db, queued, "request", run_id, now)
+        await self._queued(queued)
+        return run_id, ids
+
+    async def _queued(self, groups: list[tuple[str, int, int, str, int]]) -> None:
+        """After jobs were queued: once a tenth more than the statistics know of (``ANALYZE_AFTER`` at least), bring
+        them up to date. PostgreSQL's planner, going by statistics that predate a large run, took the queue for a
+        few dozen jobs and read every queued job to lease a few (5 ms a lease at 29,000 queued, measured), until
+        autovacuum looked again, about once a minute; on a new farm it had none at all."""
+        self._queued_since += sum(max(0, size) for *_, size in groups)
+        if self._queued_since < max(ANALYZE_AFTER, self._analyzed // 10):
+            return
+        self._analyzed += self._queued_since
+        self._queued_since = 0
+        try:
+            await self._db.analyze("jobs")
+        except Exception:  # the queue is stored; statistics are the planner's, and autovacuum's too
+            log.exception("updating the planner's statistics of the job queue failed")
 
     async def store_finished(self, groups: list[list[Trajectory]], bodies: list[bytes], *, source: str) -> None:
         """Groups judged here that no job of the queue ran (completions a trainer sent to be verified), stored as

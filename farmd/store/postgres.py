@@ -411,6 +411,10 @@ class PostgresDatabase(Database):
                              (offset + 1, size, rowid))
         return bytes(row[0]) if row and row[0] is not None else b""
 
+    async def analyze(self, table: str) -> None:
+        async with self._pool.acquire() as conn:
+            await conn.execute(f"ANALYZE {table}")  # a name of farm's own, never a caller's
+
     async def size(self) -> int:
         row = await self.one("SELECT pg_database_size(current_database())")
         return int(row[0]) if row else 0

@@ -360,6 +360,28 @@ async def test_many_asks_leased_together_take_what_each_would_take_alone(tmp_pat
     assert True in outcomes and False in outcomes, "asks were leased together, and one at a time where it could not say"
 
 
+async def test_a_large_queue_is_made_known_to_the_planner_at_once(store: Store) -> None:
+    """PostgreSQL's planner goes by statistics: without them, after a large run is queued, it read every queued job
+    to lease a few until autovacuum looked (about a minute). Queueing ``ANALYZE_AFTER`` jobs or more brings them
+    up to date before ``enqueue`` returns; a few jobs leave them alone. (SQLite's plans need none.)"""
+    from farmd.store.jobs import ANALYZE_AFTER
+
+    if not store.db.shared:
+        pytest.skip("a server's planner's statistics")
+
+    async def known() -> float:
+        row = await store.db.one("SELECT reltuples FROM pg_class WHERE relname = 'jobs'")
+        return float(row[0])
+
+    await store.enqueue([("py-func", s, 1, "reference", 2) for s in range(5)])
+    assert await known() < 0, "a few jobs: never analyzed yet (autovacuum would wait for 50 changes)"
+    await store.enqueue_run("py-func", "reference", ANALYZE_AFTER, 8,
+                            [("py-func", s, 1, "reference", 8) for s in range(ANALYZE_AFTER // 8 + 1)])
+    assert await known() >= ANALYZE_AFTER
+    plan = await store.db.all("EXPLAIN SELECT id FROM jobs WHERE state='queued' ORDER BY id LIMIT 2")
+    assert "Sort" not in " ".join(str(r[0]) for r in plan), plan
+
+
 async def test_job_counts_read_between_every_change_are_a_full_count(store: Store) -> None:
     """A status read counts the jobs settled for good once (``JobRecords.job_counts``' mark), then only the jobs
     above its mark: read between every kind of change (queued, leased, done, retried, failed, cancelled, an expired
