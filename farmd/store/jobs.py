@@ -167,7 +167,7 @@ async def _lease_together(db: Transaction, asks: list[LeaseAsk], which: tuple[st
     wanted = sum(ask.n for ask in asks)
     rows = await db.execute_fetchall(
         f"SELECT id, for_node, agent FROM jobs WHERE state='queued' AND not_before <= ? AND (for_node IS NULL OR "
-        f"for_node IN ({_marks(_bucket(len(nodes)))})) {which[0]}ORDER BY id LIMIT ?",
+        f"for_node IN ({','.join('?' * _bucket(len(nodes)))})) {which[0]}ORDER BY id LIMIT ?",
         (now, *_padded(nodes), *which[1], wanted))
     picks = _share_out([(int(i), node) for i, node, _ in rows], [(_node(a.owner), a.n) for a in asks],
                        complete=len(rows) < wanted)
@@ -186,7 +186,7 @@ async def _lease_together(db: Transaction, asks: list[LeaseAsk], which: tuple[st
         for row in await db.execute_fetchall(
                 f"UPDATE jobs SET state='leased', lease_owner=CASE id {' '.join(['WHEN ? THEN ?'] * size)} END, "
                 f"lease_expires=?, policy_version=CASE id {' '.join(['WHEN ? THEN CAST(? AS BIGINT)'] * size)} "
-                f"ELSE 0 END, attempts=attempts+1, updated_at=? WHERE id IN ({_marks(size)}) RETURNING {_JOB_COLUMNS}",
+                f"ELSE 0 END, attempts=attempts+1, updated_at=? WHERE id IN ({','.join('?' * size)}) RETURNING {_JOB_COLUMNS}",
                 (*owner_cases, now + lease_s, *version_cases, now, *chunk, *pad)):
             job = _job(row)
             leased[job.id] = job
@@ -211,16 +211,12 @@ def _share_out(queued: list[tuple[int, str | None]], asks: list[tuple[str, int]]
         if len(mine) < n and not complete:
             return None
         taken.update(mine)
-        picks.append(sorted(mine))
+        picks.append(mine)  # oldest first, as queued is
     return picks
 
 
 def _bucket(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
-
-
-def _marks(n: int) -> str:
-    return ",".join("?" * n)
 
 
 def _padded(values: list[str]) -> list[str]:
