@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import itertools
 import logging
 import re
 import time
@@ -174,6 +175,7 @@ async def _lease_together(db: Transaction, asks: list[LeaseAsk], which: tuple[st
     if picks is None:
         return None
     agents = {int(i): str(agent) for i, _, agent in rows}
+    versions = {agent: version_for(agent) for agent in set(agents.values())}  # once an agent, as _lease_alone
     owners = {job_id: ask.owner for ask, ids in zip(asks, picks, strict=True) for job_id in ids}
     leased: dict[int, Job] = {}
     ids = list(owners)
@@ -182,7 +184,7 @@ async def _lease_together(db: Transaction, asks: list[LeaseAsk], which: tuple[st
         size = _bucket(len(chunk))  # a handful of statement shapes, each prepared once
         pad = [-1] * (size - len(chunk))  # no job has id -1
         owner_cases = [v for i in chunk + pad for v in (i, owners.get(i))]
-        version_cases = [v for i in chunk + pad for v in (i, version_for(agents[i]) if i in agents else 0)]
+        version_cases = [v for i in chunk + pad for v in (i, versions[agents[i]] if i in agents else 0)]
         for row in await db.execute_fetchall(
                 f"UPDATE jobs SET state='leased', lease_owner=CASE id {' '.join(['WHEN ? THEN ?'] * size)} END, "
                 f"lease_expires=?, policy_version=CASE id {' '.join(['WHEN ? THEN CAST(? AS BIGINT)'] * size)} "
@@ -380,18 +382,13 @@ class JobRecords:
         now = time.time()
         out: list[list[Job]] = [[] for _ in asks]
         async with self._db.write() as db:
-            start = 0
-            while start < len(asks):
-                end = start + 1
-                while end < len(asks) and filters[end] == filters[start]:
-                    end += 1
-                run = list(range(start, end))
-                shared = await _lease_together(db, [asks[i] for i in run], filters[start], now, lease_s, version_for) \
+            for which, together in itertools.groupby(range(len(asks)), key=filters.__getitem__):  # runs of one filter
+                run = list(together)
+                shared = await _lease_together(db, [asks[i] for i in run], which, now, lease_s, version_for) \
                     if len(run) > 1 else None
                 for k, i in enumerate(run):
                     out[i] = shared[k] if shared is not None else \
-                        await _lease_alone(db, asks[i], filters[i], now, lease_s, version_for)
-                start = end
+                        await _lease_alone(db, asks[i], which, now, lease_s, version_for)
         return out
 
     async def extend(self, owner: str, job_ids: list[int], lease_s: float) -> int:
