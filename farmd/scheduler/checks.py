@@ -196,15 +196,15 @@ class NodeChecks:
         if check.kind == CANARY:
             assert check.record is not None
             outcome, detail = await self._canary(check.record)
+            await self._store.nodes.record_check(check.job_id, check.node, check.kind, outcome, detail)
         else:
-            found = await self._reverify(check)
+            found = await self._reverify(check)  # recorded with the score it gave
             if found is None:
                 return
             outcome, detail = found
         self.counters[outcome] += 1
         if self._metrics is not None:
             self._metrics.node_checks.labels(check.kind, outcome).inc()
-        await self._store.nodes.record_check(check.job_id, check.node, check.kind, outcome, detail)
         await self._outcome(check.node, check.kind, check.job_id, outcome, detail)
 
     async def _reverify(self, check: Check) -> tuple[str, str] | None:
@@ -215,17 +215,18 @@ class NodeChecks:
         try:
             score, details = await self._checker.verify(stored)
         except Exception as exc:  # the coordinator could not judge: nothing is concluded about the node
-            return INCONCLUSIVE, bounded(f"the coordinator could not judge: {exc}", 500)
+            outcome, detail = INCONCLUSIVE, bounded(f"the coordinator could not judge: {exc}", 500)
+            await self._store.nodes.record_check(check.job_id, check.node, check.kind, outcome, detail)
+            return outcome, detail
         why = await self._disagreement(stored, score.passed, score.reward, reward_interval(details))
         said = f"verified again on the coordinator: node {check.node} reported {_verdict(stored.passed, stored.reward)}"
         reasons = [bounded(said if not why else f"{said}, which the coordinator's verifier does not give", 1000),
                    *score.reasons][:MAX_REASONS]
-        await self._store.add_scores([(stored.id, score.verifier_version, score.reward, score.passed, score.status,
-                                       reasons, list(score.flags))])
-        if why:
-            return DISAGREED, why
-        await self._store.nodes.confirm(stored.id, check.node)
-        return AGREED, _verdict(score.passed, score.reward)
+        outcome, detail = (DISAGREED, why) if why else (AGREED, _verdict(score.passed, score.reward))
+        await self._store.nodes.reverified(
+            check.node, check.kind, (stored.id, score.verifier_version, score.reward, score.passed, score.status,
+                                     reasons, list(score.flags)), outcome, detail, confirm=not why)
+        return outcome, detail
 
     async def _canary(self, record: Trajectory) -> tuple[str, str]:
         try:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +38,7 @@ from farmd.records import KNOWN_ANSWER_AGENT, NODE_NAME, Job, JobState, Trajecto
 from farmd.scheduler.checks import AGREED, CANARY, DISAGREED, REVERIFY, Check, Checker, NodeChecks
 from farmd.store.nodes import Completion
 from farmd.tasks import cancel_and_wait
+from farmd.unpredictable import Unpredictable
 
 if TYPE_CHECKING:
     from farmd.scheduler.scheduler import Scheduler
@@ -199,7 +199,7 @@ class Nodes:
         self._policy_versions: dict[str, int] = {}
         self._quarantined: dict[str, tuple[str, float]] = {}
         """Quarantined names: why, since when (the store's, loaded at start)."""
-        self._rng = random.SystemRandom()
+        self._rng = Unpredictable()
         """Which results are checked and when canaries go: nothing a node could predict from what it sees."""
         self._canary_groups: deque[int] = deque(maxlen=_CANARY_GROUPS_KEPT)
         self._quarantining: set[asyncio.Task[None]] = set()

@@ -107,9 +107,9 @@ class Transaction(Protocol):
         """Run one statement; how many rows it changed (0 for one that changes none)."""
 
     async def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> None:
-        """Run one statement for each of ``rows``. It may be sent with the transaction's next statement, or its
-        commit, and an error of it raised there (SQLite's: a hop to its thread was most of what a short write
-        waited on, on a loaded machine)."""
+        """Run one statement for each of ``rows`` (one row: any statement, as ``execute`` runs; more: DML only). It
+        may be sent with the transaction's next statement, or its commit, and an error of it raised there (SQLite's:
+        a hop to its thread was most of what a short write waited on, on a loaded machine)."""
 
     async def executemany_each(self, statements: Iterable[tuple[str, Iterable[Iterable[Any]]]]) -> None:
         """``executemany`` of each (statement, rows) in order, in one round trip to the driver where it allows."""
@@ -427,7 +427,10 @@ def _executemany_each(conn: sqlite3.Connection, batch: Sequence[tuple[str, list[
         if isinstance(rows, _Build):
             _executemany_each(conn, rows.build(conn.execute(sql).fetchone()))
             continue
-        insert = _one_values_row(sql) if len(rows) > 1 else None
+        if len(rows) == 1:  # as ``execute``: any statement (``executemany`` takes only DML), DDL included
+            conn.execute(sql, rows[0])
+            continue
+        insert = _one_values_row(sql)
         if insert is None:
             conn.executemany(sql, rows)
             continue

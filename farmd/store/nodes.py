@@ -18,11 +18,16 @@ from farmd.flags import QUARANTINED, WITHDRAWN
 from farmd.records import Trajectory, verified_by_node
 from farmd.store.database import Database
 from farmd.store.groups import GIVE_BACK, drop_cancelled, insert_groups
-from farmd.store.verdicts import give
+from farmd.store.verdicts import VerdictRow, give, kept_verdicts
 from farmd.text import bounded
 
 """What a lease says a result is (and its run, which a node's record does not know)."""
 _SHOWN = 80
+_RECORD_CHECK = ("INSERT INTO node_checks(job_id, node, kind, outcome, detail, at) VALUES (?,?,?,?,?,?) "
+                 "ON CONFLICT(job_id) DO UPDATE SET node=excluded.node, kind=excluded.kind, outcome=excluded.outcome, "
+                 "detail=excluded.detail, at=excluded.at")
+_CONFIRM = ("UPDATE trajectories SET verified_by='coordinator' WHERE id=? AND verified_by=? AND NOT EXISTS "
+            "(SELECT 1 FROM withdrawals w WHERE w.trajectory_id = trajectories.id)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,19 +136,23 @@ class NodeRecords:
 
     async def record_check(self, job_id: int, node: str, kind: str, outcome: str, detail: str) -> None:
         async with self._db.write() as db:
-            await db.execute("INSERT INTO node_checks(job_id, node, kind, outcome, detail, at) VALUES (?,?,?,?,?,?) "
-                             "ON CONFLICT(job_id) DO UPDATE SET node=excluded.node, kind=excluded.kind, "
-                             "outcome=excluded.outcome, detail=excluded.detail, at=excluded.at",
-                             (job_id, node, kind, outcome, detail, time.time()))
+            await db.execute(_RECORD_CHECK, (job_id, node, kind, outcome, detail, time.time()))
 
-    async def confirm(self, trajectory_id: int, node: str) -> bool:
-        """``node``'s verdict on the trajectory was checked and found the coordinator's: it says so from now on.
-        False when it no longer reads as that node's (withdrawn with its node, or never its)."""
+    async def reverified(self, node: str, kind: str, score: VerdictRow, outcome: str, detail: str, *,
+                         confirm: bool) -> None:
+        """The coordinator verified ``node``'s result again: ``score`` given to the trajectory (``verdicts.give``:
+        a later verdict, current unless withdrawn), the node's verdict confirmed where ``confirm`` (the trajectory
+        says ``verified_by='coordinator'`` from then on, unless it no longer reads as the node's: withdrawn with it),
+        and the check recorded (as ``record_check``), in one transaction: a crash leaves all or none, and what were
+        three writes of a dozen statements are a handful of round trips."""
+        now = time.time()
         async with self._db.write() as db:
-            return await db.execute(
-                "UPDATE trajectories SET verified_by='coordinator' WHERE id=? AND verified_by=? AND NOT EXISTS "
-                "(SELECT 1 FROM withdrawals w WHERE w.trajectory_id = trajectories.id)",
-                (trajectory_id, verified_by_node(node))) > 0
+            kept = kept_verdicts([score])
+            if kept:
+                await give(db, now, rows=kept)
+            if confirm:
+                await db.executemany(_CONFIRM, [(score[0], verified_by_node(node))])
+            await db.executemany(_RECORD_CHECK, [(score[0], node, kind, outcome, detail, now)])
 
     async def checks(self, node: str, limit: int = 100) -> list[CheckRow]:
         """``node``'s latest checks, newest first."""

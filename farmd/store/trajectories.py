@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -20,10 +19,7 @@ from farmd.records import RED_TEAM_PREFIX, Score, Trajectory, View
 from farmd.store.codec import TRAJ_COLUMNS, Recent, read_trajectories, read_trajectory
 from farmd.store.database import Database
 from farmd.store.filters import WITHDRAWN_SQL, TrajectoryFilter, subscription
-from farmd.store.verdicts import FIRST, VerdictRecords, give
-from farmd.text import valid_tree
-
-log = logging.getLogger("farmd.store")
+from farmd.store.verdicts import FIRST, VerdictRecords, give, kept_verdicts
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -273,20 +269,11 @@ class TrajectoryRecords:
         (``farmd.store.verdicts.give``). A row whose verdict is out of its domain (``farmd.domain``) is not kept:
         logged, never read back. Returns how many were added."""
         now = time.time()
-        kept: list[tuple[int, str, float, bool, str, list[str], list[str]]] = []
-        for row in rows:
-            problem = domain.reward_problem(row[2], row[3], row[4])
-            if problem is None:
-                kept.append(row)
-            else:
-                log.error("a score of trajectory %s out of its domain was not kept: %s", row[0], problem,
-                          extra={"event": "refused_score", "trajectory": row[0]})
-        rows = kept
+        rows = kept_verdicts(rows)
         if not rows:
             return 0
         async with self._db.write() as db:
-            return await give(db, now, rows=[(t, v, r, p, s, valid_tree(rs)[0], valid_tree(fl)[0])
-                                             for t, v, r, p, s, rs, fl in rows])
+            return await give(db, now, rows=rows)
 
     async def scores(self, traj_id: int) -> list[Score]:
         """Every verdict ``traj_id`` was given, the first included."""

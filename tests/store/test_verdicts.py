@@ -9,12 +9,14 @@ import dataclasses
 import sqlite3
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from farmd.records import Trajectory
+from farmd.records import Trajectory, verified_by_node
 from farmd.store import Store, TrajectoryFilter
 from farmd.store.schema import MIGRATIONS
+from farmd.store.verdicts import give
 from tests.store.test_activity import attempt, stored
 
 ENV = "contrib:word-count@1.0.0"
@@ -150,6 +152,74 @@ async def test_a_quarantined_nodes_results_are_withdrawn_the_same_way(store: Sto
     assert first is not None and [s.reward for s in first.scores] == [1.0, 0.0, 0.0] and len(
         {s.verdict_version for s in first.scores}) == 3, "its word and the coordinator's under one verifier version"
     assert await store.trajectories(withdrawn=False) == []
+
+
+async def test_a_coordinators_check_gives_its_verdict_confirms_an_agreeing_node_and_records_itself(store: Store) -> None:
+    ours = verified_by_node("n1")
+    agreed, disagreed, refused = await stored(store, *(dataclasses.replace(attempt(node="n1"), verified_by=ours)
+                                                         for _ in range(3)))
+    await store.nodes.reverified("n1", "reverify", (agreed.id, "1", 1.0, True, "ok", ["again"], []), "agreed",
+                                 "passed", confirm=True)
+    await store.nodes.reverified("n1", "reverify", (disagreed.id, "1", 0.0, False, "ok", ["a lie"], []), "disagreed",
+                                 "the coordinator's verifier fails it", confirm=False)
+    a, d = await store.trajectory(agreed.id), await store.trajectory(disagreed.id)
+    assert a is not None and (a.verified_by, a.reward, a.reasons) == ("coordinator", 1.0, ["again"])
+    assert d is not None and (d.verified_by, d.reward, d.passed) == (ours, 0.0, False), "a disagreement is not confirmed"
+    assert [(s.reward, s.verdict_version > 0) for s in d.scores] == [(1.0, False), (0.0, True)]
+    checks = {c.job_id: (c.kind, c.outcome, c.detail) for c in await store.nodes.checks("n1")}
+    assert checks == {agreed.id: ("reverify", "agreed", "passed"),
+                      disagreed.id: ("reverify", "disagreed", "the coordinator's verifier fails it")}
+    # A verdict out of its domain is never given; the check is still recorded, and nothing else is confirmed.
+    await store.nodes.reverified("n1", "reverify", (refused.id, "1", float("nan"), True, "ok", [], []),
+                                 "inconclusive", "no verdict", confirm=False)
+    r = await store.trajectory(refused.id)
+    assert r is not None and (r.verified_by, r.reward, len(r.scores)) == (ours, 1.0, 1)
+    assert {c.job_id: c.outcome for c in await store.nodes.checks("n1")}[refused.id] == "inconclusive"
+
+
+class _Noted:
+    """A write transaction, every statement it is handed noted with its first row of parameters."""
+
+    def __init__(self, db: Any) -> None:
+        self.sql = db.sql
+        self.db = db
+        self.seen: list[tuple[str, tuple[Any, ...]]] = []
+
+    async def execute(self, sql: str, params: Any = ()) -> int:
+        self.seen.append((sql, tuple(params)))
+        return int(await self.db.execute(sql, params))
+
+    async def execute_fetchall(self, sql: str, params: Any = ()) -> list[Any]:
+        self.seen.append((sql, tuple(params)))
+        return list(await self.db.execute_fetchall(sql, params))
+
+    async def executemany(self, sql: str, rows: Any) -> None:
+        rows = [tuple(r) for r in rows]
+        self.seen.append((sql, rows[0] if rows else ()))
+        await self.db.executemany(sql, rows)
+
+
+async def test_giving_a_verdict_searches_the_new_scores_and_never_reads_every_one(store: Store) -> None:
+    """Every statement of ``give`` is planned as searches by key, never a walk of the whole scores table or the
+    whole trajectories table: the tables only grow, and the writer is held while it runs. (SQLite's plans: a
+    server's follow its statistics.)"""
+    if store.db.shared:
+        pytest.skip("SQLite's planner")
+    a, b = await stored(store, attempt(), attempt())
+    assert await store.add_scores([(a.id, "2", 0.0, False, "ok", [], [])]) == 1  # scores to search among
+    async with store.db.write() as db:
+        noted = _Noted(db)
+        assert await give(noted, 1.0, rows=[(b.id, "2", 0.0, False, "ok", ["again"], [])]) == 1
+        walks = {}
+        for sql, params in noted.seen:
+            plan = [str(row[-1]) for row in await db.execute_fetchall(f"EXPLAIN QUERY PLAN {sql}", params)]
+            whole = [step for step in plan if step.startswith("SCAN ") and "VIRTUAL TABLE" not in step
+                     and not step.startswith(("SCAN p", "SCAN temp.pending_verdicts", "SCAN a"))]
+            if whole:
+                walks[sql[:80]] = whole
+    assert not walks, walks
+    again = await store.trajectory(b.id)
+    assert again is not None and (again.reward, again.reasons) == (0.0, ["again"])
 
 
 async def test_what_changed_since_a_mark_and_what_each_held_then(store: Store) -> None:
