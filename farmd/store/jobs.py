@@ -42,6 +42,10 @@ CONTRIBUTED_ENV_PREFIX = "contrib:"
 """Only a contributed environment can be quarantined: only its trajectories are looked at for withdrawal."""
 
 
+_OF_RUNS = "run_id != 0"
+"""The term of ``groups_by_run``'s and ``trajectories_by_run``'s WHERE (groups the demand made are run 0): written
+into a query of runs' rows, it lets SQLite read those partial indexes, which it takes only where the query's own
+terms imply theirs; without it, each read of a run walked every group, job and trajectory the farm ever had."""
 _ENDPOINT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -309,23 +313,25 @@ class JobRecords:
                                       f"WHERE id IN ({marks})", chunk)
             groups: dict[int, list[int]] = {}
             for run_id, group_id in await self._db.all(
-                    f"SELECT run_id, id FROM groups WHERE run_id IN ({marks}) ORDER BY id", chunk):
+                    f"SELECT run_id, id FROM groups WHERE run_id IN ({marks}) AND {_OF_RUNS} ORDER BY id", chunk):
                 groups.setdefault(int(run_id), []).append(int(group_id))
             counts: dict[int, dict[str, int]] = {}
             ended: dict[int, float] = {}
             for run_id, state, n, last in await self._db.all(
                     f"SELECT g.run_id, j.state, COUNT(*), MAX(j.updated_at) FROM jobs j JOIN groups g "
-                    f"ON g.id = j.group_id WHERE g.run_id IN ({marks}) GROUP BY g.run_id, j.state", chunk):
+                    f"ON g.id = j.group_id WHERE g.run_id IN ({marks}) AND g.{_OF_RUNS} GROUP BY g.run_id, j.state",
+                    chunk):
                 counts.setdefault(int(run_id), {})[state] = int(n)
                 ended[int(run_id)] = max(ended.get(int(run_id), 0.0), float(last))
             passed = {int(r): int(n) for r, n in await self._db.all(
-                f"SELECT run_id, COUNT(*) FROM trajectories WHERE run_id IN ({marks}) AND status='ok' AND passed=1 "
-                f"GROUP BY run_id", chunk)}
+                f"SELECT run_id, COUNT(*) FROM trajectories WHERE run_id IN ({marks}) AND {_OF_RUNS} AND status='ok' "
+                "AND passed=1 GROUP BY run_id", chunk)}
             # Each run's newest job error (numbered per run, newest first: one statement both dialects run).
             errors = {int(r): (str(e), float(at)) for r, e, at in await self._db.all(
                 "SELECT run_id, last_error, updated_at FROM (SELECT g.run_id, j.last_error, j.updated_at, ROW_NUMBER() "
                 "OVER (PARTITION BY g.run_id ORDER BY j.updated_at DESC) AS r FROM jobs j JOIN groups g ON g.id = "
-                f"j.group_id WHERE g.run_id IN ({marks}) AND j.last_error IS NOT NULL) AS newest WHERE r = 1", chunk)}
+                f"j.group_id WHERE g.run_id IN ({marks}) AND g.{_OF_RUNS} AND j.last_error IS NOT NULL) AS newest "
+                "WHERE r = 1", chunk)}
             for run_id, env, agent, rollouts, group_size, cancelled, created_at in rows:
                 jobs = counts.get(run_id, {})
                 open_jobs = jobs.get("queued", 0) + jobs.get("leased", 0)
@@ -351,8 +357,9 @@ class JobRecords:
             if not await db.execute("UPDATE runs SET cancelled=1 WHERE id=?", (run_id,)):
                 return False
             await db.execute("UPDATE jobs SET state='cancelled', updated_at=? WHERE state='queued' AND group_id IN "
-                             "(SELECT id FROM groups WHERE run_id=?)", (now, run_id))
-            groups = [int(g[0]) for g in await db.execute_fetchall("SELECT id FROM groups WHERE run_id=?", (run_id,))]
+                             f"(SELECT id FROM groups WHERE run_id=? AND {_OF_RUNS})", (now, run_id))
+            groups = [int(g[0]) for g in await db.execute_fetchall(
+                f"SELECT id FROM groups WHERE run_id=? AND {_OF_RUNS}", (run_id,))]
             await finish_groups(db, groups)
         return True
 

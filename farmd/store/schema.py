@@ -432,4 +432,10 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (sha256, n)
     );
     """,
+    # 17: a run's jobs found by their groups (a run's progress counts them by state; a trainer polls it), not by
+    # reading every job the farm ever queued. ``group_id`` never changes, so a job's leases and completion leave the
+    # index alone: it costs an entry when a job is queued.
+    """
+    CREATE INDEX jobs_by_group ON jobs(group_id);
+    """,
 )

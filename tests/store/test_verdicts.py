@@ -9,14 +9,13 @@ import dataclasses
 import sqlite3
 import zlib
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from farmd.records import Trajectory, verified_by_node
 from farmd.store import Store, TrajectoryFilter
 from farmd.store.schema import MIGRATIONS
-from farmd.store.verdicts import give
+from tests.store.plans import statements_run, whole_walks
 from tests.store.test_activity import attempt, stored
 
 ENV = "contrib:word-count@1.0.0"
@@ -177,49 +176,27 @@ async def test_a_coordinators_check_gives_its_verdict_confirms_an_agreeing_node_
     assert {c.job_id: c.outcome for c in await store.nodes.checks("n1")}[refused.id] == "inconclusive"
 
 
-class _Noted:
-    """A write transaction, every statement it is handed noted with its first row of parameters."""
-
-    def __init__(self, db: Any) -> None:
-        self.sql = db.sql
-        self.db = db
-        self.seen: list[tuple[str, tuple[Any, ...]]] = []
-
-    async def execute(self, sql: str, params: Any = ()) -> int:
-        self.seen.append((sql, tuple(params)))
-        return int(await self.db.execute(sql, params))
-
-    async def execute_fetchall(self, sql: str, params: Any = ()) -> list[Any]:
-        self.seen.append((sql, tuple(params)))
-        return list(await self.db.execute_fetchall(sql, params))
-
-    async def executemany(self, sql: str, rows: Any) -> None:
-        rows = [tuple(r) for r in rows]
-        self.seen.append((sql, rows[0] if rows else ()))
-        await self.db.executemany(sql, rows)
-
-
-async def test_giving_a_verdict_searches_the_new_scores_and_never_reads_every_one(store: Store) -> None:
+async def test_giving_a_verdict_searches_the_new_scores_and_never_reads_every_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every statement of ``give`` is planned as searches by key, never a walk of the whole scores table or the
-    whole trajectories table: the tables only grow, and the writer is held while it runs. (SQLite's plans: a
-    server's follow its statistics.)"""
-    if store.db.shared:
-        pytest.skip("SQLite's planner")
-    a, b = await stored(store, attempt(), attempt())
-    assert await store.add_scores([(a.id, "2", 0.0, False, "ok", [], [])]) == 1  # scores to search among
-    async with store.db.write() as db:
-        noted = _Noted(db)
-        assert await give(noted, 1.0, rows=[(b.id, "2", 0.0, False, "ok", ["again"], [])]) == 1
-        walks = {}
-        for sql, params in noted.seen:
-            plan = [str(row[-1]) for row in await db.execute_fetchall(f"EXPLAIN QUERY PLAN {sql}", params)]
-            whole = [step for step in plan if step.startswith("SCAN ") and "VIRTUAL TABLE" not in step
-                     and not step.startswith(("SCAN p", "SCAN temp.pending_verdicts", "SCAN a"))]
-            if whole:
-                walks[sql[:80]] = whole
-    assert not walks, walks
-    again = await store.trajectory(b.id)
-    assert again is not None and (again.reward, again.reasons) == (0.0, ["again"])
+    whole trajectories table: the tables only grow, and the writer is held while it runs (before, making the newest
+    score current walked every score ever given)."""
+    with statements_run(monkeypatch) as seen:
+        store = await Store.open(tmp_path / "farm.db")
+        try:
+            if store.db.shared:
+                pytest.skip("SQLite's plans: a server's follow its statistics")
+            a, b = await stored(store, attempt(), attempt())
+            assert await store.add_scores([(a.id, "2", 0.0, False, "ok", [], [])]) == 1  # scores to search among
+            del seen[:]
+            assert await store.add_scores([(b.id, "2", 0.0, False, "ok", ["again"], [])]) == 1
+            given = list(seen)
+            again = await store.trajectory(b.id)
+            assert again is not None and (again.reward, again.reasons) == (0.0, ["again"])
+        finally:
+            await store.close()
+    assert any("INSERT INTO scores" in sql for sql in given)
+    assert not whole_walks(tmp_path / "farm.db", given, {"scores", "trajectories", "s", "t", "n"})
 
 
 async def test_what_changed_since_a_mark_and_what_each_held_then(store: Store) -> None:
