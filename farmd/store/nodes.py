@@ -146,8 +146,8 @@ class NodeRecords:
         and the check recorded (as ``record_check``), in one transaction: a crash leaves all or none, and what were
         three writes of a dozen statements are a handful of round trips."""
         now = time.time()
+        kept = kept_verdicts([score])  # before the writer is held
         async with self._db.write() as db:
-            kept = kept_verdicts([score])
             if kept:
                 await give(db, now, rows=kept)
             if confirm:
