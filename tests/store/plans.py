@@ -8,11 +8,13 @@ small database is the plan of a large one.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import pytest
+
+from farmd.store import Store
 
 _READS_OR_WRITES = ("SELECT", "INSERT", "UPDATE", "DELETE", "WITH")
 
@@ -32,6 +34,21 @@ def statements_run(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     with monkeypatch.context() as patch:
         patch.setattr(sqlite3, "connect", traced)
         yield seen
+
+
+@asynccontextmanager
+async def traced_store(path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Store, list[str]]]:
+    """The store at ``path``, and every statement it runs from its opening on (``statements_run``; its migrations
+    left out), closed after. On PostgreSQL the test is skipped: a server's plans follow its statistics."""
+    with statements_run(monkeypatch) as seen:
+        store = await Store.open(path)
+        try:
+            if store.db.shared:
+                pytest.skip("SQLite's plans: a server's follow its statistics")
+            del seen[:]
+            yield store, seen
+        finally:
+            await store.close()
 
 
 def whole_walks(database: Path, statements: list[str], names: set[str]) -> dict[str, list[str]]:

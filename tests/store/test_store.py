@@ -18,7 +18,7 @@ from farmd.records import JobState, Step, Trajectory
 from farmd.store import PassRate, Store, StoreError
 from farmd.store.jobs import LeaseAsk
 from farmd.store.schema import MIGRATIONS
-from tests.store.plans import statements_run, whole_walks
+from tests.store.plans import traced_store, whole_walks
 
 
 def traj(job_id: int, group_id: int = 1, reward: float = 1.0, status: str = "ok") -> Trajectory:
@@ -387,29 +387,23 @@ async def test_a_runs_progress_and_its_cancellation_read_its_own_rows_never_the_
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``run``, ``runs`` and ``cancel_run`` find a run's groups, jobs and trajectories by index: a trainer polls its
     run's progress, and a farm's jobs and trajectories only grow (before, each read walked all of them)."""
-    with statements_run(monkeypatch) as seen:
-        store = await Store.open(tmp_path / "farm.db")
-        try:
-            if store.db.shared:
-                pytest.skip("SQLite's plans: a server's follow its statistics")
-            await store.enqueue([("py-func", s, 1, "reference", 2) for s in range(3)])  # the demand's: run 0
-            run_id, groups = await store.enqueue_run("py-func", "reference", 4, 2,
-                                                     [("py-func", s, 1, "reference", 2) for s in range(2)])
-            other, _ = await store.enqueue_run("py-func", "reference", 2, 2, [("py-func", 9, 1, "reference", 2)])
-            jobs = [j for j in await store.lease("w", 10, 30, 0) if j.group_id == groups[0]]
-            assert len(jobs) == 2
-            assert await store.complete([("w", dataclasses.replace(traj(j.id, j.group_id), run_id=run_id))
-                                         for j in jobs]) == [j.id for j in jobs]
-            del seen[:]
-            summary = await store.run(run_id)
-            assert summary is not None and (summary.group_ids, summary.jobs, summary.done, summary.passed) == (
-                groups, 4, 2, 2)
-            assert [r.id for r in await store.runs()] == [other, run_id]
-            assert await store.cancel_run(other)
-            assert (await store.run(other)).state == "cancelled"  # type: ignore[union-attr]
-            ran = list(seen)
-        finally:
-            await store.close()
+    async with traced_store(tmp_path / "farm.db", monkeypatch) as (store, seen):
+        await store.enqueue([("py-func", s, 1, "reference", 2) for s in range(3)])  # the demand's: run 0
+        run_id, groups = await store.enqueue_run("py-func", "reference", 4, 2,
+                                                 [("py-func", s, 1, "reference", 2) for s in range(2)])
+        other, _ = await store.enqueue_run("py-func", "reference", 2, 2, [("py-func", 9, 1, "reference", 2)])
+        jobs = [j for j in await store.lease("w", 10, 30, 0) if j.group_id == groups[0]]
+        assert len(jobs) == 2
+        assert await store.complete([("w", dataclasses.replace(traj(j.id, j.group_id), run_id=run_id))
+                                     for j in jobs]) == [j.id for j in jobs]
+        del seen[:]
+        summary = await store.run(run_id)
+        assert summary is not None and (summary.group_ids, summary.jobs, summary.done, summary.passed) == (
+            groups, 4, 2, 2)
+        assert [r.id for r in await store.runs()] == [other, run_id]
+        assert await store.cancel_run(other)
+        assert (await store.run(other)).state == "cancelled"  # type: ignore[union-attr]
+        ran = list(seen)
     walks = whole_walks(tmp_path / "farm.db", ran, {"groups", "jobs", "trajectories", "g", "j", "t"})
     assert not walks, walks
 
@@ -419,28 +413,21 @@ async def test_what_every_rollout_costs_the_store_reads_by_key_never_a_whole_tab
     """Queueing, leasing, extending, completing, the streams' reads and acks, expired leases, re-verification: the
     work of every rollout reads rows by key (or a range of one), never every job, group, trajectory or score the
     farm has had, however long it has run."""
-    with statements_run(monkeypatch) as seen:
-        store = await Store.open(tmp_path / "farm.db")
-        try:
-            if store.db.shared:
-                pytest.skip("SQLite's plans: a server's follow its statistics")
-            del seen[:]  # the schema's migrations
-            await store.enqueue([("py-func", s, 1, "reference", 2) for s in range(3)])
-            jobs = await store.lease("w", 4, 30, 0)
-            await store.extend("w", [j.id for j in jobs], 30)
-            await store.complete([("w", traj(j.id, j.group_id)) for j in jobs])
-            await store.expired_leases()
-            await store.requeue_expired({})
-            done = await store.finished_groups(0, 10)
-            await store.group_trajectories([g.id for g in done])
-            page = await store.trajectories(limit=10)
-            await store.cursor("trainer", "groups")
-            await store.ack("trainer", "groups", done[-1].done_seq)
-            await store.nodes.reverified("n1", "reverify", (page[0].id, "1", 1.0, True, "ok", [], []), "agreed",
-                                         "passed", confirm=True)
-            ran = list(seen)
-        finally:
-            await store.close()
+    async with traced_store(tmp_path / "farm.db", monkeypatch) as (store, seen):
+        await store.enqueue([("py-func", s, 1, "reference", 2) for s in range(3)])
+        jobs = await store.lease("w", 4, 30, 0)
+        await store.extend("w", [j.id for j in jobs], 30)
+        await store.complete([("w", traj(j.id, j.group_id)) for j in jobs])
+        await store.expired_leases()
+        await store.requeue_expired({})
+        done = await store.finished_groups(0, 10)
+        await store.group_trajectories([g.id for g in done])
+        page = await store.trajectories(limit=10)
+        await store.cursor("trainer", "groups")
+        await store.ack("trainer", "groups", done[-1].done_seq)
+        await store.nodes.reverified("n1", "reverify", (page[0].id, "1", 1.0, True, "ok", [], []), "agreed",
+                                     "passed", confirm=True)
+        ran = list(seen)
     walks = whole_walks(tmp_path / "farm.db", ran, {"jobs", "groups", "trajectories", "scores", "j", "g", "t", "s"})
     assert not walks, walks
 

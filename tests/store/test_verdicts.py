@@ -15,7 +15,7 @@ import pytest
 from farmd.records import Trajectory, verified_by_node
 from farmd.store import Store, TrajectoryFilter
 from farmd.store.schema import MIGRATIONS
-from tests.store.plans import statements_run, whole_walks
+from tests.store.plans import traced_store, whole_walks
 from tests.store.test_activity import attempt, stored
 
 ENV = "contrib:word-count@1.0.0"
@@ -181,20 +181,14 @@ async def test_giving_a_verdict_searches_the_new_scores_and_never_reads_every_on
     """Every statement of ``give`` is planned as searches by key, never a walk of the whole scores table or the
     whole trajectories table: the tables only grow, and the writer is held while it runs (before, making the newest
     score current walked every score ever given)."""
-    with statements_run(monkeypatch) as seen:
-        store = await Store.open(tmp_path / "farm.db")
-        try:
-            if store.db.shared:
-                pytest.skip("SQLite's plans: a server's follow its statistics")
-            a, b = await stored(store, attempt(), attempt())
-            assert await store.add_scores([(a.id, "2", 0.0, False, "ok", [], [])]) == 1  # scores to search among
-            del seen[:]
-            assert await store.add_scores([(b.id, "2", 0.0, False, "ok", ["again"], [])]) == 1
-            given = list(seen)
-            again = await store.trajectory(b.id)
-            assert again is not None and (again.reward, again.reasons) == (0.0, ["again"])
-        finally:
-            await store.close()
+    async with traced_store(tmp_path / "farm.db", monkeypatch) as (store, seen):
+        a, b = await stored(store, attempt(), attempt())
+        assert await store.add_scores([(a.id, "2", 0.0, False, "ok", [], [])]) == 1  # scores to search among
+        del seen[:]
+        assert await store.add_scores([(b.id, "2", 0.0, False, "ok", ["again"], [])]) == 1
+        given = list(seen)
+        again = await store.trajectory(b.id)
+        assert again is not None and (again.reward, again.reasons) == (0.0, ["again"])
     assert any("INSERT INTO scores" in sql for sql in given)
     assert not whole_walks(tmp_path / "farm.db", given, {"scores", "trajectories", "s", "t", "n"})
 
